@@ -1,0 +1,66 @@
+// linear: Y = X · Wᵀ + b (PyTorch nn.Linear, W stored [out, in] row-major).
+// Rows of X are (batch, position) pairs; the output column n is scattered straight into the
+// head-split layout [B, H, L, d] of its segment, so split_heads costs nothing. Up to three
+// segments (Q | K | V of a fused QKV projection) share one dispatch. A plain [M, N] output is
+// one segment with a single head of width N.
+// Dispatch: (ceil(N / 64), ceil(M / 64), 1) workgroups of 16×16.
+
+struct LinearParams {
+    m: u32,            // rows of X (= batch · seq_len)
+    n: u32,            // output features
+    k: u32,            // input features
+    seq_len: u32,      // L, to split a row index into (batch, position)
+    x_offset: u32,     // element offsets into the bound buffers
+    w_offset: u32,
+    bias_offset: u32,
+    has_bias: u32,
+    seg_start: vec4<u32>,    // first column of each segment (.x = 0)
+    seg_head_dim: vec4<u32>, // d of each segment
+    seg_heads: vec4<u32>,    // H of each segment
+    seg_dst: vec4<u32>,      // element offset of each segment in y
+}
+
+@group(0) @binding(0) var<uniform> p: LinearParams;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+fn load_a(batch: u32, row: u32, k: u32) -> f32 {
+    return x[p.x_offset + row * p.k + k];
+}
+
+fn load_b(batch: u32, k: u32, col: u32) -> f32 {
+    return w[p.w_offset + col * p.k + k];
+}
+
+// Where output (row, col) lives: segment, then head-split [B, H, L, d] inside it.
+fn dst_index(row: u32, col: u32) -> u32 {
+    let s = select(0u, 1u, col >= p.seg_start.y) + select(0u, 1u, col >= p.seg_start.z);
+    let local = col - p.seg_start[s];
+    let d = p.seg_head_dim[s];
+    let head = local / d;
+    let b = row / p.seq_len;
+    let l = row % p.seq_len;
+    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.seq_len + l) * d + local % d;
+}
+
+@compute @workgroup_size(16, 16, 1)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row0 = wid.y * TILE_M;
+    let col0 = wid.x * TILE_N;
+    let acc = gemm_tile(lid, 0u, row0, col0, p.m, p.n, p.k);
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + lid.y * 4u + i;
+        for (var j = 0u; j < 4u; j++) {
+            let col = col0 + lid.x * 4u + j;
+            if (row < p.m && col < p.n) {
+                var v = acc[i][j];
+                if (p.has_bias != 0u) {
+                    v += bias[p.bias_offset + col];
+                }
+                y[dst_index(row, col)] = v;
+            }
+        }
+    }
+}

@@ -1,0 +1,47 @@
+// scores: S[b, h, i, j] = mask(scale · Q[b, h, i, :] · K[b, h, j, :]), S laid out [B, H, Lq, Lk].
+// Q and K are read in head-split layout [B, H, L, d] at element offsets into one buffer.
+// Dispatch: (ceil(Lk / 64), ceil(Lq / 64), B·H) workgroups of 16×16; z is offset by
+// p.z_offset so a problem with more than 65535 (batch, head) pairs can be split.
+
+struct ScoresParams {
+    lq: u32,
+    lk: u32,
+    head_dim: u32,
+    heads: u32,
+    q_offset: u32,
+    k_offset: u32,
+    scale: f32,
+    z_offset: u32,
+    mask: MaskParams,
+}
+
+@group(0) @binding(0) var<uniform> p: ScoresParams;
+@group(0) @binding(1) var<storage, read> qk: array<f32>;
+@group(0) @binding(4) var<storage, read_write> scores: array<f32>;
+
+fn load_a(z: u32, i: u32, d: u32) -> f32 {
+    return qk[p.q_offset + (z * p.lq + i) * p.head_dim + d];
+}
+
+fn load_b(z: u32, d: u32, j: u32) -> f32 {
+    return qk[p.k_offset + (z * p.lk + j) * p.head_dim + d];
+}
+
+@compute @workgroup_size(16, 16, 1)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let z = wid.z + p.z_offset;
+    let row0 = wid.y * TILE_M;
+    let col0 = wid.x * TILE_N;
+    let acc = gemm_tile(lid, z, row0, col0, p.lq, p.lk, p.head_dim);
+    let b = z / p.heads;
+    let h = z % p.heads;
+    for (var r = 0u; r < 4u; r++) {
+        let i = row0 + lid.y * 4u + r;
+        for (var c = 0u; c < 4u; c++) {
+            let j = col0 + lid.x * 4u + c;
+            if (i < p.lq && j < p.lk) {
+                scores[(z * p.lq + i) * p.lk + j] = apply_mask(p.mask, p.scale * acc[r][c], b, h, i, j);
+            }
+        }
+    }
+}

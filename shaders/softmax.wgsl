@@ -1,0 +1,68 @@
+// softmax: in place over each row of S [rows, cols], numerically stable (max subtracted).
+// One workgroup of 64 threads per row: strided max, tree reduction, strided sum, tree
+// reduction, then normalise. Dispatch: (min(rows, 65535), ceil(rows / 65535), 1).
+
+struct SoftmaxParams {
+    rows: u32,
+    cols: u32,
+    groups_x: u32,   // workgroups along x; row = wid.y · groups_x + wid.x
+    _pad: u32,
+}
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> p: SoftmaxParams;
+@group(0) @binding(4) var<storage, read_write> s: array<f32>;
+
+var<workgroup> partial: array<f32, WG>;
+
+fn reduce_max(lid: u32, v: f32) -> f32 {
+    partial[lid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            partial[lid] = max(partial[lid], partial[lid + stride]);
+        }
+        workgroupBarrier();
+    }
+    let r = partial[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(lid: u32, v: f32) -> f32 {
+    partial[lid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            partial[lid] = partial[lid] + partial[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let r = partial[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row = wid.y * p.groups_x + wid.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.cols;
+    var m = -3.402823e38;
+    for (var j = lid.x; j < p.cols; j += WG) {
+        m = max(m, s[base + j]);
+    }
+    m = reduce_max(lid.x, m);
+    var sum = 0.0;
+    for (var j = lid.x; j < p.cols; j += WG) {
+        sum += exp(s[base + j] - m);
+    }
+    sum = reduce_sum(lid.x, sum);
+    let inv = 1.0 / sum;
+    for (var j = lid.x; j < p.cols; j += WG) {
+        s[base + j] = exp(s[base + j] - m) * inv;
+    }
+}

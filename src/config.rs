@@ -1,0 +1,159 @@
+//! `AttentionConfig`: one description for both seed modules.
+
+use crate::error::{Error, Result};
+
+/// Sizes and switches of one multi-head attention module.
+///
+/// * `classic(d_model, num_heads)` is seed 000: `W_q, W_k, W_v, W_o` all `d_model → d_model`,
+///   `d_k = d_model / num_heads`, scale `1/sqrt(d_k)`.
+/// * `per_head(emb_size, q_k_size, v_size, head)` is seed 001: `w_q, w_k: emb → head·q_k_size`,
+///   `w_v: emb → head·v_size`, no output projection, scale `1/sqrt(q_k_size)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionConfig {
+    /// Width of the query input (and of the output when there is an output projection).
+    pub model_dim: usize,
+    /// Width of the key input (equals `model_dim` for both seeds).
+    pub key_dim: usize,
+    /// Width of the value input (equals `model_dim` for both seeds).
+    pub value_dim: usize,
+    /// Number of heads.
+    pub heads: usize,
+    /// Per-head width of queries and keys.
+    pub qk_head_dim: usize,
+    /// Per-head width of values.
+    pub v_head_dim: usize,
+    /// Whether `W_o: heads·v_head_dim → model_dim` follows the attention.
+    pub output_projection: bool,
+    /// Whether the projections carry a bias.
+    pub bias: bool,
+    /// Score scale; `None` means `1/sqrt(qk_head_dim)`.
+    pub scale: Option<f32>,
+}
+
+impl AttentionConfig {
+    /// Seed 000: `MultiHeadAttention(d_model, num_heads)`.
+    pub fn classic(d_model: usize, num_heads: usize) -> Result<Self> {
+        if num_heads == 0 {
+            return Err(Error::Config("num_heads is 0; it must be at least 1".into()));
+        }
+        if d_model % num_heads != 0 {
+            return Err(Error::Config(format!(
+                "d_model {d_model} is not divisible by num_heads {num_heads}"
+            )));
+        }
+        AttentionConfig {
+            model_dim: d_model,
+            key_dim: d_model,
+            value_dim: d_model,
+            heads: num_heads,
+            qk_head_dim: d_model / num_heads,
+            v_head_dim: d_model / num_heads,
+            output_projection: true,
+            bias: true,
+            scale: None,
+        }
+        .validated()
+    }
+
+    /// Seed 001: `MultiHeadAttention(emb_size, q_k_size, v_size, head)`.
+    pub fn per_head(emb_size: usize, q_k_size: usize, v_size: usize, head: usize) -> Result<Self> {
+        AttentionConfig {
+            model_dim: emb_size,
+            key_dim: emb_size,
+            value_dim: emb_size,
+            heads: head,
+            qk_head_dim: q_k_size,
+            v_head_dim: v_size,
+            output_projection: false,
+            bias: true,
+            scale: None,
+        }
+        .validated()
+    }
+
+    /// Turns the projection biases on or off.
+    pub fn with_bias(mut self, bias: bool) -> Self {
+        self.bias = bias;
+        self
+    }
+
+    /// Overrides the score scale (default `1/sqrt(qk_head_dim)`).
+    pub fn with_scale(mut self, scale: f32) -> Result<Self> {
+        self.scale = Some(scale);
+        self.validated()
+    }
+
+    /// Key and value input widths, as in `nn.MultiheadAttention(kdim=.., vdim=..)`.
+    pub fn with_kv_dims(mut self, key_dim: usize, value_dim: usize) -> Result<Self> {
+        self.key_dim = key_dim;
+        self.value_dim = value_dim;
+        self.validated()
+    }
+
+    /// Checks every number; all constructors go through here.
+    pub fn validated(self) -> Result<Self> {
+        let named = [
+            ("model_dim", self.model_dim),
+            ("key_dim", self.key_dim),
+            ("value_dim", self.value_dim),
+            ("heads", self.heads),
+            ("qk_head_dim", self.qk_head_dim),
+            ("v_head_dim", self.v_head_dim),
+        ];
+        for (name, value) in named {
+            if value == 0 {
+                return Err(Error::Config(format!("{name} is 0; it must be at least 1")));
+            }
+            // Everything is indexed with u32 on the GPU; keep sizes far from overflow.
+            if value > (1 << 20) {
+                return Err(Error::Config(format!("{name} = {value} is larger than 2^20")));
+            }
+        }
+        if let Some(s) = self.scale {
+            if !s.is_finite() {
+                return Err(Error::Config(format!("scale {s} is not finite")));
+            }
+        }
+        Ok(self)
+    }
+
+    /// The score scale actually used.
+    pub fn scale(&self) -> f32 {
+        self.scale
+            .unwrap_or_else(|| (1.0 / (self.qk_head_dim as f64).sqrt()) as f32)
+    }
+
+    /// Width of projected queries/keys (`heads · qk_head_dim`).
+    pub fn qk_width(&self) -> usize {
+        self.heads * self.qk_head_dim
+    }
+
+    /// Width of projected values and of the combined heads (`heads · v_head_dim`).
+    pub fn v_width(&self) -> usize {
+        self.heads * self.v_head_dim
+    }
+
+    /// Width of the module's output.
+    pub fn output_dim(&self) -> usize {
+        if self.output_projection {
+            self.model_dim
+        } else {
+            self.v_width()
+        }
+    }
+
+    /// Floating-point operations of one forward (2·M·N·K per matmul).
+    pub fn flops(&self, batch: usize, lq: usize, lk: usize) -> f64 {
+        let (b, lq, lk) = (batch as f64, lq as f64, lk as f64);
+        let h = self.heads as f64;
+        let mut f = 2.0 * b * lq * self.model_dim as f64 * self.qk_width() as f64
+            + 2.0 * b * lk * self.key_dim as f64 * self.qk_width() as f64
+            + 2.0 * b * lk * self.value_dim as f64 * self.v_width() as f64
+            + 2.0 * b * h * lq * lk * self.qk_head_dim as f64
+            + 2.0 * b * h * lq * lk * self.v_head_dim as f64;
+        if self.output_projection {
+            f += 2.0 * b * lq * self.v_width() as f64 * self.model_dim as f64;
+        }
+        f
+    }
+}

@@ -1,0 +1,98 @@
+//! The one error type of the crate. Every variant carries the values that explain it, so a
+//! message alone tells the user what to fix.
+
+/// Everything that can go wrong in wgpu-mha.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No adapter matched (or none exists at all).
+    #[error(
+        "no GPU adapter found{detail}: install a GPU driver, or a software Vulkan device \
+         (`apt-get install mesa-vulkan-drivers` gives lavapipe); WGPU_BACKEND=gl selects Mesa's GL"
+    )]
+    NoAdapter { detail: String },
+
+    /// The adapter was found but refused to open a device.
+    #[error("could not open a device on `{adapter}`: {message}")]
+    RequestDevice { adapter: String, message: String },
+
+    /// A configuration number is impossible (zero heads, d_model not divisible, ...).
+    #[error("invalid attention config: {0}")]
+    Config(String),
+
+    /// An input tensor has the wrong shape.
+    #[error("{what} has shape {got:?}, expected {expected}")]
+    Shape {
+        what: String,
+        expected: String,
+        got: Vec<usize>,
+    },
+
+    /// A tensor's data length does not match its shape.
+    #[error("{what}: shape {shape:?} needs {expected} values, got {got}")]
+    DataLength {
+        what: String,
+        shape: Vec<usize>,
+        expected: usize,
+        got: usize,
+    },
+
+    /// A mask cannot be applied to this problem.
+    #[error("invalid mask: {0}")]
+    Mask(String),
+
+    /// A weight is missing, mis-shaped or of an unreadable dtype.
+    #[error("weight `{name}`: {problem}")]
+    Weight { name: String, problem: String },
+
+    /// A safetensors file (weights or case file) could not be read.
+    #[error("{source_name}: {problem}")]
+    File { source_name: String, problem: String },
+
+    /// A feature the call needs is missing on this adapter (e.g. f16 on GL).
+    #[error("unsupported on adapter `{adapter}`: {what}")]
+    Unsupported { adapter: String, what: String },
+
+    /// The problem does not fit the device even after splitting.
+    #[error("{what} needs {needed} bytes, but this device allows at most {limit} bytes")]
+    TooLarge { what: String, needed: u64, limit: u64 },
+
+    /// wgpu reported a validation or out-of-memory error; nothing was returned.
+    #[error("GPU error during {stage}: {message}")]
+    Gpu { stage: String, message: String },
+
+    /// The device was lost; build a new `Gpu` (and module) to continue.
+    #[error("GPU device lost: {0}")]
+    DeviceLost(String),
+
+    /// I/O error reading or writing a file.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn shape(what: impl Into<String>, expected: impl Into<String>, got: &[usize]) -> Self {
+        Error::Shape {
+            what: what.into(),
+            expected: expected.into(),
+            got: got.to_vec(),
+        }
+    }
+    pub(crate) fn weight(name: impl Into<String>, problem: impl Into<String>) -> Self {
+        Error::Weight {
+            name: name.into(),
+            problem: problem.into(),
+        }
+    }
+    pub(crate) fn file(source_name: impl Into<String>, problem: impl Into<String>) -> Self {
+        Error::File {
+            source_name: source_name.into(),
+            problem: problem.into(),
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The GPU context: adapter, device and queue, and the two things every pass needs from them:
+//! errors turned into `Err` (never wgpu's default panic) and blocking readback.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// Optional features the engine uses when the adapter has them.
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY);
+
+/// How to pick an adapter. `Default` honours `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// `vulkan`, `metal`, `dx12`, `gl` (comma-separated list allowed); `None` = env or all.
+    pub backend: Option<String>,
+    /// Case-insensitive substring of the adapter name; `None` = env or the first found.
+    pub adapter_name: Option<String>,
+}
+
+/// One line of `wgpu-mha info`.
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+}
+
+/// Adapter + device + queue. Cheap to clone (wgpu handles are reference counted).
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    features: wgpu::Features,
+    limits: wgpu::Limits,
+    /// Set by the device-lost callback; every later call fails fast with `DeviceLost`.
+    lost: Arc<Mutex<Option<String>>>,
+    /// Errors that escaped an error scope (e.g. raised on another thread's resources).
+    uncaptured: Arc<Mutex<Vec<String>>>,
+}
+
+fn instance(backend: Option<&str>) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if let Some(b) = backend {
+        desc.backends = wgpu::Backends::from_comma_list(b);
+    }
+    wgpu::Instance::new(desc)
+}
+
+/// Every adapter wgpu finds under the given (or env) backend selection.
+pub fn list_adapters(backend: Option<&str>) -> Vec<AdapterSummary> {
+    let instance = instance(backend);
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .into_iter()
+        .map(|a| AdapterSummary {
+            info: a.get_info(),
+            features: a.features(),
+            limits: a.limits(),
+        })
+        .collect()
+}
+
+impl Gpu {
+    /// The default adapter (honours `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`).
+    pub fn new() -> Result<Self> {
+        Self::with_options(&GpuOptions::default())
+    }
+
+    pub fn with_options(options: &GpuOptions) -> Result<Self> {
+        pollster::block_on(Self::new_async(options))
+    }
+
+    pub async fn new_async(options: &GpuOptions) -> Result<Self> {
+        let backend = options.backend.clone().or_else(|| std::env::var("WGPU_BACKEND").ok());
+        let wanted_name = options
+            .adapter_name
+            .clone()
+            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
+            .map(|n| n.to_lowercase());
+        let instance = instance(backend.as_deref());
+        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        let chosen = match &wanted_name {
+            Some(name) => adapters
+                .into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(name.as_str())),
+            // Prefer real GPUs over software ones, then whatever comes first.
+            None => {
+                let mut all = adapters;
+                all.sort_by_key(|a| match a.get_info().device_type {
+                    wgpu::DeviceType::DiscreteGpu => 0,
+                    wgpu::DeviceType::IntegratedGpu => 1,
+                    wgpu::DeviceType::VirtualGpu => 2,
+                    wgpu::DeviceType::Other => 3,
+                    wgpu::DeviceType::Cpu => 4,
+                });
+                all.into_iter().next()
+            }
+        };
+        let Some(adapter) = chosen else {
+            let mut detail = String::new();
+            if let Some(b) = &backend {
+                detail += &format!(" for backend `{b}`");
+            }
+            if let Some(n) = &wanted_name {
+                detail += &format!(" named like `{n}` (found: {names:?})");
+            }
+            return Err(Error::NoAdapter { detail });
+        };
+        let info = adapter.get_info();
+        let features = adapter.features() & WANTED_FEATURES;
+        // The adapter's own limits: the defaults cap workgroup memory at 16 KiB and storage
+        // bindings at 128 MiB, lower than many GPUs offer.
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgpu-mha"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::RequestDevice {
+                adapter: info.name.clone(),
+                message: e.to_string(),
+            })?;
+        let lost = Arc::new(Mutex::new(None));
+        let lost_in_callback = lost.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut slot) = lost_in_callback.lock() {
+                *slot = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        // Replace wgpu's default handler (which panics) with one that records the error; the
+        // next `scoped` call on any thread reports it.
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            features,
+            limits,
+            lost,
+            uncaptured,
+        })
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+    pub fn info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+    pub fn features(&self) -> wgpu::Features {
+        self.features
+    }
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+    pub fn has_f16(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F16)
+    }
+    pub fn has_subgroups(&self) -> bool {
+        self.features.contains(wgpu::Features::SUBGROUP)
+    }
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// `"<name> (<backend>)"`, for reports.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?})", self.info.name, self.info.backend)
+    }
+
+    /// Fails fast once the device is lost.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        match self.lost.lock().ok().and_then(|l| l.clone()) {
+            Some(reason) => Err(Error::DeviceLost(reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and turns anything wgpu
+    /// reports into `Err` naming `stage`.
+    pub(crate) fn scoped<T>(&self, stage: &str, f: impl FnOnce() -> T) -> Result<T> {
+        self.check_alive()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let value = f();
+        let validation = pollster::block_on(validation.pop());
+        let oom = pollster::block_on(oom.pop());
+        if let Some(e) = validation.or(oom) {
+            return Err(Error::Gpu {
+                stage: stage.to_string(),
+                message: e.to_string(),
+            });
+        }
+        let escaped: Vec<String> = self
+            .uncaptured
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        if !escaped.is_empty() {
+            return Err(Error::Gpu {
+                stage: stage.to_string(),
+                message: escaped.join("; "),
+            });
+        }
+        self.check_alive()?;
+        Ok(value)
+    }
+
+    /// Waits until the queue is idle.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu {
+                stage: "poll".into(),
+                message: e.to_string(),
+            })?;
+        self.check_alive()
+    }
+
+    /// Maps the first `bytes` of `staging` (a `MAP_READ` buffer), copies them out, unmaps.
+    pub(crate) fn read_bytes(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let slice = staging.slice(0..bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        let readback_error = |message: String| Error::Gpu {
+            stage: "readback".into(),
+            message,
+        };
+        rx.recv()
+            .map_err(|_| readback_error("map callback never ran".into()))?
+            .map_err(|e| readback_error(e.to_string()))?;
+        let out = slice
+            .get_mapped_range()
+            .map_err(|e| readback_error(e.to_string()))?
+            .to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// `read_bytes` as f32 values.
+    pub(crate) fn read_f32(&self, staging: &wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
+        let bytes = self.read_bytes(staging, (len * 4) as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}

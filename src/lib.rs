@@ -1,0 +1,44 @@
+//! # wgpu-mha
+//!
+//! Transformer multi-head attention on any GPU (Vulkan, Metal, DX12, GL) through wgpu, as a
+//! pipeline of WGSL compute passes over storage buffers. It reproduces two PyTorch modules:
+//!
+//! * **classic** — `MultiHeadAttention(d_model, num_heads)` with `W_q, W_k, W_v, W_o`
+//!   ([`AttentionConfig::classic`]), mask `0 = masked` ([`Mask::Attend`]);
+//! * **per-head** — `MultiHeadAttention(emb_size, q_k_size, v_size, head)`, cross-attention
+//!   without an output projection ([`AttentionConfig::per_head`]), mask `true = masked`
+//!   ([`Mask::Block`]).
+//!
+//! ```no_run
+//! use wgpu_mha::{AttentionConfig, AttentionWeights, Gpu, Mask, MultiHeadAttention, Tensor};
+//! # fn main() -> wgpu_mha::Result<()> {
+//! let gpu = Gpu::new()?;
+//! let config = AttentionConfig::classic(512, 8)?;
+//! let weights = AttentionWeights::random(&config, 0);
+//! let mha = MultiHeadAttention::new(&gpu, config, &weights)?;
+//! let x = Tensor::random([2, 16, 512], 1);
+//! let y = mha.forward(&x, &x, &x, &Mask::Causal)?; // [2, 16, 512]
+//! # Ok(()) }
+//! ```
+//!
+//! Masked scores are *replaced* by −1e9 as the seeds do, so a query whose keys are all masked
+//! returns the mean of V (never NaN), on every path.
+
+pub mod attention;
+pub mod config;
+pub mod error;
+pub mod gpu;
+pub mod kernels;
+pub mod mask;
+pub mod profile;
+pub mod reference;
+pub mod tensor;
+pub mod weights;
+
+pub use attention::{AttentionPath, ForwardOptions, ForwardOutput, MultiHeadAttention};
+pub use config::AttentionConfig;
+pub use error::{Error, Result};
+pub use gpu::{list_adapters, Gpu, GpuOptions};
+pub use mask::{Mask, MaskTensor};
+pub use tensor::Tensor;
+pub use weights::{AttentionWeights, Linear};

@@ -1,0 +1,162 @@
+//! The CPU reference: the seeds' math in f64, written plainly (no tiling, no fusion), so the GPU
+//! passes have something independent to be checked against.
+
+use crate::config::AttentionConfig;
+use crate::error::Result;
+use crate::mask::{Mask, MaskTensor, MASKED_SCORE};
+use crate::tensor::Tensor;
+use crate::weights::{AttentionWeights, Linear};
+
+/// The reference result: output `[B, Lq, out]` and probabilities `[B, H, Lq, Lk]`, in f64.
+#[derive(Debug, Clone)]
+pub struct ReferenceOutput {
+    pub shape: Vec<usize>,
+    pub output: Vec<f64>,
+    pub probs: Vec<f64>,
+}
+
+impl ReferenceOutput {
+    pub fn output_f32(&self) -> Vec<f32> {
+        self.output.iter().map(|&v| v as f32).collect()
+    }
+    pub fn max_abs(&self) -> f64 {
+        self.output.iter().fold(0.0, |m, v| m.max(v.abs()))
+    }
+}
+
+/// Full forward of either seed module. Inputs are `[B, L, width]`; validation is the GPU
+/// module's job, this function assumes consistent shapes (it is checked by `forward`).
+pub fn forward(
+    config: &AttentionConfig,
+    weights: &AttentionWeights,
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    mask: &Mask,
+) -> Result<ReferenceOutput> {
+    crate::attention::check_inputs(config, query, key, value)?;
+    let (b, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
+    let (h, dk, dv) = (config.heads, config.qk_head_dim, config.v_head_dim);
+    let dims = crate::mask::AttnDims { batch: b, heads: h, lq, lk };
+    mask.resolve(dims)?; // same validation as the GPU path
+    let q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
+    let k = linear(&widen(key.data()), b * lk, &weights.k); // [B, Lk, H·dk]
+    let v = linear(&widen(value.data()), b * lk, &weights.v); // [B, Lk, H·dv]
+    let scale = config.scale() as f64;
+    let mut probs = vec![0.0f64; b * h * lq * lk];
+    let mut combined = vec![0.0f64; b * lq * h * dv]; // [B, Lq, H·dv]
+    let mut row = vec![0.0f64; lk];
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..lq {
+                for (j, s) in row.iter_mut().enumerate() {
+                    let mut dot = 0.0;
+                    for d in 0..dk {
+                        dot += q[(bi * lq + i) * h * dk + hi * dk + d]
+                            * k[(bi * lk + j) * h * dk + hi * dk + d];
+                    }
+                    *s = mask_score(mask, dot * scale, lq, lk, (bi, hi, i, j));
+                }
+                let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = row.iter().map(|s| (s - max).exp()).sum();
+                let p = &mut probs[((bi * h + hi) * lq + i) * lk..][..lk];
+                for (pj, s) in p.iter_mut().zip(&row) {
+                    *pj = (s - max).exp() / sum;
+                }
+                for d in 0..dv {
+                    let mut acc = 0.0;
+                    for (j, pj) in p.iter().enumerate() {
+                        acc += pj * v[(bi * lk + j) * h * dv + hi * dv + d];
+                    }
+                    combined[(bi * lq + i) * h * dv + hi * dv + d] = acc;
+                }
+            }
+        }
+    }
+    let output = match &weights.o {
+        Some(o) => linear(&combined, b * lq, o),
+        None => combined,
+    };
+    Ok(ReferenceOutput {
+        shape: vec![b, lq, config.output_dim()],
+        output,
+        probs,
+    })
+}
+
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// `y[m, n] = Σ_k x[m, k]·W[n, k] + b[n]` in f64.
+pub fn linear(x: &[f64], rows: usize, layer: &Linear) -> Vec<f64> {
+    let (n_out, n_in) = (layer.out_features, layer.in_features);
+    let mut y = vec![0.0f64; rows * n_out];
+    for m in 0..rows {
+        for n in 0..n_out {
+            let mut acc = layer.bias.as_ref().map_or(0.0, |b| b[n] as f64);
+            for k in 0..n_in {
+                acc += x[m * n_in + k] * layer.weight[n * n_in + k] as f64;
+            }
+            y[m * n_out + n] = acc;
+        }
+    }
+    y
+}
+
+/// The seeds' masking rule for one score, read straight from the user's mask.
+fn mask_score(mask: &Mask, score: f64, lq: usize, lk: usize, at: (usize, usize, usize, usize)) -> f64 {
+    let (bi, _, i, j) = at;
+    let masked = MASKED_SCORE as f64;
+    match mask {
+        Mask::None => score,
+        Mask::Causal => {
+            if j as i64 <= i as i64 + lk as i64 - lq as i64 {
+                score
+            } else {
+                masked
+            }
+        }
+        Mask::KeyPadding(len) => {
+            if j < len[bi] {
+                score
+            } else {
+                masked
+            }
+        }
+        Mask::Attend(t) => {
+            if broadcast_get(t, at) != 0 {
+                score
+            } else {
+                masked
+            }
+        }
+        Mask::Block(t) => {
+            if broadcast_get(t, at) != 0 {
+                masked
+            } else {
+                score
+            }
+        }
+        Mask::Bias(t) => score + t.data()[broadcast_index(t.shape(), at)] as f64,
+    }
+}
+
+fn broadcast_get(t: &MaskTensor, at: (usize, usize, usize, usize)) -> u8 {
+    t.data()[broadcast_index(t.shape(), at)]
+}
+
+/// Row-major index into a tensor of rank 1–4 laid over `[B, H, Lq, Lk]` by the crate's rank
+/// convention (3 → `[B, Lq, Lk]`), size-1 dimensions broadcast.
+fn broadcast_index(shape: &[usize], (b, h, i, j): (usize, usize, usize, usize)) -> usize {
+    let coords: Vec<usize> = match shape.len() {
+        4 => vec![b, h, i, j],
+        3 => vec![b, i, j],
+        2 => vec![i, j],
+        _ => vec![j],
+    };
+    coords
+        .iter()
+        .zip(shape)
+        .fold(0, |idx, (&c, &n)| idx * n + if n == 1 { 0 } else { c })
+}

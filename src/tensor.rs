@@ -1,0 +1,81 @@
+//! A plain host tensor: a shape and row-major `f32` data.
+
+use crate::error::{Error, Result};
+
+/// A row-major host tensor of `f32`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+impl Tensor {
+    /// Builds a tensor, checking that `data.len()` is the product of `shape`.
+    pub fn new(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Result<Self> {
+        let shape = shape.into();
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(Error::DataLength {
+                what: "tensor".into(),
+                shape,
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(Tensor { shape, data })
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: impl Into<Vec<usize>>) -> Self {
+        let shape = shape.into();
+        let n = shape.iter().product();
+        Tensor { shape, data: vec![0.0; n] }
+    }
+
+    /// Uniform random values in `[-1, 1)` from a small deterministic generator.
+    pub fn random(shape: impl Into<Vec<usize>>, seed: u64) -> Self {
+        let shape = shape.into();
+        let n: usize = shape.iter().product();
+        let mut rng = crate::weights::SplitMix64::new(seed);
+        let data = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        Tensor { shape, data }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+    pub fn data_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+    pub fn into_data(self) -> Vec<f32> {
+        self.data
+    }
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Multiplies every value by `factor` (handy for stress inputs).
+    pub fn scaled(mut self, factor: f32) -> Self {
+        self.data.iter_mut().for_each(|v| *v *= factor);
+        self
+    }
+
+    /// Largest absolute difference to `other` (NaN if either holds NaN at the same place).
+    pub fn max_abs_diff(&self, other: &[f32]) -> f32 {
+        max_abs_diff(&self.data, other)
+    }
+}
+
+/// Largest |a − b| over two equally long slices; NaN anywhere makes the result NaN.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, |m, d| if d.is_nan() || m.is_nan() { f32::NAN } else { m.max(d) })
+}

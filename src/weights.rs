@@ -1,0 +1,143 @@
+//! Host-side weights in PyTorch layout (`weight [out_features, in_features]`, row-major).
+
+use crate::config::AttentionConfig;
+use crate::error::{Error, Result};
+
+/// One `nn.Linear`: `y = x · Wᵀ + b`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Linear {
+    pub out_features: usize,
+    pub in_features: usize,
+    /// `[out_features, in_features]`, row-major.
+    pub weight: Vec<f32>,
+    /// `[out_features]`, or `None` for `bias=False`.
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// PyTorch's default init: weight and bias uniform in `±1/sqrt(in_features)`.
+    pub fn random(out_features: usize, in_features: usize, bias: bool, rng: &mut SplitMix64) -> Self {
+        let bound = 1.0 / (in_features as f32).sqrt();
+        let weight = (0..out_features * in_features)
+            .map(|_| rng.uniform(-bound, bound))
+            .collect();
+        let bias = bias.then(|| (0..out_features).map(|_| rng.uniform(-bound, bound)).collect());
+        Linear {
+            out_features,
+            in_features,
+            weight,
+            bias,
+        }
+    }
+
+    /// Checks sizes; `name` is the state-dict prefix used in messages (`W_q`).
+    pub fn check(&self, name: &str, out_features: usize, in_features: usize, bias: bool) -> Result<()> {
+        if self.out_features != out_features || self.in_features != in_features {
+            return Err(Error::weight(
+                format!("{name}.weight"),
+                format!(
+                    "shape [{}, {}], expected [{out_features}, {in_features}]",
+                    self.out_features, self.in_features
+                ),
+            ));
+        }
+        if self.weight.len() != out_features * in_features {
+            return Err(Error::weight(
+                format!("{name}.weight"),
+                format!("has {} values, expected {}", self.weight.len(), out_features * in_features),
+            ));
+        }
+        match (&self.bias, bias) {
+            (Some(b), true) if b.len() != out_features => Err(Error::weight(
+                format!("{name}.bias"),
+                format!("has {} values, expected {out_features}", b.len()),
+            )),
+            (None, true) => Err(Error::weight(
+                format!("{name}.bias"),
+                "is missing, but the config has bias on",
+            )),
+            (Some(_), false) => Err(Error::weight(
+                format!("{name}.bias"),
+                "is present, but the config has bias off",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The projections of one attention module.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionWeights {
+    /// `heads·qk_head_dim × model_dim`
+    pub q: Linear,
+    /// `heads·qk_head_dim × key_dim`
+    pub k: Linear,
+    /// `heads·v_head_dim × value_dim`
+    pub v: Linear,
+    /// `model_dim × heads·v_head_dim`, when the config has an output projection.
+    pub o: Option<Linear>,
+}
+
+impl AttentionWeights {
+    /// Seeded random weights with `nn.Linear`'s default distribution.
+    pub fn random(config: &AttentionConfig, seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let c = config;
+        let q = Linear::random(c.qk_width(), c.model_dim, c.bias, &mut rng);
+        let k = Linear::random(c.qk_width(), c.key_dim, c.bias, &mut rng);
+        let v = Linear::random(c.v_width(), c.value_dim, c.bias, &mut rng);
+        let o = c
+            .output_projection
+            .then(|| Linear::random(c.model_dim, c.v_width(), c.bias, &mut rng));
+        AttentionWeights { q, k, v, o }
+    }
+
+    /// State-dict names of the four projections for this config (`W_q` / `w_q`).
+    pub fn names(config: &AttentionConfig) -> [&'static str; 4] {
+        if config.output_projection {
+            ["W_q", "W_k", "W_v", "W_o"]
+        } else {
+            ["w_q", "w_k", "w_v", "w_o"]
+        }
+    }
+
+    /// Checks every weight against the config; the error names the weight.
+    pub fn check(&self, config: &AttentionConfig) -> Result<()> {
+        let c = config;
+        let [nq, nk, nv, no] = Self::names(c);
+        self.q.check(nq, c.qk_width(), c.model_dim, c.bias)?;
+        self.k.check(nk, c.qk_width(), c.key_dim, c.bias)?;
+        self.v.check(nv, c.v_width(), c.value_dim, c.bias)?;
+        match (&self.o, c.output_projection) {
+            (Some(o), true) => o.check(no, c.model_dim, c.v_width(), c.bias),
+            (None, true) => Err(Error::weight(format!("{no}.weight"), "is missing")),
+            (Some(_), false) => Err(Error::weight(
+                format!("{no}.weight"),
+                "is present, but the config has no output projection",
+            )),
+            (None, false) => Ok(()),
+        }
+    }
+}
+
+/// A tiny deterministic generator (SplitMix64), so seeded weights need no extra crate.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let unit = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * unit
+    }
+}
