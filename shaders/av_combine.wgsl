@@ -10,8 +10,8 @@ struct AvParams {
     heads: u32,
     v_offset: u32,
     z_offset: u32,
+    kv_stride: u32,   // rows of V per (batch, head): Lk, or a KV cache's capacity
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: AvParams;
@@ -24,7 +24,7 @@ fn load_a(z: u32, i: u32, j: u32) -> f32 {
 }
 
 fn load_b(z: u32, j: u32, d: u32) -> f32 {
-    return v[p.v_offset + (z * p.lk + j) * p.head_dim + d];
+    return v[p.v_offset + (z * p.kv_stride + j) * p.head_dim + d];
 }
 
 @compute @workgroup_size(16, 16, 1)

@@ -24,6 +24,10 @@ struct FlashParams {
     k_offset: u32,
     v_offset: u32,
     z_offset: u32,
+    kv_stride: u32,   // rows of K/V per (batch, head): Lk, or a KV cache's capacity
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
     mask: MaskParams,
 }
 
@@ -80,11 +84,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let j0 = t * KV_TILE;
         let keys = min(KV_TILE, p.lk - j0);
         // Stage K and V rows j0 .. j0 + keys (all 64 threads help).
-        let k_base = p.k_offset + (z * p.lk + j0) * HEAD_DIM_QK;
+        let k_base = p.k_offset + (z * p.kv_stride + j0) * HEAD_DIM_QK;
         for (var e = lid.x; e < keys * HEAD_DIM_QK; e += BLOCK_Q) {
             k_tile[e] = qkv[k_base + e];
         }
-        let v_base = p.v_offset + (z * p.lk + j0) * HEAD_DIM_V;
+        let v_base = p.v_offset + (z * p.kv_stride + j0) * HEAD_DIM_V;
         for (var e = lid.x; e < keys * HEAD_DIM_V; e += BLOCK_Q) {
             v_tile[e] = qkv[v_base + e];
         }

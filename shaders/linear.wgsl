@@ -14,6 +14,10 @@ struct LinearParams {
     w_offset: u32,
     bias_offset: u32,
     has_bias: u32,
+    dst_seq_len: u32,  // rows per (batch, head) in the destination (a KV cache's capacity, else L)
+    dst_pos: u32,      // position of input row 0 in the destination (cache length before append)
+    _pad0: u32,
+    _pad1: u32,
     seg_start: vec4<u32>,    // first column of each segment (.x = 0)
     seg_head_dim: vec4<u32>, // d of each segment
     seg_heads: vec4<u32>,    // H of each segment
@@ -42,7 +46,7 @@ fn dst_index(row: u32, col: u32) -> u32 {
     let head = local / d;
     let b = row / p.seq_len;
     let l = row % p.seq_len;
-    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.seq_len + l) * d + local % d;
+    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.dst_seq_len + p.dst_pos + l) * d + local % d;
 }
 
 @compute @workgroup_size(16, 16, 1)

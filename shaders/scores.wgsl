@@ -12,6 +12,10 @@ struct ScoresParams {
     k_offset: u32,
     scale: f32,
     z_offset: u32,
+    kv_stride: u32,   // rows of K per (batch, head): Lk, or a KV cache's capacity
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
     mask: MaskParams,
 }
 
@@ -24,7 +28,7 @@ fn load_a(z: u32, i: u32, d: u32) -> f32 {
 }
 
 fn load_b(z: u32, d: u32, j: u32) -> f32 {
-    return qk[p.k_offset + (z * p.lk + j) * p.head_dim + d];
+    return qk[p.k_offset + (z * p.kv_stride + j) * p.head_dim + d];
 }
 
 @compute @workgroup_size(16, 16, 1)

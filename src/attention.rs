@@ -649,6 +649,8 @@ impl MultiHeadAttention {
             k_offset: k_dst,
             scale: c.scale(),
             z_offset: 0,
+            kv_stride: lk as u32,
+            _pad: [0; 3],
             mask: MaskParams::default(),
         };
         let flash_params = FlashParams {
@@ -660,6 +662,8 @@ impl MultiHeadAttention {
             k_offset: k_dst,
             v_offset: v_dst,
             z_offset: 0,
+            kv_stride: lk as u32,
+            _pad: [0; 3],
             mask: MaskParams::default(),
         };
         let (attn_params, attn_workgroups) = if key.fused {
@@ -687,7 +691,8 @@ impl MultiHeadAttention {
                     heads: h as u32,
                     v_offset: v_dst,
                     z_offset: 0,
-                    _pad: [0; 2],
+                    kv_stride: lk as u32,
+                    _pad: 0,
                 };
                 let ap_buf = kernels::uniform_buffer(device, "av params", &ap);
                 let av = (

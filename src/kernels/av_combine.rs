@@ -14,7 +14,8 @@ pub struct AvParams {
     pub heads: u32,
     pub v_offset: u32,
     pub z_offset: u32,
-    pub _pad: [u32; 2],
+    pub kv_stride: u32,
+    pub _pad: u32,
 }
 
 pub(crate) fn pass(device: &wgpu::Device) -> Pass {

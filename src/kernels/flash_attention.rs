@@ -22,6 +22,8 @@ pub struct FlashParams {
     pub k_offset: u32,
     pub v_offset: u32,
     pub z_offset: u32,
+    pub kv_stride: u32,
+    pub _pad: [u32; 3],
     pub mask: MaskParams,
 }
 

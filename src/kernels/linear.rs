@@ -16,6 +16,9 @@ pub struct LinearParams {
     pub w_offset: u32,
     pub bias_offset: u32,
     pub has_bias: u32,
+    pub dst_seq_len: u32,
+    pub dst_pos: u32,
+    pub _pad: [u32; 2],
     pub seg_start: [u32; 4],
     pub seg_head_dim: [u32; 4],
     pub seg_heads: [u32; 4],
@@ -39,6 +42,7 @@ impl LinearParams {
             m: rows,
             k,
             seq_len: seq_len.max(1),
+            dst_seq_len: seq_len.max(1),
             ..Default::default()
         };
         let mut start = 0;

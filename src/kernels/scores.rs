@@ -16,6 +16,8 @@ pub struct ScoresParams {
     pub k_offset: u32,
     pub scale: f32,
     pub z_offset: u32,
+    pub kv_stride: u32,
+    pub _pad: [u32; 3],
     pub mask: MaskParams,
 }
 
