@@ -42,3 +42,8 @@ pub use gpu::{list_adapters, Gpu, GpuOptions};
 pub use mask::{Mask, MaskTensor};
 pub use tensor::Tensor;
 pub use weights::{AttentionWeights, Linear};
+
+/// The README's examples compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
