@@ -127,6 +127,8 @@ pub struct MultiHeadAttention {
     av_combine: Pass,
     flash: Option<Pass>,
     weights: GpuWeights,
+    /// Host copy of `W_o.bias`: the whole answer when there are no keys.
+    output_bias: Option<Vec<f32>>,
     /// A 16-byte zero buffer bound where a pass has no bias.
     empty: wgpu::Buffer,
     workspaces: Mutex<Vec<Workspace>>,
@@ -225,6 +227,7 @@ impl MultiHeadAttention {
                 av_combine: kernels::av_combine::pass(device),
                 flash,
                 weights: gpu_weights,
+                output_bias: weights.o.as_ref().and_then(|o| o.bias.clone()),
                 empty: storage_buffer(device, "empty", 16, wgpu::BufferUsages::empty()),
                 workspaces: Mutex::new(Vec::new()),
             }
@@ -434,9 +437,9 @@ impl MultiHeadAttention {
     fn empty_forward(&self, d: AttnDims, options: &ForwardOptions, path: AttentionPath) -> ForwardOutput {
         let out_dim = self.config.output_dim();
         let mut output = Tensor::zeros([d.batch, d.lq, out_dim]);
-        if let Some(b_o) = self.host_output_bias() {
+        if let Some(b_o) = &self.output_bias {
             for row in output.data_mut().chunks_mut(out_dim) {
-                row.copy_from_slice(&b_o);
+                row.copy_from_slice(b_o);
             }
         }
         ForwardOutput {
@@ -447,24 +450,6 @@ impl MultiHeadAttention {
             path,
             pass_ms: Vec::new(),
         }
-    }
-
-    fn host_output_bias(&self) -> Option<Vec<f32>> {
-        let (_, b_o) = self.weights.w_o.as_ref()?;
-        if !self.config.bias {
-            return None;
-        }
-        let n = self.config.model_dim;
-        let staging = self.gpu.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some("b_o readback"),
-            size: (n * 4) as u64,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut encoder = self.gpu.device().create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(b_o, 0, &staging, 0, (n * 4) as u64);
-        self.gpu.queue().submit([encoder.finish()]);
-        self.gpu.read_f32(&staging, n).ok()
     }
 
     fn take_workspace(&self, key: ShapeKey) -> Result<Workspace> {
