@@ -19,6 +19,14 @@ pub struct GpuOptions {
     pub adapter_name: Option<String>,
 }
 
+/// Counts of live GPU objects (see [`Gpu::live_objects`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveObjects {
+    pub buffers: isize,
+    pub bind_groups: isize,
+    pub buffer_bytes: isize,
+}
+
 /// One line of `wgpu-mha info`.
 #[derive(Debug, Clone)]
 pub struct AdapterSummary {
@@ -178,6 +186,16 @@ impl Gpu {
     }
     pub fn has_timestamps(&self) -> bool {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Live wgpu objects of this device (wgpu's internal counters), for leak checks.
+    pub fn live_objects(&self) -> LiveObjects {
+        let c = self.device.get_internal_counters();
+        LiveObjects {
+            buffers: c.hal.buffers.read(),
+            bind_groups: c.hal.bind_groups.read(),
+            buffer_bytes: c.hal.buffer_memory.read(),
+        }
     }
 
     /// `"<name> (<backend>)"`, for reports.

@@ -32,13 +32,14 @@ pub mod kernels;
 pub mod mask;
 pub mod profile;
 pub mod reference;
+pub mod soak;
 pub mod tensor;
 pub mod weights;
 
 pub use attention::{AttentionPath, ForwardOptions, ForwardOutput, MultiHeadAttention};
 pub use config::AttentionConfig;
 pub use error::{Error, Result};
-pub use gpu::{list_adapters, Gpu, GpuOptions};
+pub use gpu::{list_adapters, Gpu, GpuOptions, LiveObjects};
 pub use mask::{Mask, MaskTensor};
 pub use tensor::Tensor;
 pub use weights::{AttentionWeights, Linear};
