@@ -49,7 +49,7 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
         }
     }
     if (p.mask.kind == MASK_KEY_PADDING) {
-        let valid = mask_words[b];
+        let valid = mask_words[p.mask.batch_base + b];
         if (valid > 0u) {
             return min(all_tiles, (valid + KV_TILE - 1u) / KV_TILE);
         }

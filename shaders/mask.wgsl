@@ -11,16 +11,16 @@ const MASK_BIAS: u32 = 4u;         // f32 bits, added to the score
 
 struct MaskParams {
     kind: u32,
-    causal_offset: i32,       // Lk - Lq
-    _pad0: u32,
-    _pad1: u32,
+    causal_offset: i32,       // Lk - Lq (of the whole problem, shifted for a query block)
+    base: u32,                // element offset of this chunk's (b = 0, i = 0) in the mask
+    batch_base: u32,          // first batch of this chunk (key padding lengths)
     strides: vec4<u32>,       // element strides over (b, h, i, j); 0 where broadcast
 }
 
 @group(0) @binding(6) var<storage, read> mask_words: array<u32>;
 
 fn mask_element(m: MaskParams, b: u32, h: u32, i: u32, j: u32) -> u32 {
-    return b * m.strides.x + h * m.strides.y + i * m.strides.z + j * m.strides.w;
+    return m.base + b * m.strides.x + h * m.strides.y + i * m.strides.z + j * m.strides.w;
 }
 
 fn apply_mask(m: MaskParams, score: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
@@ -31,7 +31,7 @@ fn apply_mask(m: MaskParams, score: f32, b: u32, h: u32, i: u32, j: u32) -> f32 
             }
         }
         case MASK_KEY_PADDING: {
-            if (j >= mask_words[b]) {
+            if (j >= mask_words[m.batch_base + b]) {
                 return MASKED_SCORE;
             }
         }

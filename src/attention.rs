@@ -144,6 +144,16 @@ fn storage_buffer(device: &wgpu::Device, label: &str, bytes: u64, extra: wgpu::B
     })
 }
 
+/// Rows `[batches, positions]` of a `[B, L, W]` tensor, as a new tensor.
+fn slice_rows(t: &Tensor, batches: std::ops::Range<usize>, positions: std::ops::Range<usize>) -> Tensor {
+    let (l, w) = (t.shape()[1], t.shape()[2]);
+    let mut data = Vec::with_capacity(batches.len() * positions.len() * w);
+    for b in batches.clone() {
+        data.extend_from_slice(&t.data()[(b * l + positions.start) * w..(b * l + positions.end) * w]);
+    }
+    Tensor::from_parts([batches.len(), positions.len(), w], data)
+}
+
 fn upload(device: &wgpu::Device, label: &str, data: &[f32]) -> wgpu::Buffer {
     use wgpu::util::DeviceExt;
     let mut padded = data.to_vec();
@@ -195,6 +205,12 @@ impl MultiHeadAttention {
                 needed: weight_bytes,
                 limit,
             });
+        }
+        if let Some(o) = &weights.o {
+            let needed = 4 * o.weight.len() as u64;
+            if needed > limit {
+                return Err(Error::TooLarge { what: "the output projection weight".into(), needed, limit });
+            }
         }
         let device = gpu.device();
         gpu.scoped("building the attention module", || {
@@ -294,14 +310,14 @@ impl MultiHeadAttention {
         value: &Tensor,
         mask: &Mask,
         options: &ForwardOptions,
-        mut timer: Option<&mut PassTimer>,
+        timer: Option<&mut PassTimer>,
     ) -> Result<ForwardOutput> {
         // Everything about the input is checked before anything touches the GPU.
         check_inputs(&self.config, query, key, value)?;
         let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
         let dims = AttnDims { batch, heads: self.config.heads, lq, lk };
         let resolved = mask.resolve(dims)?;
-        let fused = self.choose_path(dims, options)?;
+        let fused = self.choose_path(options)?;
         let path = if fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
         if batch == 0 || lq == 0 || lk == 0 {
             return Ok(self.empty_forward(dims, options, path));
@@ -313,17 +329,119 @@ impl MultiHeadAttention {
         } else {
             Sharing::Distinct
         };
-        let shape = ShapeKey {
-            batch,
-            lq,
-            lk,
-            sharing,
-            fused,
-            probs: options.return_probs,
+        let whole = ShapeKey { batch, lq, lk, sharing, fused, probs: options.return_probs };
+        let (batch_chunk, query_chunk) = self.plan_chunks(whole)?;
+        if batch_chunk == batch && query_chunk == lq {
+            return self.run_chunk(whole, query, key, value, &resolved, &resolved.words, timer);
+        }
+        self.run_chunked(whole, (batch_chunk, query_chunk), query, key, value, &resolved)
+    }
+
+    /// The largest (batch, query) block sizes whose workspace fits the device: whole batches
+    /// first, then query blocks (queries are independent given all keys). `Err(TooLarge)` only
+    /// when one batch of one query does not fit.
+    fn plan_chunks(&self, whole: ShapeKey) -> Result<(usize, usize)> {
+        let mut batch = whole.batch;
+        loop {
+            match self.check_limits(ShapeKey { batch, ..whole }) {
+                Ok(()) => return Ok((batch, whole.lq)),
+                Err(e) if batch == 1 => {
+                    let _ = e;
+                    break;
+                }
+                Err(_) => batch = batch.div_ceil(2),
+            }
+        }
+        // One batch at a time no longer shares the query with key/value once queries split.
+        let sharing = match whole.sharing {
+            Sharing::SelfAttention => Sharing::SharedKeyValue,
+            s => s,
         };
+        let mut queries = whole.lq;
+        loop {
+            let key = ShapeKey { batch: 1, lq: queries, sharing, ..whole };
+            match self.check_limits(key) {
+                Ok(()) => return Ok((1, queries)),
+                Err(e) if queries == 1 => return Err(e),
+                Err(_) => queries = queries.div_ceil(2),
+            }
+        }
+    }
+
+    /// Runs the problem as blocks of `(batch_chunk, query_chunk)`, each its own submit, and
+    /// assembles the outputs (and probabilities) on the host.
+    fn run_chunked(
+        &self,
+        whole: ShapeKey,
+        (batch_chunk, query_chunk): (usize, usize),
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: &ResolvedMask,
+    ) -> Result<ForwardOutput> {
+        let c = &self.config;
+        let (batch, lq, lk, heads) = (whole.batch, whole.lq, whole.lk, c.heads);
+        let out_dim = c.output_dim();
+        let mut output = Tensor::zeros([batch, lq, out_dim]);
+        let mut probs = whole.probs.then(|| Tensor::zeros([batch, heads, lq, lk]));
+        let path = if whole.fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+        for b0 in (0..batch).step_by(batch_chunk) {
+            let nb = batch_chunk.min(batch - b0);
+            let kv_rows = |t: &Tensor| slice_rows(t, b0..b0 + nb, 0..lk);
+            let k = kv_rows(key);
+            let v = if whole.sharing == Sharing::Distinct { kv_rows(value) } else { k.clone() };
+            for i0 in (0..lq).step_by(query_chunk) {
+                let nq = query_chunk.min(lq - i0);
+                let q = slice_rows(query, b0..b0 + nb, i0..i0 + nq);
+                let sharing = match whole.sharing {
+                    Sharing::SelfAttention if nq == lq => Sharing::SelfAttention,
+                    Sharing::Distinct => Sharing::Distinct,
+                    _ => Sharing::SharedKeyValue,
+                };
+                let shape = ShapeKey { batch: nb, lq: nq, sharing, ..whole };
+                let (q_in, k_in, v_in) = match sharing {
+                    Sharing::SelfAttention => (&k, &k, &k),
+                    Sharing::SharedKeyValue => (&q, &k, &k),
+                    Sharing::Distinct => (&q, &k, &v),
+                };
+                let part = self.run_chunk(shape, q_in, k_in, v_in, &mask.chunk(b0, i0), &mask.words, None)?;
+                // Scatter the block's rows back into place.
+                for b in 0..nb {
+                    let src = &part.output.data()[b * nq * out_dim..(b + 1) * nq * out_dim];
+                    let dst = ((b0 + b) * lq + i0) * out_dim;
+                    output.data_mut()[dst..dst + nq * out_dim].copy_from_slice(src);
+                }
+                if let (Some(all), Some(p)) = (probs.as_mut(), part.probs.as_ref()) {
+                    for b in 0..nb {
+                        for h in 0..heads {
+                            let src = &p.data()[((b * heads + h) * nq) * lk..][..nq * lk];
+                            let dst = (((b0 + b) * heads + h) * lq + i0) * lk;
+                            all.data_mut()[dst..dst + nq * lk].copy_from_slice(src);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ForwardOutput { output, probs, path, pass_ms: Vec::new() })
+    }
+
+    /// One workspace, one encoder, one submit, one readback.
+    #[allow(clippy::too_many_arguments)]
+    fn run_chunk(
+        &self,
+        shape: ShapeKey,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: &ResolvedMask,
+        mask_words: &[u32],
+        mut timer: Option<&mut PassTimer>,
+    ) -> Result<ForwardOutput> {
+        let ShapeKey { batch, lq, lk, .. } = shape;
+        let path = if shape.fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
         let mut ws = self.take_workspace(shape)?;
         let result = self.gpu.scoped("forward", || -> Result<_> {
-            self.write_inputs(&mut ws, query, key, value, &resolved);
+            self.write_inputs(&mut ws, query, key, value, mask, mask_words);
             let mut encoder = self
                 .gpu
                 .device()
@@ -334,7 +452,7 @@ impl MultiHeadAttention {
             }
             self.gpu.queue().submit([encoder.finish()]);
             let out_len = batch * lq * self.config.output_dim();
-            let probs_len = if options.return_probs { batch * self.config.heads * lq * lk } else { 0 };
+            let probs_len = if shape.probs { batch * self.config.heads * lq * lk } else { 0 };
             let mut values = self.gpu.read_f32(&ws.staging, out_len + probs_len)?;
             let probs = values.split_off(out_len);
             let pass_ms = match timer {
@@ -343,7 +461,7 @@ impl MultiHeadAttention {
             };
             Ok(ForwardOutput {
                 output: Tensor::new([batch, lq, self.config.output_dim()], values)?,
-                probs: if options.return_probs {
+                probs: if shape.probs {
                     Some(Tensor::new([batch, self.config.heads, lq, lk], probs)?)
                 } else {
                     None
@@ -396,9 +514,7 @@ impl MultiHeadAttention {
     }
 
     /// Picks fused or multi-pass, and refuses problems that fit neither.
-    fn choose_path(&self, d: AttnDims, options: &ForwardOptions) -> Result<bool> {
-        let limit = self.gpu.limits().max_storage_buffer_binding_size;
-        let scores_bytes = 4 * (d.batch * d.heads * d.lq * d.lk) as u64;
+    fn choose_path(&self, options: &ForwardOptions) -> Result<bool> {
         let fused_ok = self.flash.is_some();
         match options.path {
             AttentionPath::Fused if options.return_probs => Err(Error::Config(
@@ -412,20 +528,6 @@ impl MultiHeadAttention {
                 ),
             }),
             AttentionPath::Fused => Ok(true),
-            AttentionPath::MultiPass | AttentionPath::Auto if scores_bytes > limit => {
-                if options.path == AttentionPath::Auto && fused_ok && !options.return_probs {
-                    Ok(true)
-                } else {
-                    Err(Error::TooLarge {
-                        what: format!(
-                            "the attention scores [B, H, Lq, Lk] = [{}, {}, {}, {}]",
-                            d.batch, d.heads, d.lq, d.lk
-                        ),
-                        needed: scores_bytes,
-                        limit,
-                    })
-                }
-            }
             AttentionPath::MultiPass => Ok(false),
             AttentionPath::Auto => Ok(fused_ok && !options.return_probs),
         }
@@ -470,7 +572,15 @@ impl MultiHeadAttention {
         }
     }
 
-    fn write_inputs(&self, ws: &mut Workspace, query: &Tensor, key: &Tensor, value: &Tensor, mask: &ResolvedMask) {
+    fn write_inputs(
+        &self,
+        ws: &mut Workspace,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: &ResolvedMask,
+        mask_words: &[u32],
+    ) {
         let queue = self.gpu.queue();
         let sources: Vec<&Tensor> = match ws.key.sharing {
             Sharing::SelfAttention => vec![query],
@@ -480,15 +590,15 @@ impl MultiHeadAttention {
         for (buffer, tensor) in ws.inputs.iter().zip(sources) {
             queue.write_buffer(buffer, 0, bytemuck::cast_slice(tensor.data()));
         }
-        if mask.words.len() > ws.mask_capacity_words {
+        if mask_words.len() > ws.mask_capacity_words {
             // Grow the mask buffer and rebind the pass that reads it.
             let device = self.gpu.device();
-            ws.mask = storage_buffer(device, "mask", (mask.words.len() * 4) as u64, wgpu::BufferUsages::empty());
-            ws.mask_capacity_words = mask.words.len();
+            ws.mask = storage_buffer(device, "mask", (mask_words.len() * 4) as u64, wgpu::BufferUsages::empty());
+            ws.mask_capacity_words = mask_words.len();
             ws.attn_bind = self.attention_bind_group(ws.key.fused, &ws.attn_params, &ws.qkv, ws.scores.as_ref(), &ws.combined, &ws.mask);
         }
-        if !mask.words.is_empty() {
-            queue.write_buffer(&ws.mask, 0, bytemuck::cast_slice(&mask.words));
+        if !mask_words.is_empty() {
+            queue.write_buffer(&ws.mask, 0, bytemuck::cast_slice(mask_words));
         }
         let mask_params = MaskParams::from_resolved(mask);
         if ws.key.fused {
@@ -520,14 +630,12 @@ impl MultiHeadAttention {
         }
     }
 
-    /// Allocates every buffer and bind group of one shape; checks device limits first.
-    fn new_workspace(&self, key: ShapeKey) -> Result<Workspace> {
+    /// Whether one shape's workspace and dispatches fit the device's limits.
+    fn check_limits(&self, key: ShapeKey) -> Result<()> {
         let c = &self.config;
-        let device = self.gpu.device();
         let limits = self.gpu.limits();
         let (b, lq, lk, h) = (key.batch, key.lq, key.lk, c.heads);
         let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
-
         let q_elems = b * h * lq * dk;
         let k_elems = b * h * lk * dk;
         let v_elems = b * h * lk * dv;
@@ -548,14 +656,32 @@ impl MultiHeadAttention {
             }
         }
         let max_groups = limits.max_compute_workgroups_per_dimension;
-        if (b * h) as u64 > max_groups as u64 || (b * lq).div_ceil(64) as u64 > max_groups as u64 {
+        // Largest workgroup count along one dimension: (batch, head) pairs for the attention
+        // passes, 64-row tiles for the projections.
+        let groups = (b * h).max((b * lq.max(lk)).div_ceil(64));
+        if groups as u64 > max_groups as u64 {
             return Err(Error::TooLarge {
-                what: format!("dispatch over {} (batch, head) pairs and {} rows", b * h, b * lq),
-                needed: ((b * h).max((b * lq).div_ceil(64))) as u64,
+                what: format!("a dispatch of {groups} workgroups along one dimension (count, not bytes)"),
+                needed: groups as u64,
                 limit: max_groups as u64,
             });
         }
 
+        Ok(())
+    }
+
+    /// Allocates every buffer and bind group of one shape (which `check_limits` accepted).
+    fn new_workspace(&self, key: ShapeKey) -> Result<Workspace> {
+        self.check_limits(key)?;
+        let c = &self.config;
+        let device = self.gpu.device();
+        let limits = self.gpu.limits();
+        let (b, lq, lk, h) = (key.batch, key.lq, key.lk, c.heads);
+        let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
+
+        let q_elems = b * h * lq * dk;
+        let k_elems = b * h * lk * dk;
+        let v_elems = b * h * lk * dv;
         let none = wgpu::BufferUsages::empty();
         let widths: Vec<(&str, usize)> = match key.sharing {
             Sharing::SelfAttention => vec![("query input", b * lq * c.model_dim)],

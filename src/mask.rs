@@ -98,6 +98,8 @@ impl Mask {
             kind: MaskKind::None,
             strides: [0; 4],
             causal_offset: dims.lk as i64 - dims.lq as i64,
+            base: 0,
+            batch_base: 0,
             words: Vec::new(),
         };
         match self {
@@ -165,7 +167,26 @@ pub(crate) struct ResolvedMask {
     pub kind: MaskKind,
     pub strides: [u32; 4],
     pub causal_offset: i64,
+    /// Element offset of a chunk's (b = 0, i = 0), and its first batch (see `chunk`).
+    pub base: u32,
+    pub batch_base: u32,
     pub words: Vec<u32>,
+}
+
+impl ResolvedMask {
+    /// The mask of a sub-problem: batches from `b0`, queries from `i0`. The words stay the
+    /// whole problem's; only offsets move (causal visibility `j <= i + Lk - Lq` keeps the
+    /// whole problem's `i` and `Lq`).
+    pub fn chunk(&self, b0: usize, i0: usize) -> ResolvedMask {
+        ResolvedMask {
+            kind: self.kind,
+            strides: self.strides,
+            causal_offset: self.causal_offset + i0 as i64,
+            base: self.base + b0 as u32 * self.strides[0] + i0 as u32 * self.strides[2],
+            batch_base: self.batch_base + b0 as u32,
+            words: Vec::new(),
+        }
+    }
 }
 
 fn pack_bytes(bytes: impl Iterator<Item = u8>, len: usize) -> Vec<u32> {

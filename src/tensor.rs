@@ -25,6 +25,13 @@ impl Tensor {
         Ok(Tensor { shape, data })
     }
 
+    /// Internal constructor for data whose length the caller derived from `shape`.
+    pub(crate) fn from_parts(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Self {
+        let shape = shape.into();
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Tensor { shape, data }
+    }
+
     /// A tensor of zeros.
     pub fn zeros(shape: impl Into<Vec<usize>>) -> Self {
         let shape = shape.into();

@@ -20,7 +20,8 @@ pub const MASK_WGSL: &str = include_str!("../../shaders/mask.wgsl");
 pub struct MaskParams {
     pub kind: u32,
     pub causal_offset: i32,
-    pub _pad: [u32; 2],
+    pub base: u32,
+    pub batch_base: u32,
     pub strides: [u32; 4],
 }
 
@@ -29,7 +30,8 @@ impl MaskParams {
         MaskParams {
             kind: m.kind as u32,
             causal_offset: m.causal_offset.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
-            _pad: [0; 2],
+            base: m.base,
+            batch_base: m.batch_base,
             strides: m.strides,
         }
     }

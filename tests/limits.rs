@@ -1,0 +1,93 @@
+//! Problems past a device limit are split (over batches, then query blocks) or routed to the
+//! fused path, and give the reference's answer; only a problem that cannot fit at all is an
+//! `Err(TooLarge)` saying how much it needed and what the limit is. Shapes are chosen to cross
+//! lavapipe's limits (128 MiB storage bindings, 65,535 workgroups per dimension).
+
+mod common;
+
+use wgpu_mha::{reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask, MultiHeadAttention, Tensor};
+
+fn limit_bytes() -> u64 {
+    common::gpu().limits().max_storage_buffer_binding_size
+}
+
+#[test]
+fn probabilities_larger_than_a_binding_are_computed_in_query_blocks() {
+    // [1, 8, 2100, 2100] f32 scores = 141 MB > 128 MiB: the multi-pass path splits queries.
+    let (b, h, l) = (1, 8, 2100);
+    assert!((4 * b * h * l * l) as u64 > limit_bytes(), "shape must cross the binding limit");
+    let config = AttentionConfig::classic(16, h).unwrap();
+    let weights = AttentionWeights::random(&config, 1);
+    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let x = Tensor::random([b, l, 16], 2);
+    let options = ForwardOptions { return_probs: true, path: AttentionPath::MultiPass };
+    let got = mha.forward_with(&x, &x, &x, &Mask::Causal, &options).expect("split, not refused");
+    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let err = common::max_err(got.output.data(), &want.output);
+    assert!(err <= common::tolerance(&want.output), "output error {err}");
+    let probs = got.probs.expect("probabilities");
+    assert_eq!(probs.shape(), &[b, h, l, l]);
+    let perr = common::max_err(probs.data(), &want.probs);
+    assert!(perr <= 1e-5, "probability error {perr}");
+}
+
+#[test]
+fn more_batch_heads_than_workgroups_per_dimension_are_split_over_batches() {
+    // 8,200 × 8 = 65,600 (batch, head) pairs > 65,535 workgroups along z.
+    let (b, h, l) = (8200, 8, 2);
+    let max = common::gpu().limits().max_compute_workgroups_per_dimension as usize;
+    assert!(b * h > max);
+    let config = AttentionConfig::classic(16, h).unwrap();
+    let weights = AttentionWeights::random(&config, 3);
+    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let q = Tensor::random([b, l, 16], 4);
+    let kv = Tensor::random([b, 3, 16], 5);
+    let lens: Vec<usize> = (0..b).map(|i| i % 4).collect(); // includes empty sequences
+    let mask = Mask::KeyPadding(lens);
+    let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
+    for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
+        let got = mha.forward_with(&q, &kv, &kv, &mask, &ForwardOptions { return_probs: false, path }).unwrap();
+        let err = common::max_err(got.output.data(), &want.output);
+        assert!(err <= common::tolerance(&want.output), "{path:?}: error {err}");
+    }
+}
+
+#[test]
+fn auto_routes_scores_past_the_limit_to_the_fused_path() {
+    let (b, h, l) = (1, 8, 2100);
+    let config = AttentionConfig::classic(16, h).unwrap();
+    let weights = AttentionWeights::random(&config, 6);
+    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let x = Tensor::random([b, l, 16], 7);
+    let got = mha.forward_with(&x, &x, &x, &Mask::None, &ForwardOptions::default()).unwrap();
+    assert_eq!(got.path, AttentionPath::Fused);
+    assert!(mha.workspace_bytes() < limit_bytes(), "no [B, H, Lq, Lk] buffer was allocated");
+}
+
+#[test]
+fn a_problem_that_cannot_fit_is_an_error_with_the_figures() {
+    // One batch of keys alone is 4.2M × 8 floats = 134 MB > 128 MiB: nothing to split.
+    let config = AttentionConfig::classic(8, 1).unwrap();
+    let weights = AttentionWeights::random(&config, 8);
+    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let q = Tensor::random([1, 1, 8], 9);
+    let kv = Tensor::zeros([1, 4_200_000, 8]);
+    let err = mha.forward(&q, &kv, &kv, &Mask::None).expect_err("cannot fit");
+    match &err {
+        Error::TooLarge { needed, limit, .. } => {
+            assert!(needed > limit);
+            assert_eq!(*limit, limit_bytes());
+        }
+        other => panic!("expected TooLarge, got {other}"),
+    }
+    assert!(err.to_string().contains("bytes"), "{err}");
+}
+
+#[test]
+fn weights_larger_than_a_binding_are_refused_at_construction() {
+    // W_q, W_k, W_v of 4,160² floats each: 208 MB packed > 128 MiB.
+    let config = AttentionConfig::per_head(4160, 4160, 1, 1).unwrap();
+    let weights = AttentionWeights::random(&config, 10);
+    let err = MultiHeadAttention::new(common::gpu(), config, &weights).err().expect("too large");
+    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+}
