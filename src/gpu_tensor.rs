@@ -146,7 +146,7 @@ impl GpuTensor {
             Ok(s) => s,
             Err(e) => {
                 return ReadFuture {
-                    state: ReadState::Failed(Some(e)),
+                    state: ReadState::Failed(e),
                 }
             }
         };
@@ -168,12 +168,12 @@ impl GpuTensor {
                 }
             });
         ReadFuture {
-            state: ReadState::Mapping {
+            state: ReadState::Mapping(Box::new(Mapping {
                 gpu: gpu.clone(),
                 staging,
                 shape,
                 done,
-            },
+            })),
         }
     }
 
@@ -205,15 +205,17 @@ struct MapSlot {
     waker: Option<std::task::Waker>,
 }
 
+struct Mapping {
+    gpu: Gpu,
+    staging: wgpu::Buffer,
+    shape: Vec<usize>,
+    done: Arc<Mutex<MapSlot>>,
+}
+
 enum ReadState {
-    Mapping {
-        gpu: Gpu,
-        staging: wgpu::Buffer,
-        shape: Vec<usize>,
-        done: Arc<Mutex<MapSlot>>,
-    },
+    Mapping(Box<Mapping>),
     /// Ready at the first poll: an error, or an empty tensor.
-    Failed(Option<Error>),
+    Failed(Error),
     Empty(Vec<usize>),
     Finished,
 }
@@ -236,16 +238,15 @@ impl Future for ReadFuture {
             ReadState::Finished => Poll::Ready(Err(readback_error(
                 "the future was polled after it finished".into(),
             ))),
-            ReadState::Failed(e) => Poll::Ready(Err(
-                e.unwrap_or_else(|| readback_error("unknown error".into()))
-            )),
+            ReadState::Failed(e) => Poll::Ready(Err(e)),
             ReadState::Empty(shape) => Poll::Ready(Ok(Tensor::zeros(shape))),
-            ReadState::Mapping {
-                gpu,
-                staging,
-                shape,
-                done,
-            } => {
+            ReadState::Mapping(mapping) => {
+                let Mapping {
+                    gpu,
+                    staging,
+                    shape,
+                    done,
+                } = &*mapping;
                 if let Err(e) = gpu.device().poll(wgpu::PollType::Poll) {
                     return Poll::Ready(Err(readback_error(e.to_string())));
                 }
@@ -264,19 +265,14 @@ impl Future for ReadFuture {
                 };
                 match result {
                     None => {
-                        self.state = ReadState::Mapping {
-                            gpu,
-                            staging,
-                            shape,
-                            done,
-                        };
+                        self.state = ReadState::Mapping(mapping);
                         // Nobody else polls the device: ask to be polled again.
                         cx.waker().wake_by_ref();
                         Poll::Pending
                     }
                     Some(Err(message)) => Poll::Ready(Err(readback_error(message))),
                     Some(Ok(())) => {
-                        let len = elements(&shape);
+                        let len = elements(shape);
                         let values: Vec<f32> = {
                             let range = staging
                                 .slice(0..4 * len as u64)
@@ -288,7 +284,7 @@ impl Future for ReadFuture {
                             }
                         };
                         staging.unmap();
-                        Poll::Ready(Tensor::new(shape, values))
+                        Poll::Ready(Tensor::new(shape.clone(), values))
                     }
                 }
             }

@@ -362,15 +362,14 @@ impl MultiHeadAttention {
         }
         let n = qs[1];
         match x_kv {
-            Some(kv) => {
-                if kv.shape() != [b, n, c.key_dim] {
-                    return Err(Error::shape(
-                        "step key/value input",
-                        format!("[{b}, {n}, {}] (like the query input)", c.key_dim),
-                        kv.shape(),
-                    ));
-                }
+            Some(kv) if kv.shape() != [b, n, c.key_dim] => {
+                return Err(Error::shape(
+                    "step key/value input",
+                    format!("[{b}, {n}, {}] (like the query input)", c.key_dim),
+                    kv.shape(),
+                ));
             }
+            Some(_) => {}
             None if c.model_dim != c.key_dim => {
                 return Err(Error::Config(format!(
                     "a self-attention step projects keys from the query input, but model_dim {} ≠ key_dim {}; \

@@ -21,6 +21,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Inference helpers: [`GpuTensor`] keeps activations on the device so layers chain without
+//! readback ([`MultiHeadAttention::forward_gpu`]); [`KvCache`] keeps projected keys and values on
+//! the device for token-by-token causal decoding ([`MultiHeadAttention::forward_step`]).
+//!
 //! Masked scores are *replaced* by −1e9 as the seeds do, so a query whose keys are all masked
 //! returns the mean of V (never NaN), on every path.
 
