@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use crate::config::AttentionConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::gpu_tensor::GpuTensor;
 use crate::kernels::{
     self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
     linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, MaskParams, Pass,
@@ -49,6 +50,17 @@ pub struct ForwardOutput {
     pub pass_ms: Vec<(&'static str, f64)>,
 }
 
+/// What [`MultiHeadAttention::forward_gpu_with`] returns: device tensors, nothing read back.
+#[derive(Debug, Clone)]
+pub struct GpuForwardOutput {
+    /// `[B, Lq, output_dim]`.
+    pub output: GpuTensor,
+    /// `[B, H, Lq, Lk]` when requested.
+    pub probs: Option<GpuTensor>,
+    /// The path that ran (`MultiPass` or `Fused`).
+    pub path: AttentionPath,
+}
+
 /// Which inputs are the same tensor: decides how many projection GEMMs run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Sharing {
@@ -72,15 +84,15 @@ struct ShapeKey {
 
 /// Weights on the GPU: `[W_q | W_k | W_v]` and their biases packed so that the rows of a fused
 /// QKV (or KV) projection are contiguous.
-struct GpuWeights {
-    w_qkv: wgpu::Buffer,
-    b_qkv: wgpu::Buffer,
-    w_o: Option<(wgpu::Buffer, wgpu::Buffer)>,
+pub(crate) struct GpuWeights {
+    pub(crate) w_qkv: wgpu::Buffer,
+    pub(crate) b_qkv: wgpu::Buffer,
+    pub(crate) w_o: Option<(wgpu::Buffer, wgpu::Buffer)>,
     /// Element offsets of W_k, W_v in `w_qkv` and of b_k, b_v in `b_qkv`.
-    w_k_offset: u32,
-    w_v_offset: u32,
-    b_k_offset: u32,
-    b_v_offset: u32,
+    pub(crate) w_k_offset: u32,
+    pub(crate) w_v_offset: u32,
+    pub(crate) b_k_offset: u32,
+    pub(crate) b_v_offset: u32,
 }
 
 /// One projection dispatch of a workspace.
@@ -119,22 +131,23 @@ const MAX_CACHED_WORKSPACES: usize = 8;
 
 /// A multi-head attention module on the GPU: pipelines built once, weights uploaded once.
 pub struct MultiHeadAttention {
-    gpu: Gpu,
-    config: AttentionConfig,
-    linear: Pass,
-    scores: Pass,
-    softmax: Pass,
-    av_combine: Pass,
-    flash: Option<Pass>,
-    weights: GpuWeights,
+    // pub(crate): `kv_cache` records the same passes against its own buffers.
+    pub(crate) gpu: Gpu,
+    pub(crate) config: AttentionConfig,
+    pub(crate) linear: Pass,
+    pub(crate) scores: Pass,
+    pub(crate) softmax: Pass,
+    pub(crate) av_combine: Pass,
+    pub(crate) flash: Option<Pass>,
+    pub(crate) weights: GpuWeights,
     /// Host copy of `W_o.bias`: the whole answer when there are no keys.
     output_bias: Option<Vec<f32>>,
     /// A 16-byte zero buffer bound where a pass has no bias.
-    empty: wgpu::Buffer,
+    pub(crate) empty: wgpu::Buffer,
     workspaces: Mutex<Vec<Workspace>>,
 }
 
-fn storage_buffer(device: &wgpu::Device, label: &str, bytes: u64, extra: wgpu::BufferUsages) -> wgpu::Buffer {
+pub(crate) fn storage_buffer(device: &wgpu::Device, label: &str, bytes: u64, extra: wgpu::BufferUsages) -> wgpu::Buffer {
     device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         // wgpu rejects zero-sized bindings; 16 bytes is the smallest safe size everywhere.
@@ -168,8 +181,12 @@ fn upload(device: &wgpu::Device, label: &str, data: &[f32]) -> wgpu::Buffer {
 /// Checks the three inputs against the config: `[B, Lq, model_dim]`, `[B, Lk, key_dim]`,
 /// `[B, Lk, value_dim]`.
 pub(crate) fn check_inputs(c: &AttentionConfig, query: &Tensor, key: &Tensor, value: &Tensor) -> Result<()> {
-    let rank3 = |name: &str, t: &Tensor, width: usize, what: &str| -> Result<()> {
-        let s = t.shape();
+    check_input_shapes(c, query.shape(), key.shape(), value.shape())
+}
+
+/// `check_inputs` on bare shapes (host or GPU tensors).
+pub(crate) fn check_input_shapes(c: &AttentionConfig, query: &[usize], key: &[usize], value: &[usize]) -> Result<()> {
+    let rank3 = |name: &str, s: &[usize], width: usize, what: &str| -> Result<()> {
         if s.len() != 3 || s[2] != width {
             return Err(Error::shape(name, format!("[batch, {what}, {width}]"), s));
         }
@@ -178,7 +195,7 @@ pub(crate) fn check_inputs(c: &AttentionConfig, query: &Tensor, key: &Tensor, va
     rank3("query", query, c.model_dim, "Lq")?;
     rank3("key", key, c.key_dim, "Lk")?;
     rank3("value", value, c.value_dim, "Lk")?;
-    let (qs, ks, vs) = (query.shape(), key.shape(), value.shape());
+    let (qs, ks, vs) = (query, key, value);
     if ks[0] != qs[0] {
         return Err(Error::shape("key", format!("batch {} like the query", qs[0]), ks));
     }
@@ -293,6 +310,115 @@ impl MultiHeadAttention {
     ) -> Result<ForwardOutput> {
         let mut timer = PassTimer::new(&self.gpu, 8);
         self.run(query, key, value, mask, options, timer.as_mut())
+    }
+
+    /// `forward` on device tensors: `[B, Lq, model_dim]`, `[B, Lk, key_dim]`, `[B, Lk, value_dim]`
+    /// → a new `[B, Lq, output_dim]` device tensor. All passes go into one command encoder and
+    /// one submit; nothing is read back, so layers chain on the GPU:
+    ///
+    /// ```no_run
+    /// # use wgpu_mha::{AttentionConfig, AttentionWeights, Gpu, GpuTensor, Mask, MultiHeadAttention, Tensor};
+    /// # fn main() -> wgpu_mha::Result<()> {
+    /// # let gpu = Gpu::new()?;
+    /// # let config = AttentionConfig::classic(64, 4)?;
+    /// # let layer1 = MultiHeadAttention::new(&gpu, config, &AttentionWeights::random(&config, 1))?;
+    /// # let layer2 = MultiHeadAttention::new(&gpu, config, &AttentionWeights::random(&config, 2))?;
+    /// let x = GpuTensor::upload(&gpu, &Tensor::random([1, 8, 64], 0))?;
+    /// let h = layer1.forward_gpu(&x, &x, &x, &Mask::Causal)?;
+    /// let y = layer2.forward_gpu(&h, &h, &h, &Mask::Causal)?;
+    /// let y: Tensor = y.read(&gpu)?; // the only readback
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Passing the same tensor (or clones of it) as query, key and value runs one fused QKV GEMM,
+    /// as [`forward`](Self::forward) does.
+    pub fn forward_gpu(&self, query: &GpuTensor, key: &GpuTensor, value: &GpuTensor, mask: &Mask) -> Result<GpuTensor> {
+        Ok(self
+            .forward_gpu_with(query, key, value, mask, &ForwardOptions::default())?
+            .output)
+    }
+
+    /// Seed 001's `forward(x_q, x_k_v, attn_mask)` on device tensors.
+    pub fn forward_cross_gpu(&self, x_q: &GpuTensor, x_k_v: &GpuTensor, mask: &Mask) -> Result<GpuTensor> {
+        self.forward_gpu(x_q, x_k_v, x_k_v, mask)
+    }
+
+    /// `forward_with` on device tensors; probabilities, when requested, come back as a device
+    /// tensor `[B, H, Lq, Lk]` too.
+    pub fn forward_gpu_with(
+        &self,
+        query: &GpuTensor,
+        key: &GpuTensor,
+        value: &GpuTensor,
+        mask: &Mask,
+        options: &ForwardOptions,
+    ) -> Result<GpuForwardOutput> {
+        check_input_shapes(&self.config, query.shape(), key.shape(), value.shape())?;
+        let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
+        let heads = self.config.heads;
+        let dims = AttnDims { batch, heads, lq, lk };
+        let resolved = mask.resolve(dims)?;
+        let fused = self.choose_path(options)?;
+        let path = if fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+        if batch == 0 || lq == 0 || lk == 0 {
+            let host = self.empty_forward(dims, options, path);
+            return Ok(GpuForwardOutput {
+                output: GpuTensor::upload(&self.gpu, &host.output)?,
+                probs: host.probs.map(|p| GpuTensor::upload(&self.gpu, &p)).transpose()?,
+                path,
+            });
+        }
+        let same = |a: &GpuTensor, b: &GpuTensor| a.buffer() == b.buffer() && a.shape() == b.shape();
+        let sharing = if same(query, key) && same(key, value) {
+            Sharing::SelfAttention
+        } else if same(key, value) {
+            Sharing::SharedKeyValue
+        } else {
+            Sharing::Distinct
+        };
+        let shape = ShapeKey {
+            batch,
+            lq,
+            lk,
+            sharing,
+            fused,
+            probs: options.return_probs,
+        };
+        let output = GpuTensor::zeros(&self.gpu, &[batch, lq, self.config.output_dim()])?;
+        let probs = match options.return_probs {
+            true => Some(GpuTensor::zeros(&self.gpu, &[batch, heads, lq, lk])?),
+            false => None,
+        };
+        let mut ws = self.take_workspace(shape)?;
+        let result = self.gpu.scoped("forward_gpu", || {
+            self.write_mask(&mut ws, &resolved, &resolved.words);
+            let mut encoder = self
+                .gpu
+                .device()
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward_gpu") });
+            let sources: Vec<&GpuTensor> = match sharing {
+                Sharing::SelfAttention => vec![query],
+                Sharing::SharedKeyValue => vec![query, key],
+                Sharing::Distinct => vec![query, key, value],
+            };
+            for (buffer, tensor) in ws.inputs.iter().zip(sources) {
+                encoder.copy_buffer_to_buffer(tensor.buffer(), 0, buffer, 0, tensor.byte_len());
+            }
+            self.encode_forward(&ws, &mut encoder, None);
+            let result = ws.output.as_ref().unwrap_or(&ws.combined);
+            encoder.copy_buffer_to_buffer(result, 0, output.buffer(), 0, output.byte_len());
+            if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
+                encoder.copy_buffer_to_buffer(scores, 0, probs.buffer(), 0, probs.byte_len());
+            }
+            self.gpu.queue().submit([encoder.finish()]);
+        });
+        // Queue order keeps the next call's uploads behind this submission, so the workspace
+        // can be reused at once.
+        if result.is_ok() {
+            self.return_workspace(ws);
+        }
+        result?;
+        Ok(GpuForwardOutput { output, probs, path })
     }
 
     /// Bytes of GPU memory held by this module's cached workspaces.
@@ -447,6 +573,7 @@ impl MultiHeadAttention {
                 .device()
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
             self.encode_forward(&ws, &mut encoder, timer.as_deref_mut());
+            self.encode_readback(&ws, &mut encoder);
             if let Some(t) = timer.as_deref() {
                 t.resolve(&mut encoder);
             }
@@ -504,6 +631,10 @@ impl MultiHeadAttention {
         if let Some(p) = &ws.out_proj {
             self.linear.dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
         }
+    }
+
+    /// Copies the output (and the probabilities when asked for) into the staging buffer.
+    fn encode_readback(&self, ws: &Workspace, encoder: &mut wgpu::CommandEncoder) {
         let result = ws.output.as_ref().unwrap_or(&ws.combined);
         let out_bytes = (ws.key.batch * ws.key.lq * self.config.output_dim() * 4) as u64;
         encoder.copy_buffer_to_buffer(result, 0, &ws.staging, 0, out_bytes);
@@ -590,6 +721,13 @@ impl MultiHeadAttention {
         for (buffer, tensor) in ws.inputs.iter().zip(sources) {
             queue.write_buffer(buffer, 0, bytemuck::cast_slice(tensor.data()));
         }
+        self.write_mask(ws, mask, mask_words);
+    }
+
+    /// Uploads the mask words and the attention pass's parameters for this call. `mask` holds
+    /// this chunk's offsets; `mask_words` are the whole problem's (see `ResolvedMask::chunk`).
+    fn write_mask(&self, ws: &mut Workspace, mask: &ResolvedMask, mask_words: &[u32]) {
+        let queue = self.gpu.queue();
         if mask_words.len() > ws.mask_capacity_words {
             // Grow the mask buffer and rebind the pass that reads it.
             let device = self.gpu.device();

@@ -56,6 +56,13 @@ pub enum Error {
     #[error("{what} needs {needed} bytes, but this device allows at most {limit} bytes")]
     TooLarge { what: String, needed: u64, limit: u64 },
 
+    /// A KV cache step would grow the cache past its capacity; the cache is unchanged.
+    #[error(
+        "KV cache is full: {len} cached + {new} new tokens > capacity {capacity}; \
+         reset() it or make a larger cache"
+    )]
+    KvCacheFull { len: usize, new: usize, capacity: usize },
+
     /// wgpu reported a validation or out-of-memory error; nothing was returned.
     #[error("GPU error during {stage}: {message}")]
     Gpu { stage: String, message: String },

@@ -21,6 +21,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Inference helpers: [`GpuTensor`] keeps activations on the device so layers chain without
+//! readback ([`MultiHeadAttention::forward_gpu`]); [`KvCache`] keeps projected keys and values on
+//! the device for token-by-token causal decoding ([`MultiHeadAttention::forward_step`]).
+//!
 //! Masked scores are *replaced* by −1e9 as the seeds do, so a query whose keys are all masked
 //! returns the mean of V (never NaN), on every path.
 
@@ -28,7 +32,9 @@ pub mod attention;
 pub mod config;
 pub mod error;
 pub mod gpu;
+pub mod gpu_tensor;
 pub mod kernels;
+pub mod kv_cache;
 pub mod mask;
 pub mod profile;
 pub mod reference;
@@ -36,10 +42,12 @@ pub mod soak;
 pub mod tensor;
 pub mod weights;
 
-pub use attention::{AttentionPath, ForwardOptions, ForwardOutput, MultiHeadAttention};
+pub use attention::{AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention};
 pub use config::AttentionConfig;
 pub use error::{Error, Result};
 pub use gpu::{list_adapters, Gpu, GpuOptions, LiveObjects};
+pub use gpu_tensor::{GpuTensor, ReadFuture};
+pub use kv_cache::KvCache;
 pub use mask::{Mask, MaskTensor};
 pub use tensor::Tensor;
 pub use weights::{AttentionWeights, Linear};

@@ -1,0 +1,260 @@
+//! KV cache decoding equals one full causal forward, for both module shapes and both paths.
+
+mod common;
+
+use common::{gpu, max_err, tolerance};
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask,
+    MultiHeadAttention, Tensor,
+};
+
+/// Rows `start..start + n` of every batch of a `[B, L, W]` tensor.
+fn rows(t: &Tensor, start: usize, n: usize) -> Tensor {
+    let (b, l, w) = (t.shape()[0], t.shape()[1], t.shape()[2]);
+    let mut data = Vec::with_capacity(b * n * w);
+    for bi in 0..b {
+        data.extend_from_slice(&t.data()[(bi * l + start) * w..(bi * l + start + n) * w]);
+    }
+    Tensor::new([b, n, w], data).unwrap()
+}
+
+fn rows_f64(v: &[f64], shape: [usize; 3], start: usize, n: usize) -> Vec<f64> {
+    let [b, l, w] = shape;
+    (0..b)
+        .flat_map(|bi| {
+            v[(bi * l + start) * w..(bi * l + start + n) * w]
+                .iter()
+                .copied()
+        })
+        .collect()
+}
+
+/// Feeds `x` in chunks of the given sizes and checks every step against the full causal
+/// forward on the GPU and the f64 reference. `x_kv` = `None` means self-attention steps.
+fn decode_and_check(
+    label: &str,
+    config: AttentionConfig,
+    path: AttentionPath,
+    x: &Tensor,
+    x_kv: Option<&Tensor>,
+    chunks: &[usize],
+) {
+    let weights = AttentionWeights::random(&config, 11);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let kv = x_kv.unwrap_or(x);
+    let full = mha.forward(x, kv, kv, &Mask::Causal).unwrap();
+    let want = reference::forward(&config, &weights, x, kv, kv, &Mask::Causal).unwrap();
+    let out_shape = [b, l, config.output_dim()];
+
+    let mut cache = KvCache::with_path(&mha, b, l, path).unwrap();
+    assert_eq!(cache.path(), path, "{label}");
+    let mut pos = 0;
+    for &n in chunks {
+        let step = match x_kv {
+            None => mha.forward_step(&mut cache, &rows(x, pos, n)).unwrap(),
+            Some(kv) => mha
+                .forward_step_cross(&mut cache, &rows(x, pos, n), &rows(kv, pos, n))
+                .unwrap(),
+        };
+        assert_eq!(step.shape(), &[b, n, config.output_dim()], "{label}");
+        let host = rows(&full, pos, n);
+        let d = step.max_abs_diff(host.data());
+        assert!(
+            d <= 1e-5,
+            "{label}: step at {pos} (+{n}) differs from the full forward by {d:.3e}"
+        );
+        let r = rows_f64(&want.output, out_shape, pos, n);
+        let err = max_err(step.data(), &r);
+        assert!(
+            err <= tolerance(&want.output),
+            "{label}: step at {pos} vs reference {err:.3e}"
+        );
+        pos += n;
+        assert_eq!(cache.len(), pos);
+    }
+    assert_eq!(pos, l, "{label}: chunks must cover the sequence");
+}
+
+const PATHS: [AttentionPath; 2] = [AttentionPath::Fused, AttentionPath::MultiPass];
+
+#[test]
+fn classic_token_by_token_equals_full_causal_forward() {
+    let config = AttentionConfig::classic(32, 4).unwrap();
+    let x = Tensor::random([2, 7, 32], 1);
+    for path in PATHS {
+        decode_and_check(
+            &format!("classic {path:?}"),
+            config,
+            path,
+            &x,
+            None,
+            &[1; 7],
+        );
+    }
+}
+
+#[test]
+fn per_head_token_by_token_equals_full_causal_forward() {
+    let config = AttentionConfig::per_head(24, 8, 12, 3).unwrap();
+    let x = Tensor::random([2, 6, 24], 2);
+    for path in PATHS {
+        decode_and_check(
+            &format!("per-head {path:?}"),
+            config,
+            path,
+            &x,
+            None,
+            &[1; 6],
+        );
+    }
+}
+
+#[test]
+fn per_head_cross_steps_equal_full_causal_cross_forward() {
+    let config = AttentionConfig::per_head(20, 4, 8, 2).unwrap();
+    let x_q = Tensor::random([1, 5, 20], 3);
+    let x_kv = Tensor::random([1, 5, 20], 4);
+    for path in PATHS {
+        decode_and_check(
+            &format!("per-head cross {path:?}"),
+            config,
+            path,
+            &x_q,
+            Some(&x_kv),
+            &[2, 1, 1, 1],
+        );
+    }
+}
+
+#[test]
+fn prefill_then_single_steps() {
+    let classic = AttentionConfig::classic(24, 3).unwrap();
+    let x = Tensor::random([3, 8, 24], 5);
+    decode_and_check(
+        "classic prefill 5",
+        classic,
+        AttentionPath::Fused,
+        &x,
+        None,
+        &[5, 1, 1, 1],
+    );
+    decode_and_check(
+        "classic prefill 3 multipass",
+        classic,
+        AttentionPath::MultiPass,
+        &x,
+        None,
+        &[3, 2, 1, 1, 1],
+    );
+    let per_head = AttentionConfig::per_head(16, 8, 4, 2).unwrap();
+    let x = Tensor::random([2, 8, 16], 6);
+    decode_and_check(
+        "per-head prefill 4",
+        per_head,
+        AttentionPath::Fused,
+        &x,
+        None,
+        &[4, 1, 1, 1, 1],
+    );
+    decode_and_check(
+        "per-head whole sequence at once",
+        per_head,
+        AttentionPath::MultiPass,
+        &x,
+        None,
+        &[8],
+    );
+}
+
+#[test]
+fn growing_past_capacity_is_an_error_and_leaves_the_cache_unchanged() {
+    let config = AttentionConfig::classic(16, 2).unwrap();
+    let weights = AttentionWeights::random(&config, 12);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let x = Tensor::random([1, 5, 16], 7);
+    let full = mha.forward(&x, &x, &x, &Mask::Causal).unwrap();
+
+    let mut cache = KvCache::new(&mha, 1, 5).unwrap();
+    mha.forward_step(&mut cache, &rows(&x, 0, 4)).unwrap();
+    // Two more tokens do not fit: a clear error, nothing written.
+    let err = mha
+        .forward_step(&mut cache, &Tensor::random([1, 2, 16], 99))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::KvCacheFull {
+                len: 4,
+                new: 2,
+                capacity: 5
+            }
+        ),
+        "unexpected error: {err}"
+    );
+    assert!(err.to_string().contains("capacity 5"), "{err}");
+    assert_eq!(cache.len(), 4);
+    // The cache still holds exactly the first four tokens: the fifth step is what the full
+    // forward gives at position 4.
+    let last = mha.forward_step(&mut cache, &rows(&x, 4, 1)).unwrap();
+    assert!(last.max_abs_diff(rows(&full, 4, 1).data()) <= 1e-5);
+    assert_eq!(cache.remaining(), 0);
+    assert!(matches!(
+        mha.forward_step(&mut cache, &rows(&x, 0, 1)),
+        Err(Error::KvCacheFull { .. })
+    ));
+}
+
+#[test]
+fn reset_starts_a_new_sequence() {
+    let config = AttentionConfig::per_head(16, 4, 4, 4).unwrap();
+    let weights = AttentionWeights::random(&config, 13);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let a = Tensor::random([1, 4, 16], 8);
+    let b = Tensor::random([1, 4, 16], 9);
+    let full_b = mha.forward(&b, &b, &b, &Mask::Causal).unwrap();
+
+    let mut cache = KvCache::new(&mha, 1, 4).unwrap();
+    mha.forward_step(&mut cache, &a).unwrap();
+    assert_eq!(cache.len(), 4);
+    cache.reset();
+    assert!(cache.is_empty());
+    for t in 0..4 {
+        let step = mha.forward_step(&mut cache, &rows(&b, t, 1)).unwrap();
+        assert!(
+            step.max_abs_diff(rows(&full_b, t, 1).data()) <= 1e-5,
+            "after reset, token {t}"
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let config = AttentionConfig::classic(16, 2).unwrap();
+    let mha =
+        MultiHeadAttention::new(gpu(), config, &AttentionWeights::random(&config, 14)).unwrap();
+    let other =
+        MultiHeadAttention::new(gpu(), config, &AttentionWeights::random(&config, 15)).unwrap();
+    let mut cache = KvCache::new(&mha, 2, 4).unwrap();
+    // Wrong batch, wrong width.
+    assert!(matches!(
+        mha.forward_step(&mut cache, &Tensor::random([1, 1, 16], 0)),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        mha.forward_step(&mut cache, &Tensor::random([2, 1, 8], 0)),
+        Err(Error::Shape { .. })
+    ));
+    // A cache belongs to the module that made it.
+    assert!(other
+        .forward_step(&mut cache, &Tensor::random([2, 1, 16], 0))
+        .is_err());
+    assert!(KvCache::new(&mha, 1, 0).is_err());
+    assert_eq!(cache.len(), 0);
+    // Zero new tokens: an empty answer, nothing cached.
+    let none = mha
+        .forward_step(&mut cache, &Tensor::zeros([2, 0, 16]))
+        .unwrap();
+    assert_eq!(none.shape(), &[2, 0, 16]);
+    assert_eq!(cache.len(), 0);
+}
