@@ -25,6 +25,7 @@
 //! returns the mean of V (never NaN), on every path.
 
 pub mod attention;
+pub mod case;
 pub mod config;
 pub mod error;
 pub mod gpu;
@@ -32,13 +33,16 @@ pub mod kernels;
 pub mod mask;
 pub mod profile;
 pub mod reference;
+pub mod safetensors_io;
 pub mod tensor;
 pub mod weights;
 
 pub use attention::{AttentionPath, ForwardOptions, ForwardOutput, MultiHeadAttention};
+pub use case::{Case, CaseResult, CaseVariant};
 pub use config::AttentionConfig;
 pub use error::{Error, Result};
 pub use gpu::{list_adapters, Gpu, GpuOptions};
 pub use mask::{Mask, MaskTensor};
+pub use safetensors_io::{LoadedWeights, SafetensorsFile, WeightLayout};
 pub use tensor::Tensor;
 pub use weights::{AttentionWeights, Linear};
