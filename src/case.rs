@@ -265,13 +265,10 @@ impl Case {
             })
     }
 
-    /// `(batch, Lq, Lk)`.
+    /// `(batch, Lq, Lk)` (0 where a hand-built case has too few dimensions).
     pub fn dims(&self) -> (usize, usize, usize) {
-        (
-            self.query.shape()[0],
-            self.query.shape()[1],
-            self.key.shape()[1],
-        )
+        let dim = |t: &Tensor, i: usize| t.shape().get(i).copied().unwrap_or(0);
+        (dim(&self.query, 0), dim(&self.query, 1), dim(&self.key, 1))
     }
 
     /// A one-line description: variant, sizes, batch and lengths, mask.
