@@ -29,6 +29,7 @@
 //! returns the mean of V (never NaN), on every path.
 
 pub mod attention;
+pub mod case;
 pub mod config;
 pub mod error;
 pub mod gpu;
@@ -38,17 +39,20 @@ pub mod kv_cache;
 pub mod mask;
 pub mod profile;
 pub mod reference;
+pub mod safetensors_io;
 pub mod soak;
 pub mod tensor;
 pub mod weights;
 
 pub use attention::{AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention};
+pub use case::{Case, CaseResult, CaseVariant};
 pub use config::AttentionConfig;
 pub use error::{Error, Result};
 pub use gpu::{list_adapters, Gpu, GpuOptions, LiveObjects};
 pub use gpu_tensor::{GpuTensor, ReadFuture};
 pub use kv_cache::KvCache;
 pub use mask::{Mask, MaskTensor};
+pub use safetensors_io::{LoadedWeights, SafetensorsFile, WeightLayout};
 pub use tensor::Tensor;
 pub use weights::{AttentionWeights, Linear};
 

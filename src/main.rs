@@ -1,6 +1,8 @@
 //! `wgpu-mha`: the command-line tool. With no arguments it runs both seed shapes on an embedded
 //! default problem and checks them against the CPU reference.
 
+mod interop_cli;
+
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -29,6 +31,10 @@ enum Command {
     Info,
     /// Run both seed shapes on the embedded default and compare with the CPU reference.
     Demo,
+    /// Run case files on the GPU and compare with their `out_f64`; ends with `N passed, N failed`.
+    Check(interop_cli::CheckArgs),
+    /// Run a case file, or weights + inputs, and write the output tensor `out` to safetensors.
+    Run(interop_cli::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +46,8 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Demo) {
         Command::Info => info(&options),
         Command::Demo => demo(&options),
+        Command::Check(args) => interop_cli::check(&options, &args),
+        Command::Run(args) => interop_cli::run(&options, &args),
     };
     match result {
         Ok(code) => code,

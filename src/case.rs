@@ -1,0 +1,355 @@
+//! Case files: one safetensors file holding a whole attention problem and its answer
+//! (DESIGN.md, "Weights and the case file"), and the pass rule `wgpu-mha check` applies.
+//!
+//! * metadata `variant` = `dmodel` (classic, seed 000) or `perhead` (seed 001); metadata `config`
+//!   = JSON whose `sizes` holds `{d_model, num_heads}` or `{emb_size, q_k_size, v_size, head}`;
+//!   optional `err_f32_vs_f64` (PyTorch's own float32 error);
+//! * weights under their state-dict names; inputs `Q`, `K`, `V` (classic) or `x_q`, `x_k_v`
+//!   (per-head); mask `mask` (u8, 0 = masked → [`Mask::Attend`]) or `attn_mask`
+//!   (bool `[B, Lq, Lk]`, true = masked → [`Mask::Block`]);
+//! * expected `out_f64` (f64), `out` (PyTorch's f32 result) and optionally `attn_f64`.
+//!
+//! Other tensors and metadata keys are ignored. A case passes when
+//! `max|engine − out_f64| ≤ max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` when the
+//! file has no `err_f32_vs_f64`.
+
+use std::path::Path;
+
+use crate::attention::{ForwardOptions, ForwardOutput, MultiHeadAttention};
+use crate::config::AttentionConfig;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::mask::{AttnDims, Mask};
+use crate::safetensors_io::{load_weights, SafetensorsFile, WeightLayout};
+use crate::tensor::Tensor;
+use crate::weights::AttentionWeights;
+
+/// Which seed module a case describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaseVariant {
+    /// `variant = "dmodel"`: seed 000, inputs `Q, K, V`, mask `mask` (0 = masked).
+    Classic,
+    /// `variant = "perhead"`: seed 001, inputs `x_q, x_k_v`, mask `attn_mask` (true = masked).
+    PerHead,
+}
+
+impl CaseVariant {
+    /// The metadata spelling (`dmodel` / `perhead`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            CaseVariant::Classic => "dmodel",
+            CaseVariant::PerHead => "perhead",
+        }
+    }
+}
+
+/// One case file, read and checked for consistency (nothing has run yet).
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The file's name (its path when read with [`Case::from_file`]).
+    pub name: String,
+    pub variant: CaseVariant,
+    pub config: AttentionConfig,
+    pub weights: AttentionWeights,
+    /// `Q` or `x_q`: `[B, Lq, model_dim]`.
+    pub query: Tensor,
+    /// `K` or `x_k_v`: `[B, Lk, key_dim]`.
+    pub key: Tensor,
+    /// `V` for classic cases; `None` for per-head ones, whose values come from `key` (`x_k_v`).
+    pub value: Option<Tensor>,
+    pub mask: Mask,
+    /// Shape of the output, `[B, Lq, output_dim]`.
+    pub out_shape: Vec<usize>,
+    /// The exact answer (`out_f64`).
+    pub out_f64: Vec<f64>,
+    /// PyTorch's float32 answer (`out`), when present.
+    pub out_f32: Option<Tensor>,
+    /// Attention probabilities `[B, H, Lq, Lk]` (`attn_f64`), when present.
+    pub attn_f64: Option<Vec<f64>>,
+    /// PyTorch's own float32 error on this case (metadata `err_f32_vs_f64`), when present.
+    pub err_f32_vs_f64: Option<f64>,
+}
+
+/// The outcome of running one case.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    /// The engine's output and the path it took.
+    pub forward: ForwardOutput,
+    /// `max|engine − out_f64|` (NaN if the engine produced NaN).
+    pub max_abs_err: f64,
+    /// The pass bound ([`Case::bound`]).
+    pub bound: f64,
+}
+
+impl CaseResult {
+    /// Whether the error is within the bound (a NaN error fails).
+    pub fn passed(&self) -> bool {
+        self.max_abs_err <= self.bound
+    }
+}
+
+impl Case {
+    /// Reads a case file; every problem (unreadable, corrupt, inconsistent) is an `Err`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_safetensors(&SafetensorsFile::open(path)?)
+    }
+
+    /// Reads a case from bytes in memory; `name` is used in messages.
+    pub fn from_bytes(name: impl Into<String>, bytes: Vec<u8>) -> Result<Self> {
+        Self::from_safetensors(&SafetensorsFile::from_bytes(name, bytes)?)
+    }
+
+    /// Reads a case from an opened safetensors file.
+    pub fn from_safetensors(file: &SafetensorsFile) -> Result<Self> {
+        let bad_meta = |problem: String| Error::file(file.name(), problem);
+        let variant =
+            match file.metadata("variant") {
+                Some("dmodel") => CaseVariant::Classic,
+                Some("perhead") => CaseVariant::PerHead,
+                Some(other) => {
+                    return Err(bad_meta(format!(
+                        "metadata `variant` = {other:?}; a case file has \"dmodel\" or \"perhead\""
+                    )))
+                }
+                None => return Err(bad_meta(
+                    "metadata `variant` is missing; is this a case file? (weight files are loaded \
+                     with `run --weights`)"
+                        .into(),
+                )),
+            };
+        let config = config_from_metadata(file, variant)?;
+
+        let loaded = load_weights(file, "", Some(config.heads))?;
+        let expected_layout = match variant {
+            CaseVariant::Classic => WeightLayout::Classic,
+            CaseVariant::PerHead => WeightLayout::PerHead,
+        };
+        if loaded.layout != expected_layout {
+            return Err(bad_meta(format!(
+                "metadata `variant` is {:?}, but the weights are in the {:?} layout",
+                variant.name(),
+                loaded.layout.name()
+            )));
+        }
+        let l = &loaded.config;
+        let dims = |c: &AttentionConfig| {
+            (
+                c.model_dim,
+                c.key_dim,
+                c.value_dim,
+                c.heads,
+                c.qk_head_dim,
+                c.v_head_dim,
+            )
+        };
+        if dims(l) != dims(&config) {
+            return Err(bad_meta(format!(
+                "the weights' shapes give model/key/value widths {}/{}/{}, {} heads of q/k {} and v {}, \
+                 but metadata `config` sizes give {}/{}/{}, {} heads of q/k {} and v {}",
+                l.model_dim, l.key_dim, l.value_dim, l.heads, l.qk_head_dim, l.v_head_dim,
+                config.model_dim, config.key_dim, config.value_dim, config.heads,
+                config.qk_head_dim, config.v_head_dim
+            )));
+        }
+        // Bias on/off follows the file (the seeds always have it).
+        let config = loaded.config;
+
+        let (query, key, value, mask) = match variant {
+            CaseVariant::Classic => {
+                let q = file.tensor_f32("Q")?;
+                let k = file.tensor_f32("K")?;
+                let v = file.tensor_f32("V")?;
+                crate::attention::check_inputs(&config, &q, &k, &v)?;
+                let mask = if file.contains("mask") {
+                    Mask::Attend(file.mask_tensor("mask")?)
+                } else {
+                    Mask::None
+                };
+                (q, k, Some(v), mask)
+            }
+            CaseVariant::PerHead => {
+                let x_q = file.tensor_f32("x_q")?;
+                let x_kv = file.tensor_f32("x_k_v")?;
+                crate::attention::check_inputs(&config, &x_q, &x_kv, &x_kv)?;
+                let mask = if file.contains("attn_mask") {
+                    Mask::Block(file.mask_tensor("attn_mask")?)
+                } else {
+                    Mask::None
+                };
+                (x_q, x_kv, None, mask)
+            }
+        };
+        let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
+        mask.resolve(AttnDims {
+            batch,
+            heads: config.heads,
+            lq,
+            lk,
+        })?;
+
+        let out_shape = vec![batch, lq, config.output_dim()];
+        let (shape, out_f64) = file.tensor_f64("out_f64")?;
+        if shape != out_shape {
+            return Err(Error::shape("out_f64", format!("{out_shape:?}"), &shape));
+        }
+        let out_f32 = if file.contains("out") {
+            let out = file.tensor_f32("out")?;
+            if out.shape() != out_shape.as_slice() {
+                return Err(Error::shape("out", format!("{out_shape:?}"), out.shape()));
+            }
+            Some(out)
+        } else {
+            None
+        };
+        let attn_f64 = if file.contains("attn_f64") {
+            let (shape, attn) = file.tensor_f64("attn_f64")?;
+            let want = [batch, config.heads, lq, lk];
+            if shape != want {
+                return Err(Error::shape("attn_f64", format!("{want:?}"), &shape));
+            }
+            Some(attn)
+        } else {
+            None
+        };
+        let err_f32_vs_f64 = match file.metadata("err_f32_vs_f64") {
+            None => None,
+            Some(s) => match s.trim().parse::<f64>() {
+                Ok(v) if v.is_finite() && v >= 0.0 => Some(v),
+                _ => {
+                    return Err(bad_meta(format!(
+                        "metadata `err_f32_vs_f64` = {s:?} is not a finite, non-negative number"
+                    )))
+                }
+            },
+        };
+        Ok(Case {
+            name: file.name().to_string(),
+            variant,
+            config,
+            weights: loaded.weights,
+            query,
+            key,
+            value,
+            mask,
+            out_shape,
+            out_f64,
+            out_f32,
+            attn_f64,
+            err_f32_vs_f64,
+        })
+    }
+
+    /// The pass bound: `max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` without it.
+    pub fn bound(&self) -> f64 {
+        match self.err_f32_vs_f64 {
+            Some(e) => (10.0 * e).max(1e-5),
+            None => 1e-4 * (1.0 + self.out_f64.iter().fold(0.0f64, |m, v| m.max(v.abs()))),
+        }
+    }
+
+    /// `max|output − out_f64|`; NaN if the output holds NaN or has the wrong length.
+    pub fn max_abs_err(&self, output: &[f32]) -> f64 {
+        if output.len() != self.out_f64.len() {
+            return f64::NAN;
+        }
+        output
+            .iter()
+            .zip(&self.out_f64)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0.0f64, |m, d| {
+                if d.is_nan() || m.is_nan() {
+                    f64::NAN
+                } else {
+                    m.max(d)
+                }
+            })
+    }
+
+    /// `(batch, Lq, Lk)` (0 where a hand-built case has too few dimensions).
+    pub fn dims(&self) -> (usize, usize, usize) {
+        let dim = |t: &Tensor, i: usize| t.shape().get(i).copied().unwrap_or(0);
+        (dim(&self.query, 0), dim(&self.query, 1), dim(&self.key, 1))
+    }
+
+    /// A one-line description: variant, sizes, batch and lengths, mask.
+    pub fn describe(&self) -> String {
+        let c = &self.config;
+        let (b, lq, lk) = self.dims();
+        let sizes = match self.variant {
+            CaseVariant::Classic => format!("dmodel d_model={} heads={}", c.model_dim, c.heads),
+            CaseVariant::PerHead => format!(
+                "perhead emb={} q_k={} v={} head={}",
+                c.model_dim, c.qk_head_dim, c.v_head_dim, c.heads
+            ),
+        };
+        let mask = match &self.mask {
+            Mask::Attend(t) | Mask::Block(t) => {
+                let dims: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+                format!("{}[{}]", self.mask.kind_name(), dims.join(","))
+            }
+            other => other.kind_name().to_string(),
+        };
+        format!("{sizes} B={b} Lq={lq} Lk={lk} mask={mask}")
+    }
+
+    /// Runs the case on a module built from its config and weights: `forward(Q, K, V, mask)` for
+    /// classic cases, `forward_cross(x_q, x_k_v, attn_mask)` (keys and values from the same
+    /// tensor) for per-head ones.
+    pub fn forward(
+        &self,
+        mha: &MultiHeadAttention,
+        options: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        match &self.value {
+            Some(v) => mha.forward_with(&self.query, &self.key, v, &self.mask, options),
+            None => mha.forward_with(&self.query, &self.key, &self.key, &self.mask, options),
+        }
+    }
+
+    /// Builds the module on `gpu`, runs the case and measures it against `out_f64`.
+    pub fn run(&self, gpu: &Gpu, options: &ForwardOptions) -> Result<CaseResult> {
+        let mha = MultiHeadAttention::new(gpu, self.config, &self.weights)?;
+        let forward = self.forward(&mha, options)?;
+        let max_abs_err = self.max_abs_err(forward.output.data());
+        Ok(CaseResult {
+            forward,
+            max_abs_err,
+            bound: self.bound(),
+        })
+    }
+}
+
+/// The config from metadata `config` → `sizes`.
+fn config_from_metadata(file: &SafetensorsFile, variant: CaseVariant) -> Result<AttentionConfig> {
+    let bad = |problem: String| Error::file(file.name(), problem);
+    let text = file
+        .metadata("config")
+        .ok_or_else(|| bad("metadata `config` is missing".into()))?;
+    let json: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| bad(format!("metadata `config` is not valid JSON ({e})")))?;
+    let sizes = json
+        .get("sizes")
+        .ok_or_else(|| bad("metadata `config` has no `sizes`".into()))?;
+    let size = |key: &str| -> Result<usize> {
+        let v = sizes
+            .get(key)
+            .ok_or_else(|| bad(format!("metadata `config` sizes.{key} is missing")))?;
+        v.as_u64()
+            .filter(|&n| n >= 1)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                bad(format!(
+                    "metadata `config` sizes.{key} = {v} is not a positive integer"
+                ))
+            })
+    };
+    match variant {
+        CaseVariant::Classic => AttentionConfig::classic(size("d_model")?, size("num_heads")?),
+        CaseVariant::PerHead => AttentionConfig::per_head(
+            size("emb_size")?,
+            size("q_k_size")?,
+            size("v_size")?,
+            size("head")?,
+        ),
+    }
+}

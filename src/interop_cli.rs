@@ -1,0 +1,195 @@
+//! `wgpu-mha check` and `wgpu-mha run`: case files and PyTorch state dicts on the GPU.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use wgpu_mha::safetensors_io::{load_weights, write_safetensors};
+use wgpu_mha::{
+    AttentionPath, Case, Error, ForwardOptions, Gpu, GpuOptions, Mask, MultiHeadAttention,
+    SafetensorsFile, Tensor,
+};
+
+/// Which attention core to run (`auto` = fused unless it cannot be used).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum PathArg {
+    #[default]
+    Auto,
+    Multipass,
+    Fused,
+}
+
+impl PathArg {
+    fn options(self) -> ForwardOptions {
+        ForwardOptions {
+            return_probs: false,
+            path: match self {
+                PathArg::Auto => AttentionPath::Auto,
+                PathArg::Multipass => AttentionPath::MultiPass,
+                PathArg::Fused => AttentionPath::Fused,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Case files (safetensors, DESIGN.md "Weights and the case file").
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// Attention core to run.
+    #[arg(long, value_enum, default_value_t)]
+    path: PathArg,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A case file: its weights, inputs and mask are used.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["weights", "inputs", "prefix", "heads"], required_unless_present = "weights")]
+    case: Option<PathBuf>,
+    /// Weights: a state dict in safetensors (`W_q.*`, `w_q.*`, or nn.MultiheadAttention's
+    /// `in_proj_weight`/`q_proj_weight`, `out_proj.*`).
+    #[arg(long, value_name = "FILE", requires = "inputs")]
+    weights: Option<PathBuf>,
+    /// Prefix of the attention tensors in the weights file (e.g. `encoder.layers.0.self_attn.`);
+    /// default: the file's `prefix` metadata, else none.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Number of heads (default: the weights file's `num_heads`/`heads` metadata).
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Inputs: `query`, `key`, `value` (or `Q`, `K`, `V`), or `x_q`, `x_k_v`; optional mask
+    /// `mask` (u8, 0 = masked) or `attn_mask` (bool, true = masked).
+    #[arg(long, value_name = "FILE", requires = "weights")]
+    inputs: Option<PathBuf>,
+    /// Where to write the output tensor `out` (f32, safetensors).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Attention core to run.
+    #[arg(long, value_enum, default_value_t)]
+    path: PathArg,
+}
+
+/// Runs every case file; one line per file, then `N passed, N failed`.
+pub fn check(options: &GpuOptions, args: &CheckArgs) -> Result<ExitCode, Error> {
+    let gpu = Gpu::with_options(options)?;
+    println!("adapter: {}", gpu.describe());
+    let forward_options = args.path.options();
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for path in &args.files {
+        let name = path.display();
+        let outcome = Case::from_file(path).and_then(|case| {
+            let result = case.run(&gpu, &forward_options)?;
+            Ok((case, result))
+        });
+        match outcome {
+            Ok((case, result)) => {
+                let verdict = if result.passed() { "PASS" } else { "FAIL" };
+                if result.passed() {
+                    passed += 1;
+                } else {
+                    failed += 1;
+                }
+                println!(
+                    "{name}  {}  max_abs_err={:.3e}  bound={:.3e}  {verdict}",
+                    case.describe(),
+                    result.max_abs_err,
+                    result.bound
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{name}  error: {e}  FAIL");
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs a case file or weights + inputs and writes `out`.
+pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
+    let forward_options = args.path.options();
+    let output = if let Some(case_path) = &args.case {
+        let case = Case::from_file(case_path)?;
+        let gpu = Gpu::with_options(options)?;
+        let result = case.run(&gpu, &forward_options)?;
+        println!(
+            "{}: {}  max_abs_err={:.3e} vs out_f64 (bound {:.3e})",
+            case_path.display(),
+            case.describe(),
+            result.max_abs_err,
+            result.bound
+        );
+        result.forward.output
+    } else {
+        // clap guarantees --weights and --inputs here; stay defensive without panicking.
+        let (Some(weights_path), Some(inputs_path)) = (&args.weights, &args.inputs) else {
+            return Err(Error::Config(
+                "run needs --case FILE, or --weights FILE and --inputs FILE".into(),
+            ));
+        };
+        let weights_file = SafetensorsFile::open(weights_path)?;
+        let prefix = args
+            .prefix
+            .clone()
+            .or_else(|| weights_file.metadata("prefix").map(str::to_string))
+            .unwrap_or_default();
+        let loaded = load_weights(&weights_file, &prefix, args.heads)?;
+        let inputs = SafetensorsFile::open(inputs_path)?;
+        let (query, key, value) = read_inputs(&inputs)?;
+        let mask = read_mask(&inputs)?;
+        let gpu = Gpu::with_options(options)?;
+        let mha = MultiHeadAttention::new(&gpu, loaded.config, &loaded.weights)?;
+        let value = value.as_ref().unwrap_or(&key);
+        let forward = mha.forward_with(&query, &key, value, &mask, &forward_options)?;
+        println!(
+            "{}: {} layout, {} heads, output {:?} ({:?} path)",
+            weights_path.display(),
+            loaded.layout.name(),
+            loaded.config.heads,
+            forward.output.shape(),
+            forward.path
+        );
+        forward.output
+    };
+    write_safetensors(&args.out, &[("out", &output)], None)?;
+    println!("wrote `out` {:?} to {}", output.shape(), args.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `(query, key, value)`; `value` is `None` when keys and values share `x_k_v`.
+fn read_inputs(file: &SafetensorsFile) -> Result<(Tensor, Tensor, Option<Tensor>), Error> {
+    for [q, k, v] in [["query", "key", "value"], ["Q", "K", "V"]] {
+        if file.contains(q) {
+            return Ok((
+                file.tensor_f32(q)?,
+                file.tensor_f32(k)?,
+                Some(file.tensor_f32(v)?),
+            ));
+        }
+    }
+    if file.contains("x_q") {
+        return Ok((file.tensor_f32("x_q")?, file.tensor_f32("x_k_v")?, None));
+    }
+    Err(Error::File {
+        source_name: file.name().to_string(),
+        problem: "no inputs: expected tensors `query`, `key`, `value` (or `Q`, `K`, `V`), or `x_q`, `x_k_v`"
+            .into(),
+    })
+}
+
+/// `mask` (nonzero = attend) or `attn_mask` (nonzero = masked), else none.
+fn read_mask(file: &SafetensorsFile) -> Result<Mask, Error> {
+    if file.contains("mask") {
+        Ok(Mask::Attend(file.mask_tensor("mask")?))
+    } else if file.contains("attn_mask") {
+        Ok(Mask::Block(file.mask_tensor("attn_mask")?))
+    } else {
+        Ok(Mask::None)
+    }
+}
