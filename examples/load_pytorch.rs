@@ -13,7 +13,7 @@
 
 use std::process::ExitCode;
 
-use wgpu_mha::{reference, AttentionWeights, Gpu, Mask, MultiHeadAttention, SafetensorsFile};
+use wgpu_mha::{reference, Gpu, Mask, MultiHeadAttention, SafetensorsFile};
 
 const DEFAULT: &[u8] = include_bytes!("../tests/fixtures/weights/mha_packed_prefixed_e32_h4.safetensors");
 

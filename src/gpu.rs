@@ -47,6 +47,11 @@ pub struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     /// Errors that escaped an error scope (e.g. raised on another thread's resources).
     uncaptured: Arc<Mutex<Vec<String>>>,
+    /// On GL, one thread at a time talks to the device. wgpu's GL backend holds one context
+    /// lock per call and *panics* when a thread waits for it more than a few seconds, which a
+    /// long dispatch on a software GL triggers; waiting on our lock instead has no deadline.
+    /// Reentrant, because a forward's readback runs inside its error scope.
+    serial: Option<Arc<parking_lot::ReentrantMutex<()>>>,
 }
 
 fn instance(backend: Option<&str>) -> wgpu::Instance {
@@ -152,6 +157,7 @@ impl Gpu {
                 v.push(e.to_string());
             }
         }));
+        let serial = (info.backend == wgpu::Backend::Gl).then(|| Arc::new(parking_lot::ReentrantMutex::new(())));
         Ok(Gpu {
             device,
             queue,
@@ -160,6 +166,7 @@ impl Gpu {
             limits,
             lost,
             uncaptured,
+            serial,
         })
     }
 
@@ -214,6 +221,7 @@ impl Gpu {
     /// Runs `f` inside validation and out-of-memory error scopes and turns anything wgpu
     /// reports into `Err` naming `stage`.
     pub(crate) fn scoped<T>(&self, stage: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let _serial = self.serialize();
         self.check_alive()?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -241,8 +249,14 @@ impl Gpu {
         Ok(value)
     }
 
+    /// Holds the device for this thread where the backend needs it (GL; see `serial`).
+    pub(crate) fn serialize(&self) -> Option<parking_lot::ReentrantMutexGuard<'_, ()>> {
+        self.serial.as_ref().map(|m| m.lock())
+    }
+
     /// Waits until the queue is idle.
     pub(crate) fn wait(&self) -> Result<()> {
+        let _serial = self.serialize();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Gpu {

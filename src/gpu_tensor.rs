@@ -247,7 +247,11 @@ impl Future for ReadFuture {
                     shape,
                     done,
                 } = &*mapping;
-                if let Err(e) = gpu.device().poll(wgpu::PollType::Poll) {
+                let polled = {
+                    let _serial = gpu.serialize();
+                    gpu.device().poll(wgpu::PollType::Poll)
+                };
+                if let Err(e) = polled {
                     return Poll::Ready(Err(readback_error(e.to_string())));
                 }
                 if let Err(e) = gpu.check_alive() {
