@@ -92,6 +92,13 @@ impl Gpu {
             .clone()
             .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
             .map(|n| n.to_lowercase());
+        if let Some(b) = &backend {
+            if wgpu::Backends::from_comma_list(b).is_empty() {
+                return Err(Error::Config(format!(
+                    "unknown backend `{b}`: use vulkan, metal, dx12 or gl (comma-separated for several)"
+                )));
+            }
+        }
         let instance = instance(backend.as_deref());
         let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
