@@ -35,6 +35,15 @@ enum Command {
     Check(interop_cli::CheckArgs),
     /// Run a case file, or weights + inputs, and write the output tensor `out` to safetensors.
     Run(interop_cli::RunArgs),
+    /// Run many small forwards and print process RSS and live GPU objects (leak check).
+    Soak {
+        /// Number of forwards.
+        #[arg(long, default_value_t = 10_000)]
+        iters: usize,
+        /// Print a sample every N forwards.
+        #[arg(long, default_value_t = 1_000)]
+        every: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +57,7 @@ fn main() -> ExitCode {
         Command::Demo => demo(&options),
         Command::Check(args) => interop_cli::check(&options, &args),
         Command::Run(args) => interop_cli::run(&options, &args),
+        Command::Soak { iters, every } => soak(&options, iters, every),
     };
     match result {
         Ok(code) => code,
@@ -142,4 +152,21 @@ fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
         );
     }
     Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn soak(options: &GpuOptions, iters: usize, every: usize) -> Result<ExitCode, wgpu_mha::Error> {
+    let gpu = Gpu::with_options(options)?;
+    println!("adapter: {}", gpu.describe());
+    println!("{:>10} {:>12} {:>12} {:>12}", "forwards", "rss_kib", "gpu_buffers", "bind_groups");
+    let samples = wgpu_mha::soak::run(&gpu, iters, every)?;
+    for s in &samples {
+        let rss = s.rss_kib.map_or("-".to_string(), |r| r.to_string());
+        println!("{:>10} {:>12} {:>12} {:>12}", s.iteration, rss, s.gpu_buffers, s.gpu_bind_groups);
+    }
+    let flat = match (samples.first(), samples.last()) {
+        (Some(a), Some(b)) => a.gpu_buffers == b.gpu_buffers && a.gpu_bind_groups == b.gpu_bind_groups,
+        _ => true,
+    };
+    println!("GPU objects {}", if flat { "flat after warm-up" } else { "GREW" });
+    Ok(if flat { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
