@@ -73,7 +73,10 @@ impl Gpu {
     }
 
     pub async fn new_async(options: &GpuOptions) -> Result<Self> {
-        let backend = options.backend.clone().or_else(|| std::env::var("WGPU_BACKEND").ok());
+        let backend = options
+            .backend
+            .clone()
+            .or_else(|| std::env::var("WGPU_BACKEND").ok());
         let wanted_name = options
             .adapter_name
             .clone()
