@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{
     self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
-    linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, MaskParams, Pass,
+    linear::LinearVariant, linear::Segment, scores::ScoresParams, softmax::SoftmaxParams,
+    MaskParams, Pass,
 };
 use crate::mask::{AttnDims, Mask, ResolvedMask};
 use crate::profile::PassTimer;
@@ -86,6 +87,7 @@ struct GpuWeights {
 /// One projection dispatch of a workspace.
 struct Projection {
     _params: wgpu::Buffer,
+    variant: LinearVariant,
     bind: wgpu::BindGroup,
     workgroups: [u32; 3],
 }
@@ -122,6 +124,7 @@ pub struct MultiHeadAttention {
     gpu: Gpu,
     config: AttentionConfig,
     linear: Pass,
+    linear_vec4: Pass,
     scores: Pass,
     softmax: Pass,
     av_combine: Pass,
@@ -132,7 +135,12 @@ pub struct MultiHeadAttention {
     workspaces: Mutex<Vec<Workspace>>,
 }
 
-fn storage_buffer(device: &wgpu::Device, label: &str, bytes: u64, extra: wgpu::BufferUsages) -> wgpu::Buffer {
+fn storage_buffer(
+    device: &wgpu::Device,
+    label: &str,
+    bytes: u64,
+    extra: wgpu::BufferUsages,
+) -> wgpu::Buffer {
     device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         // wgpu rejects zero-sized bindings; 16 bytes is the smallest safe size everywhere.
@@ -155,7 +163,12 @@ fn upload(device: &wgpu::Device, label: &str, data: &[f32]) -> wgpu::Buffer {
 
 /// Checks the three inputs against the config: `[B, Lq, model_dim]`, `[B, Lk, key_dim]`,
 /// `[B, Lk, value_dim]`.
-pub(crate) fn check_inputs(c: &AttentionConfig, query: &Tensor, key: &Tensor, value: &Tensor) -> Result<()> {
+pub(crate) fn check_inputs(
+    c: &AttentionConfig,
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+) -> Result<()> {
     let rank3 = |name: &str, t: &Tensor, width: usize, what: &str| -> Result<()> {
         let s = t.shape();
         if s.len() != 3 || s[2] != width {
@@ -168,12 +181,19 @@ pub(crate) fn check_inputs(c: &AttentionConfig, query: &Tensor, key: &Tensor, va
     rank3("value", value, c.value_dim, "Lk")?;
     let (qs, ks, vs) = (query.shape(), key.shape(), value.shape());
     if ks[0] != qs[0] {
-        return Err(Error::shape("key", format!("batch {} like the query", qs[0]), ks));
+        return Err(Error::shape(
+            "key",
+            format!("batch {} like the query", qs[0]),
+            ks,
+        ));
     }
     if vs[0] != qs[0] || vs[1] != ks[1] {
         return Err(Error::shape(
             "value",
-            format!("[{}, {}, {}] (batch and Lk of the key)", qs[0], ks[1], c.value_dim),
+            format!(
+                "[{}, {}, {}] (batch and Lk of the key)",
+                qs[0], ks[1], c.value_dim
+            ),
             vs,
         ));
     }
@@ -186,7 +206,8 @@ impl MultiHeadAttention {
         let config = config.validated()?;
         weights.check(&config)?;
         let limit = gpu.limits().max_storage_buffer_binding_size;
-        let weight_bytes = 4 * (weights.q.weight.len() + weights.k.weight.len() + weights.v.weight.len()) as u64;
+        let weight_bytes =
+            4 * (weights.q.weight.len() + weights.k.weight.len() + weights.v.weight.len()) as u64;
         if weight_bytes > limit {
             return Err(Error::TooLarge {
                 what: "the Q/K/V projection weights".into(),
@@ -207,7 +228,10 @@ impl MultiHeadAttention {
                 w_qkv: upload(device, "W_qkv", &w_qkv),
                 b_qkv: upload(device, "b_qkv", &b_qkv),
                 w_o: weights.o.as_ref().map(|o| {
-                    (upload(device, "W_o", &o.weight), upload(device, "b_o", &bias_of(o)))
+                    (
+                        upload(device, "W_o", &o.weight),
+                        upload(device, "b_o", &bias_of(o)),
+                    )
                 }),
                 w_k_offset: weights.q.weight.len() as u32,
                 w_v_offset: (weights.q.weight.len() + weights.k.weight.len()) as u32,
@@ -215,11 +239,19 @@ impl MultiHeadAttention {
                 b_v_offset: 2 * config.qk_width() as u32,
             };
             let flash = kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim)
-                .map(|tile| kernels::flash_attention::pass(device, config.qk_head_dim, config.v_head_dim, tile));
+                .map(|tile| {
+                    kernels::flash_attention::pass(
+                        device,
+                        config.qk_head_dim,
+                        config.v_head_dim,
+                        tile,
+                    )
+                });
             MultiHeadAttention {
                 gpu: gpu.clone(),
                 config,
-                linear: kernels::linear::pass(device),
+                linear: kernels::linear::pass(device, LinearVariant::Scalar),
+                linear_vec4: kernels::linear::pass(device, LinearVariant::Vec4),
                 scores: kernels::scores::pass(device),
                 softmax: kernels::softmax::pass(device),
                 av_combine: kernels::av_combine::pass(device),
@@ -240,7 +272,13 @@ impl MultiHeadAttention {
 
     /// Seed 000's `forward(Q, K, V, mask)`: `[B, Lq, d]`, `[B, Lk, d]`, `[B, Lk, d]` → `[B, Lq, d]`.
     /// Pass the same tensor three times for self-attention (one fused QKV GEMM runs).
-    pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: &Mask) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: &Mask,
+    ) -> Result<Tensor> {
         Ok(self
             .forward_with(query, key, value, mask, &ForwardOptions::default())?
             .output)
@@ -296,10 +334,19 @@ impl MultiHeadAttention {
         // Everything about the input is checked before anything touches the GPU.
         check_inputs(&self.config, query, key, value)?;
         let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
-        let dims = AttnDims { batch, heads: self.config.heads, lq, lk };
+        let dims = AttnDims {
+            batch,
+            heads: self.config.heads,
+            lq,
+            lk,
+        };
         let resolved = mask.resolve(dims)?;
         let fused = self.choose_path(dims, options)?;
-        let path = if fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+        let path = if fused {
+            AttentionPath::Fused
+        } else {
+            AttentionPath::MultiPass
+        };
         if batch == 0 || lq == 0 || lk == 0 {
             return Ok(self.empty_forward(dims, options, path));
         }
@@ -321,17 +368,23 @@ impl MultiHeadAttention {
         let mut ws = self.take_workspace(shape)?;
         let result = self.gpu.scoped("forward", || -> Result<_> {
             self.write_inputs(&mut ws, query, key, value, &resolved);
-            let mut encoder = self
-                .gpu
-                .device()
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
+            let mut encoder =
+                self.gpu
+                    .device()
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("forward"),
+                    });
             self.encode_forward(&ws, &mut encoder, timer.as_deref_mut());
             if let Some(t) = timer.as_deref() {
                 t.resolve(&mut encoder);
             }
             self.gpu.queue().submit([encoder.finish()]);
             let out_len = batch * lq * self.config.output_dim();
-            let probs_len = if options.return_probs { batch * self.config.heads * lq * lk } else { 0 };
+            let probs_len = if options.return_probs {
+                batch * self.config.heads * lq * lk
+            } else {
+                0
+            };
             let mut values = self.gpu.read_f32(&ws.staging, out_len + probs_len)?;
             let probs = values.split_off(out_len);
             let pass_ms = match timer {
@@ -356,32 +409,66 @@ impl MultiHeadAttention {
         result?
     }
 
+    fn linear_pass(&self, variant: LinearVariant) -> &Pass {
+        match variant {
+            LinearVariant::Scalar => &self.linear,
+            LinearVariant::Vec4 => &self.linear_vec4,
+        }
+    }
+
     /// The seeds' `forward`, one dispatch per step, all in one encoder.
-    fn encode_forward(&self, ws: &Workspace, encoder: &mut wgpu::CommandEncoder, mut timer: Option<&mut PassTimer>) {
+    fn encode_forward(
+        &self,
+        ws: &Workspace,
+        encoder: &mut wgpu::CommandEncoder,
+        mut timer: Option<&mut PassTimer>,
+    ) {
         // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
         for p in &ws.projections {
-            self.linear.dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
+            self.linear_pass(p.variant).dispatch(
+                encoder,
+                &p.bind,
+                p.workgroups,
+                timer.as_deref_mut(),
+            );
         }
         if ws.key.fused {
             // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V), without the scores buffer
             if let Some(flash) = &self.flash {
-                flash.dispatch(encoder, &ws.attn_bind, ws.attn_workgroups, timer.as_deref_mut());
+                flash.dispatch(
+                    encoder,
+                    &ws.attn_bind,
+                    ws.attn_workgroups,
+                    timer.as_deref_mut(),
+                );
             }
         } else {
             // scores = mask(Q·Kᵀ·scale)
-            self.scores.dispatch(encoder, &ws.attn_bind, ws.attn_workgroups, timer.as_deref_mut());
+            self.scores.dispatch(
+                encoder,
+                &ws.attn_bind,
+                ws.attn_workgroups,
+                timer.as_deref_mut(),
+            );
             // probs = softmax(scores), in place
             if let Some((bind, groups)) = &ws.softmax {
-                self.softmax.dispatch(encoder, bind, *groups, timer.as_deref_mut());
+                self.softmax
+                    .dispatch(encoder, bind, *groups, timer.as_deref_mut());
             }
             // combined = combine_heads(probs · V)
             if let Some((bind, groups)) = &ws.av {
-                self.av_combine.dispatch(encoder, bind, *groups, timer.as_deref_mut());
+                self.av_combine
+                    .dispatch(encoder, bind, *groups, timer.as_deref_mut());
             }
         }
         // output = W_o(combined), when the module has an output projection
         if let Some(p) = &ws.out_proj {
-            self.linear.dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
+            self.linear_pass(p.variant).dispatch(
+                encoder,
+                &p.bind,
+                p.workgroups,
+                timer.as_deref_mut(),
+            );
         }
         let result = ws.output.as_ref().unwrap_or(&ws.combined);
         let out_bytes = (ws.key.batch * ws.key.lq * self.config.output_dim() * 4) as u64;
@@ -431,7 +518,12 @@ impl MultiHeadAttention {
     /// Empty problems, answered on the host with PyTorch's semantics: no rows → empty output;
     /// no keys → the attention output is 0 (a sum over nothing), so the module returns W_o's
     /// bias (classic) or zeros (per-head).
-    fn empty_forward(&self, d: AttnDims, options: &ForwardOptions, path: AttentionPath) -> ForwardOutput {
+    fn empty_forward(
+        &self,
+        d: AttnDims,
+        options: &ForwardOptions,
+        path: AttentionPath,
+    ) -> ForwardOutput {
         let out_dim = self.config.output_dim();
         let mut output = Tensor::zeros([d.batch, d.lq, out_dim]);
         if let Some(b_o) = self.host_output_bias() {
@@ -461,7 +553,10 @@ impl MultiHeadAttention {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut encoder = self.gpu.device().create_command_encoder(&Default::default());
+        let mut encoder = self
+            .gpu
+            .device()
+            .create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(b_o, 0, &staging, 0, (n * 4) as u64);
         self.gpu.queue().submit([encoder.finish()]);
         self.gpu.read_f32(&staging, n).ok()
@@ -473,7 +568,8 @@ impl MultiHeadAttention {
                 return Ok(cache.swap_remove(pos));
             }
         }
-        self.gpu.scoped("allocating workspace", || self.new_workspace(key))?
+        self.gpu
+            .scoped("allocating workspace", || self.new_workspace(key))?
     }
 
     fn return_workspace(&self, ws: Workspace) {
@@ -485,7 +581,14 @@ impl MultiHeadAttention {
         }
     }
 
-    fn write_inputs(&self, ws: &mut Workspace, query: &Tensor, key: &Tensor, value: &Tensor, mask: &ResolvedMask) {
+    fn write_inputs(
+        &self,
+        ws: &mut Workspace,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: &ResolvedMask,
+    ) {
         let queue = self.gpu.queue();
         let sources: Vec<&Tensor> = match ws.key.sharing {
             Sharing::SelfAttention => vec![query],
@@ -498,19 +601,37 @@ impl MultiHeadAttention {
         if mask.words.len() > ws.mask_capacity_words {
             // Grow the mask buffer and rebind the pass that reads it.
             let device = self.gpu.device();
-            ws.mask = storage_buffer(device, "mask", (mask.words.len() * 4) as u64, wgpu::BufferUsages::empty());
+            ws.mask = storage_buffer(
+                device,
+                "mask",
+                (mask.words.len() * 4) as u64,
+                wgpu::BufferUsages::empty(),
+            );
             ws.mask_capacity_words = mask.words.len();
-            ws.attn_bind = self.attention_bind_group(ws.key.fused, &ws.attn_params, &ws.qkv, ws.scores.as_ref(), &ws.combined, &ws.mask);
+            ws.attn_bind = self.attention_bind_group(
+                ws.key.fused,
+                &ws.attn_params,
+                &ws.qkv,
+                ws.scores.as_ref(),
+                &ws.combined,
+                &ws.mask,
+            );
         }
         if !mask.words.is_empty() {
             queue.write_buffer(&ws.mask, 0, bytemuck::cast_slice(&mask.words));
         }
         let mask_params = MaskParams::from_resolved(mask);
         if ws.key.fused {
-            let p = FlashParams { mask: mask_params, ..ws.flash_params };
+            let p = FlashParams {
+                mask: mask_params,
+                ..ws.flash_params
+            };
             queue.write_buffer(&ws.attn_params, 0, bytemuck::bytes_of(&p));
         } else {
-            let p = ScoresParams { mask: mask_params, ..ws.scores_params };
+            let p = ScoresParams {
+                mask: mask_params,
+                ..ws.scores_params
+            };
             queue.write_buffer(&ws.attn_params, 0, bytemuck::bytes_of(&p));
         }
     }
@@ -553,19 +674,32 @@ impl MultiHeadAttention {
             ("projected Q, K, V", q_elems + k_elems + v_elems),
             ("combined heads", b * lq * c.v_width()),
             ("output", b * lq * c.output_dim()),
-            ("attention scores", if key.fused { 0 } else { b * h * lq * lk }),
+            (
+                "attention scores",
+                if key.fused { 0 } else { b * h * lq * lk },
+            ),
         ];
         for (what, elems) in sizes {
             let needed = 4 * elems as u64;
-            let limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+            let limit = limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size);
             if needed > limit {
-                return Err(Error::TooLarge { what: what.into(), needed, limit });
+                return Err(Error::TooLarge {
+                    what: what.into(),
+                    needed,
+                    limit,
+                });
             }
         }
         let max_groups = limits.max_compute_workgroups_per_dimension;
         if (b * h) as u64 > max_groups as u64 || (b * lq).div_ceil(64) as u64 > max_groups as u64 {
             return Err(Error::TooLarge {
-                what: format!("dispatch over {} (batch, head) pairs and {} rows", b * h, b * lq),
+                what: format!(
+                    "dispatch over {} (batch, head) pairs and {} rows",
+                    b * h,
+                    b * lq
+                ),
                 needed: ((b * h).max((b * lq).div_ceil(64))) as u64,
                 limit: max_groups as u64,
             });
@@ -574,7 +708,10 @@ impl MultiHeadAttention {
         let none = wgpu::BufferUsages::empty();
         let widths: Vec<(&str, usize)> = match key.sharing {
             Sharing::SelfAttention => vec![("query input", b * lq * c.model_dim)],
-            Sharing::SharedKeyValue => vec![("query input", b * lq * c.model_dim), ("key/value input", b * lk * c.key_dim)],
+            Sharing::SharedKeyValue => vec![
+                ("query input", b * lq * c.model_dim),
+                ("key/value input", b * lk * c.key_dim),
+            ],
             Sharing::Distinct => vec![
                 ("query input", b * lq * c.model_dim),
                 ("key input", b * lk * c.key_dim),
@@ -585,13 +722,34 @@ impl MultiHeadAttention {
             .iter()
             .map(|(label, n)| storage_buffer(device, label, 4 * *n as u64, none))
             .collect();
-        let qkv = storage_buffer(device, "Q|K|V head-split", 4 * (q_elems + k_elems + v_elems) as u64, none);
-        let scores = (!key.fused)
-            .then(|| storage_buffer(device, "scores", 4 * (b * h * lq * lk) as u64, wgpu::BufferUsages::COPY_SRC));
-        let combined = storage_buffer(device, "combined heads", 4 * (b * lq * c.v_width()) as u64, wgpu::BufferUsages::COPY_SRC);
-        let output = c
-            .output_projection
-            .then(|| storage_buffer(device, "output", 4 * (b * lq * c.output_dim()) as u64, wgpu::BufferUsages::COPY_SRC));
+        let qkv = storage_buffer(
+            device,
+            "Q|K|V head-split",
+            4 * (q_elems + k_elems + v_elems) as u64,
+            none,
+        );
+        let scores = (!key.fused).then(|| {
+            storage_buffer(
+                device,
+                "scores",
+                4 * (b * h * lq * lk) as u64,
+                wgpu::BufferUsages::COPY_SRC,
+            )
+        });
+        let combined = storage_buffer(
+            device,
+            "combined heads",
+            4 * (b * lq * c.v_width()) as u64,
+            wgpu::BufferUsages::COPY_SRC,
+        );
+        let output = c.output_projection.then(|| {
+            storage_buffer(
+                device,
+                "output",
+                4 * (b * lq * c.output_dim()) as u64,
+                wgpu::BufferUsages::COPY_SRC,
+            )
+        });
         let staging_elems = b * lq * c.output_dim() + if key.probs { b * h * lq * lk } else { 0 };
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -612,31 +770,78 @@ impl MultiHeadAttention {
         // (input index, rows, seq_len, in width, W offset, bias offset, segments)
         let plans: Vec<(usize, usize, usize, usize, u32, u32, Vec<Segment>)> = match key.sharing {
             Sharing::SelfAttention => vec![(
-                0, b * lq, lq, c.model_dim, 0, 0,
+                0,
+                b * lq,
+                lq,
+                c.model_dim,
+                0,
+                0,
                 vec![seg(h, dk, q_dst), seg(h, dk, k_dst), seg(h, dv, v_dst)],
             )],
             Sharing::SharedKeyValue => vec![
                 (0, b * lq, lq, c.model_dim, 0, 0, vec![seg(h, dk, q_dst)]),
-                (1, b * lk, lk, c.key_dim, w.w_k_offset, w.b_k_offset, vec![seg(h, dk, k_dst), seg(h, dv, v_dst)]),
+                (
+                    1,
+                    b * lk,
+                    lk,
+                    c.key_dim,
+                    w.w_k_offset,
+                    w.b_k_offset,
+                    vec![seg(h, dk, k_dst), seg(h, dv, v_dst)],
+                ),
             ],
             Sharing::Distinct => vec![
                 (0, b * lq, lq, c.model_dim, 0, 0, vec![seg(h, dk, q_dst)]),
-                (1, b * lk, lk, c.key_dim, w.w_k_offset, w.b_k_offset, vec![seg(h, dk, k_dst)]),
-                (2, b * lk, lk, c.value_dim, w.w_v_offset, w.b_v_offset, vec![seg(h, dv, v_dst)]),
+                (
+                    1,
+                    b * lk,
+                    lk,
+                    c.key_dim,
+                    w.w_k_offset,
+                    w.b_k_offset,
+                    vec![seg(h, dk, k_dst)],
+                ),
+                (
+                    2,
+                    b * lk,
+                    lk,
+                    c.value_dim,
+                    w.w_v_offset,
+                    w.b_v_offset,
+                    vec![seg(h, dv, v_dst)],
+                ),
             ],
         };
         let bias_buffer = if c.bias { &w.b_qkv } else { &self.empty };
         let projections = plans
             .into_iter()
-            .map(|(input, rows, seq_len, width, w_offset, bias_offset, segments)| {
-                let mut p = LinearParams::new(rows as u32, width as u32, seq_len as u32, &segments);
-                p.w_offset = w_offset;
-                p.bias_offset = bias_offset;
-                p.has_bias = has_bias;
-                let params = kernels::uniform_buffer(device, "linear params", &p);
-                let bind = self.linear.bind(device, &[&params, &inputs[input], &w.w_qkv, bias_buffer, &qkv]);
-                Projection { _params: params, bind, workgroups: kernels::linear::workgroups(&p) }
-            })
+            .map(
+                |(input, rows, seq_len, width, w_offset, bias_offset, segments)| {
+                    let mut p =
+                        LinearParams::new(rows as u32, width as u32, seq_len as u32, &segments);
+                    p.w_offset = w_offset;
+                    p.bias_offset = bias_offset;
+                    p.has_bias = has_bias;
+                    let params = kernels::uniform_buffer(device, "linear params", &p);
+                    let bound = kernels::linear::BoundElems::of(
+                        &inputs[input],
+                        &w.w_qkv,
+                        bias_buffer,
+                        &qkv,
+                    );
+                    let variant = kernels::linear::variant(&p, &bound);
+                    let bind = self.linear_pass(variant).bind(
+                        device,
+                        &[&params, &inputs[input], &w.w_qkv, bias_buffer, &qkv],
+                    );
+                    Projection {
+                        _params: params,
+                        variant,
+                        bind,
+                        workgroups: kernels::linear::workgroups(&p, variant),
+                    }
+                },
+            )
             .collect();
 
         let bh = (b * h) as u32;
@@ -681,9 +886,16 @@ impl MultiHeadAttention {
 
         let (softmax, av) = match &scores {
             Some(scores) => {
-                let sp = SoftmaxParams::new((b * h * lq) as u32, lk as u32, limits.max_compute_workgroups_per_dimension);
+                let sp = SoftmaxParams::new(
+                    (b * h * lq) as u32,
+                    lk as u32,
+                    limits.max_compute_workgroups_per_dimension,
+                );
                 let sp_buf = kernels::uniform_buffer(device, "softmax params", &sp);
-                let softmax = (self.softmax.bind(device, &[&sp_buf, scores]), kernels::softmax::workgroups(&sp));
+                let softmax = (
+                    self.softmax.bind(device, &[&sp_buf, scores]),
+                    kernels::softmax::workgroups(&sp),
+                );
                 let ap = AvParams {
                     lq: lq as u32,
                     lk: lk as u32,
@@ -696,7 +908,8 @@ impl MultiHeadAttention {
                 };
                 let ap_buf = kernels::uniform_buffer(device, "av params", &ap);
                 let av = (
-                    self.av_combine.bind(device, &[&ap_buf, scores, &qkv, &combined]),
+                    self.av_combine
+                        .bind(device, &[&ap_buf, scores, &qkv, &combined]),
                     kernels::av_combine::workgroups(&ap, bh),
                 );
                 (Some(softmax), Some(av))
@@ -715,8 +928,17 @@ impl MultiHeadAttention {
                 p.has_bias = has_bias;
                 let params = kernels::uniform_buffer(device, "W_o params", &p);
                 let bias = if c.bias { b_o } else { &self.empty };
-                let bind = self.linear.bind(device, &[&params, &combined, w_o, bias, output]);
-                Some(Projection { _params: params, bind, workgroups: kernels::linear::workgroups(&p) })
+                let bound = kernels::linear::BoundElems::of(&combined, w_o, bias, output);
+                let variant = kernels::linear::variant(&p, &bound);
+                let bind = self
+                    .linear_pass(variant)
+                    .bind(device, &[&params, &combined, w_o, bias, output]);
+                Some(Projection {
+                    _params: params,
+                    variant,
+                    bind,
+                    workgroups: kernels::linear::workgroups(&p, variant),
+                })
             }
             _ => None,
         };
@@ -727,7 +949,14 @@ impl MultiHeadAttention {
             + combined.size()
             + output.as_ref().map_or(0, |o| o.size())
             + staging.size();
-        let attn_bind = self.attention_bind_group(key.fused, &attn_params, &qkv, scores.as_ref(), &combined, &mask);
+        let attn_bind = self.attention_bind_group(
+            key.fused,
+            &attn_params,
+            &qkv,
+            scores.as_ref(),
+            &combined,
+            &mask,
+        );
         Ok(Workspace {
             key,
             inputs,

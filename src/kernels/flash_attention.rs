@@ -38,18 +38,37 @@ pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize) -> Option<u32> {
 /// constant sizes for the per-thread q and accumulator arrays).
 pub fn source(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String {
     let body = WGSL
-        .replace("const HEAD_DIM_QK: u32 = 64u;", &format!("const HEAD_DIM_QK: u32 = {qk_head_dim}u;"))
-        .replace("const HEAD_DIM_V: u32 = 64u;", &format!("const HEAD_DIM_V: u32 = {v_head_dim}u;"))
-        .replace("const KV_TILE: u32 = 32u;", &format!("const KV_TILE: u32 = {kv_tile}u;"));
+        .replace(
+            "const HEAD_DIM_QK: u32 = 64u;",
+            &format!("const HEAD_DIM_QK: u32 = {qk_head_dim}u;"),
+        )
+        .replace(
+            "const HEAD_DIM_V: u32 = 64u;",
+            &format!("const HEAD_DIM_V: u32 = {v_head_dim}u;"),
+        )
+        .replace(
+            "const KV_TILE: u32 = 32u;",
+            &format!("const KV_TILE: u32 = {kv_tile}u;"),
+        );
     format!("{MASK_WGSL}\n{body}")
 }
 
-pub(crate) fn pass(device: &wgpu::Device, qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> Pass {
+pub(crate) fn pass(
+    device: &wgpu::Device,
+    qk_head_dim: usize,
+    v_head_dim: usize,
+    kv_tile: u32,
+) -> Pass {
     Pass::new(
         device,
         "flash_attention",
         &source(qk_head_dim, v_head_dim, kv_tile),
-        &[Slot::Uniform(0), Slot::Read(1), Slot::Write(4), Slot::Read(6)],
+        &[
+            Slot::Uniform(0),
+            Slot::Read(1),
+            Slot::Write(4),
+            Slot::Read(6),
+        ],
     )
 }
 
