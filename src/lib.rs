@@ -25,6 +25,7 @@
 //! returns the mean of V (never NaN), on every path.
 
 pub mod attention;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod gpu;
