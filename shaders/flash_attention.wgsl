@@ -1,12 +1,18 @@
 // flash_attention: scores + mask + online softmax + P·V in one pass, no [Lq, Lk] buffer.
-// One workgroup of 64 threads takes 64 query rows of one (batch, head); each thread owns one
-// query row (q and the output accumulator in registers). K/V tiles of KV_TILE keys are staged
-// in workgroup memory and shared by the 64 rows. Masked scores are replaced by -1e9 like the
-// multi-pass path, so a fully masked row still averages V over all keys.
+// One workgroup takes BLOCK_Q = 64 query rows of one (batch, head); each of its 64 / ROWS
+// threads owns ROWS query rows (q and the output accumulators in registers, as vec4s), so every
+// K/V value read from workgroup memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys
+// are staged in workgroup memory (zero-padded to whole vec4s) and shared by the block.
+// Masked scores are replaced by -1e9 like the multi-pass path, so a fully masked row still
+// averages V over all keys.
 // Tiles that are masked for every row of the block (causal, key padding) are skipped, but
 // only when every row of the block sees at least one key: skipping is then exact, because
 // exp(-1e9 - m) is 0 in f32.
-// Dispatch: (ceil(Lq / 64), B·H, 1); z offset as in scores.
+// Long key ranges are split over several dispatches (tiles [tile_begin, tile_end) each): a
+// dispatch that is not the last stores each row's running max, sum and accumulator in
+// `carry`, and the next one resumes from it. That bounds the work of one invocation (software
+// rasterisers cap a shader's loop iterations; desktop drivers reset long-running dispatches).
+// Dispatch: (ceil(Lq / 64), B·H, 1) per key range; z offset as in scores.
 //
 // The host rewrites the next three constants for each module (head sizes are fixed per module).
 const HEAD_DIM_QK: u32 = 64u;
@@ -14,6 +20,10 @@ const HEAD_DIM_V: u32 = 64u;
 const KV_TILE: u32 = 32u;
 
 const BLOCK_Q: u32 = 64u;
+const ROWS: u32 = 8u;                          // query rows per thread (8 measured best on lavapipe)
+const THREADS: u32 = BLOCK_Q / ROWS;
+const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;      // vec4s per q/k row
+const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;       // vec4s per v row
 
 struct FlashParams {
     lq: u32,
@@ -25,18 +35,23 @@ struct FlashParams {
     v_offset: u32,
     z_offset: u32,
     kv_stride: u32,   // rows of K/V per (batch, head): Lk, or a KV cache's capacity
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    tile_begin: u32,  // key tiles this dispatch covers: [tile_begin, tile_end)
+    tile_end: u32,
+    carry_flags: u32, // CARRY_IN: resume from `carry`; CARRY_OUT: store to `carry`, not `out`
     mask: MaskParams,
 }
+
+const CARRY_IN: u32 = 1u;
+const CARRY_OUT: u32 = 2u;
+const CARRY_STRIDE: u32 = 2u + 4u * DV4;      // per query row: max, sum, accumulator
 
 @group(0) @binding(0) var<uniform> p: FlashParams;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> carry: array<f32>;
 
-var<workgroup> k_tile: array<f32, KV_TILE * HEAD_DIM_QK>;
-var<workgroup> v_tile: array<f32, KV_TILE * HEAD_DIM_V>;
+var<workgroup> k_tile: array<vec4<f32>, KV_TILE * DK4>;
+var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
 
 // One past the last tile any row of queries [i0, i1) can see (uniform over the workgroup).
 fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
@@ -57,74 +72,161 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     return all_tiles;
 }
 
-@compute @workgroup_size(64, 1, 1)
+// Element e of a K or V row as stored (zero past the head size, for the vec4 padding).
+fn row_elem(base: u32, d: u32, dim: u32) -> f32 {
+    if (d < dim) {
+        return qkv[base + d];
+    }
+    return 0.0;
+}
+
+@compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let z = wid.y + p.z_offset;
     let b = z / p.heads;
     let h = z % p.heads;
     let i0 = wid.x * BLOCK_Q;
     let i1 = min(p.lq, i0 + BLOCK_Q);
-    let i = i0 + lid.x;
-    let row_live = i < p.lq;
 
-    var q: array<f32, HEAD_DIM_QK>;
-    var acc: array<f32, HEAD_DIM_V>;
-    if (row_live) {
-        let q_base = p.q_offset + (z * p.lq + i) * HEAD_DIM_QK;
-        for (var d = 0u; d < HEAD_DIM_QK; d++) {
-            q[d] = qkv[q_base + d];
+    // Thread lid.x owns rows i0 + lid.x + THREADS·r (r < ROWS).
+    var q: array<array<vec4<f32>, DK4>, ROWS>;
+    var acc: array<array<vec4<f32>, DV4>, ROWS>;
+    var row_max: array<f32, ROWS>;
+    var row_sum: array<f32, ROWS>;
+    var s: array<array<f32, KV_TILE>, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        let i = i0 + lid.x + THREADS * r;
+        row_max[r] = -3.402823e38;
+        row_sum[r] = 0.0;
+        if (i < p.lq) {
+            let q_base = p.q_offset + (z * p.lq + i) * HEAD_DIM_QK;
+            for (var c = 0u; c < DK4; c++) {
+                q[r][c] = vec4<f32>(
+                    row_elem(q_base, 4u * c, HEAD_DIM_QK),
+                    row_elem(q_base, 4u * c + 1u, HEAD_DIM_QK),
+                    row_elem(q_base, 4u * c + 2u, HEAD_DIM_QK),
+                    row_elem(q_base, 4u * c + 3u, HEAD_DIM_QK),
+                );
+            }
         }
     }
-    var row_max = -3.402823e38;
-    var row_sum = 0.0;
-    var s: array<f32, KV_TILE>;
 
-    let tiles = tiles_to_visit(b, i0, i1);
-    for (var t = 0u; t < tiles; t++) {
+    if ((p.carry_flags & CARRY_IN) != 0u) {
+        for (var r = 0u; r < ROWS; r++) {
+            let i = i0 + lid.x + THREADS * r;
+            if (i < p.lq) {
+                let base = (z * p.lq + i) * CARRY_STRIDE;
+                row_max[r] = carry[base];
+                row_sum[r] = carry[base + 1u];
+                for (var c = 0u; c < DV4; c++) {
+                    let e = base + 2u + 4u * c;
+                    acc[r][c] = vec4<f32>(carry[e], carry[e + 1u], carry[e + 2u], carry[e + 3u]);
+                }
+            }
+        }
+    }
+
+    let tiles = min(p.tile_end, tiles_to_visit(b, i0, i1));
+    for (var t = p.tile_begin; t < tiles; t++) {
         let j0 = t * KV_TILE;
         let keys = min(KV_TILE, p.lk - j0);
-        // Stage K and V rows j0 .. j0 + keys (all 64 threads help).
-        let k_base = p.k_offset + (z * p.kv_stride + j0) * HEAD_DIM_QK;
-        for (var e = lid.x; e < keys * HEAD_DIM_QK; e += BLOCK_Q) {
-            k_tile[e] = qkv[k_base + e];
+        // Stage K and V rows j0 .. j0 + keys as vec4s (all threads help).
+        for (var e = lid.x; e < keys * DK4; e += THREADS) {
+            let base = p.k_offset + (z * p.kv_stride + j0 + e / DK4) * HEAD_DIM_QK;
+            let d = 4u * (e % DK4);
+            k_tile[e] = vec4<f32>(
+                row_elem(base, d, HEAD_DIM_QK),
+                row_elem(base, d + 1u, HEAD_DIM_QK),
+                row_elem(base, d + 2u, HEAD_DIM_QK),
+                row_elem(base, d + 3u, HEAD_DIM_QK),
+            );
         }
-        let v_base = p.v_offset + (z * p.kv_stride + j0) * HEAD_DIM_V;
-        for (var e = lid.x; e < keys * HEAD_DIM_V; e += BLOCK_Q) {
-            v_tile[e] = qkv[v_base + e];
+        for (var e = lid.x; e < keys * DV4; e += THREADS) {
+            let base = p.v_offset + (z * p.kv_stride + j0 + e / DV4) * HEAD_DIM_V;
+            let d = 4u * (e % DV4);
+            v_tile[e] = vec4<f32>(
+                row_elem(base, d, HEAD_DIM_V),
+                row_elem(base, d + 1u, HEAD_DIM_V),
+                row_elem(base, d + 2u, HEAD_DIM_V),
+                row_elem(base, d + 3u, HEAD_DIM_V),
+            );
         }
         workgroupBarrier();
-        if (row_live) {
-            var tile_max = row_max;
-            for (var jj = 0u; jj < keys; jj++) {
-                var dot = 0.0;
-                for (var d = 0u; d < HEAD_DIM_QK; d++) {
-                    dot += q[d] * k_tile[jj * HEAD_DIM_QK + d];
-                }
-                s[jj] = apply_mask(p.mask, p.scale * dot, b, h, i, j0 + jj);
-                tile_max = max(tile_max, s[jj]);
-            }
-            // Rescale what was accumulated under the old maximum.
-            let correction = exp(row_max - tile_max);
-            row_sum *= correction;
-            for (var d = 0u; d < HEAD_DIM_V; d++) {
-                acc[d] *= correction;
-            }
-            for (var jj = 0u; jj < keys; jj++) {
-                let pj = exp(s[jj] - tile_max);
-                row_sum += pj;
-                for (var d = 0u; d < HEAD_DIM_V; d++) {
-                    acc[d] += pj * v_tile[jj * HEAD_DIM_V + d];
+        // Scores of this tile for every owned row: each K vec4 feeds ROWS rows.
+        for (var jj = 0u; jj < keys; jj++) {
+            var dots: array<f32, ROWS>;
+            for (var c = 0u; c < DK4; c++) {
+                let kv = k_tile[jj * DK4 + c];
+                for (var r = 0u; r < ROWS; r++) {
+                    dots[r] += dot(q[r][c], kv);
                 }
             }
-            row_max = tile_max;
+            for (var r = 0u; r < ROWS; r++) {
+                // Rows past Lq (results discarded) evaluate the mask at the last row, in range.
+                let i = min(i0 + lid.x + THREADS * r, p.lq - 1u);
+                s[r][jj] = apply_mask(p.mask, p.scale * dots[r], b, h, i, j0 + jj);
+            }
+        }
+        // Online softmax: rescale what was accumulated under the old maximum.
+        for (var r = 0u; r < ROWS; r++) {
+            var tile_max = row_max[r];
+            for (var jj = 0u; jj < keys; jj++) {
+                tile_max = max(tile_max, s[r][jj]);
+            }
+            let correction = exp(row_max[r] - tile_max);
+            row_sum[r] *= correction;
+            for (var c = 0u; c < DV4; c++) {
+                acc[r][c] *= correction;
+            }
+            for (var jj = 0u; jj < keys; jj++) {
+                let pj = exp(s[r][jj] - tile_max);
+                s[r][jj] = pj;
+                row_sum[r] += pj;
+            }
+            row_max[r] = tile_max;
+        }
+        // P·V: each V vec4 feeds ROWS rows.
+        for (var jj = 0u; jj < keys; jj++) {
+            for (var c = 0u; c < DV4; c++) {
+                let vv = v_tile[jj * DV4 + c];
+                for (var r = 0u; r < ROWS; r++) {
+                    acc[r][c] += s[r][jj] * vv;
+                }
+            }
         }
         workgroupBarrier();
     }
-    if (row_live) {
-        let inv = 1.0 / row_sum;
-        let out_base = (b * p.lq + i) * (p.heads * HEAD_DIM_V) + h * HEAD_DIM_V;
-        for (var d = 0u; d < HEAD_DIM_V; d++) {
-            out[out_base + d] = acc[d] * inv;
+    if ((p.carry_flags & CARRY_OUT) != 0u) {
+        for (var r = 0u; r < ROWS; r++) {
+            let i = i0 + lid.x + THREADS * r;
+            if (i < p.lq) {
+                let base = (z * p.lq + i) * CARRY_STRIDE;
+                carry[base] = row_max[r];
+                carry[base + 1u] = row_sum[r];
+                for (var c = 0u; c < DV4; c++) {
+                    let e = base + 2u + 4u * c;
+                    carry[e] = acc[r][c].x;
+                    carry[e + 1u] = acc[r][c].y;
+                    carry[e + 2u] = acc[r][c].z;
+                    carry[e + 3u] = acc[r][c].w;
+                }
+            }
+        }
+        return;
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        let i = i0 + lid.x + THREADS * r;
+        if (i < p.lq) {
+            let inv = 1.0 / row_sum[r];
+            let out_base = (b * p.lq + i) * (p.heads * HEAD_DIM_V) + h * HEAD_DIM_V;
+            for (var c = 0u; c < DV4; c++) {
+                let o = acc[r][c] * inv;
+                for (var e = 0u; e < 4u; e++) {
+                    if (4u * c + e < HEAD_DIM_V) {
+                        out[out_base + 4u * c + e] = o[e];
+                    }
+                }
+            }
         }
     }
 }

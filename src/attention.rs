@@ -2,7 +2,7 @@
 //!
 //! Read `encode_forward` top to bottom: it is the seeds' `forward`, one dispatch per line.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::config::AttentionConfig;
 use crate::error::{Error, Result};
@@ -10,7 +10,8 @@ use crate::gpu::Gpu;
 use crate::gpu_tensor::GpuTensor;
 use crate::kernels::{
     self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
-    linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, MaskParams, Pass,
+    linear::LinearVariant, linear::Segment, scores::ScoresParams, softmax::SoftmaxParams,
+    MaskParams, Pass,
 };
 use crate::mask::{AttnDims, Mask, ResolvedMask};
 use crate::profile::PassTimer;
@@ -98,6 +99,8 @@ pub(crate) struct GpuWeights {
 /// One projection dispatch of a workspace.
 struct Projection {
     _params: wgpu::Buffer,
+    /// Which GEMM kernel: the vec4 one only where the host proved every index in range.
+    variant: LinearVariant,
     bind: wgpu::BindGroup,
     workgroups: [u32; 3],
 }
@@ -114,16 +117,26 @@ struct Workspace {
     mask: wgpu::Buffer,
     mask_capacity_words: usize,
     projections: Vec<Projection>,
-    attn_params: wgpu::Buffer,
-    attn_bind: wgpu::BindGroup,
-    attn_workgroups: [u32; 3],
+    /// The attention core's dispatches: `scores` alone, or `flash_attention` once per key range.
+    core: Vec<CoreDispatch>,
+    /// Running softmax state passed between the key ranges of a split fused pass.
+    carry: Option<wgpu::Buffer>,
     softmax: Option<(wgpu::BindGroup, [u32; 3])>,
     av: Option<(wgpu::BindGroup, [u32; 3])>,
     out_proj: Option<Projection>,
     /// Base parameters of the attention pass; the mask part is filled per call.
     scores_params: ScoresParams,
-    flash_params: FlashParams,
     bytes: u64,
+}
+
+/// One dispatch of the attention core, with the parameters it is given on every call (the mask
+/// part is filled in per call).
+struct CoreDispatch {
+    params: wgpu::Buffer,
+    bind: wgpu::BindGroup,
+    workgroups: [u32; 3],
+    /// This key range's flash parameters (unused by `scores`).
+    flash: FlashParams,
 }
 
 /// Most workspaces kept per module (one per shape, and one per concurrent caller).
@@ -134,11 +147,17 @@ pub struct MultiHeadAttention {
     // pub(crate): `kv_cache` records the same passes against its own buffers.
     pub(crate) gpu: Gpu,
     pub(crate) config: AttentionConfig,
-    pub(crate) linear: Pass,
-    pub(crate) scores: Pass,
-    pub(crate) softmax: Pass,
-    pub(crate) av_combine: Pass,
-    pub(crate) flash: Option<Pass>,
+    // Passes are shared by every module on the same `Gpu` (see `Gpu::pass`).
+    pub(crate) linear: Arc<Pass>,
+    /// The vec4 GEMM without runtime bounds checks (see `kernels::linear::variant`).
+    linear_vec4: Arc<Pass>,
+    pub(crate) scores: Arc<Pass>,
+    pub(crate) softmax: Arc<Pass>,
+    pub(crate) av_combine: Arc<Pass>,
+    pub(crate) flash: Option<Arc<Pass>>,
+    /// Keys per staged flash tile, and tiles per flash dispatch (see `tiles_per_dispatch`).
+    pub(crate) flash_tile: u32,
+    pub(crate) flash_tiles_per_dispatch: u32,
     pub(crate) weights: GpuWeights,
     /// Host copy of `W_o.bias`: the whole answer when there are no keys.
     output_bias: Option<Vec<f32>>,
@@ -249,16 +268,33 @@ impl MultiHeadAttention {
                 b_k_offset: config.qk_width() as u32,
                 b_v_offset: 2 * config.qk_width() as u32,
             };
-            let flash = kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim)
-                .map(|tile| kernels::flash_attention::pass(device, config.qk_head_dim, config.v_head_dim, tile));
+            let flash_tile = kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim);
+            let flash = flash_tile
+                .map(|tile| {
+                    let (dk, dv) = (config.qk_head_dim, config.v_head_dim);
+                    gpu.pass(&format!("flash_attention dk={dk} dv={dv} tile={tile}"), || {
+                        kernels::flash_attention::pass(device, dk, dv, tile)
+                    })
+                });
+            let flash_tile = flash_tile.unwrap_or(1);
+            let software = gpu.info().device_type == wgpu::DeviceType::Cpu;
+            let flash_tiles_per_dispatch = kernels::flash_attention::tiles_per_dispatch(
+                config.qk_head_dim,
+                config.v_head_dim,
+                flash_tile,
+                software,
+            );
             MultiHeadAttention {
                 gpu: gpu.clone(),
                 config,
-                linear: kernels::linear::pass(device),
-                scores: kernels::scores::pass(device),
-                softmax: kernels::softmax::pass(device),
-                av_combine: kernels::av_combine::pass(device),
+                linear: gpu.pass("linear", || kernels::linear::pass(device, LinearVariant::Scalar)),
+                linear_vec4: gpu.pass("linear_vec4", || kernels::linear::pass(device, LinearVariant::Vec4)),
+                scores: gpu.pass("scores", || kernels::scores::pass(device)),
+                softmax: gpu.pass("softmax", || kernels::softmax::pass(device)),
+                av_combine: gpu.pass("av_combine", || kernels::av_combine::pass(device)),
                 flash,
+                flash_tile,
+                flash_tiles_per_dispatch,
                 weights: gpu_weights,
                 output_bias: weights.o.as_ref().and_then(|o| o.bias.clone()),
                 empty: storage_buffer(device, "empty", 16, wgpu::BufferUsages::empty()),
@@ -604,20 +640,32 @@ impl MultiHeadAttention {
         result?
     }
 
+    fn linear_pass(&self, variant: LinearVariant) -> &Pass {
+        match variant {
+            LinearVariant::Scalar => &self.linear,
+            LinearVariant::Vec4 => &self.linear_vec4,
+        }
+    }
+
     /// The seeds' `forward`, one dispatch per step, all in one encoder.
     fn encode_forward(&self, ws: &Workspace, encoder: &mut wgpu::CommandEncoder, mut timer: Option<&mut PassTimer>) {
         // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
         for p in &ws.projections {
-            self.linear.dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
+            self.linear_pass(p.variant).dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
         }
         if ws.key.fused {
             // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V), without the scores buffer
+            // (once per key range when long keys are split; see `tiles_per_dispatch`)
             if let Some(flash) = &self.flash {
-                flash.dispatch(encoder, &ws.attn_bind, ws.attn_workgroups, timer.as_deref_mut());
+                for d in &ws.core {
+                    flash.dispatch(encoder, &d.bind, d.workgroups, timer.as_deref_mut());
+                }
             }
         } else {
             // scores = mask(Q·Kᵀ·scale)
-            self.scores.dispatch(encoder, &ws.attn_bind, ws.attn_workgroups, timer.as_deref_mut());
+            for d in &ws.core {
+                self.scores.dispatch(encoder, &d.bind, d.workgroups, timer.as_deref_mut());
+            }
             // probs = softmax(scores), in place
             if let Some((bind, groups)) = &ws.softmax {
                 self.softmax.dispatch(encoder, bind, *groups, timer.as_deref_mut());
@@ -629,7 +677,7 @@ impl MultiHeadAttention {
         }
         // output = W_o(combined), when the module has an output projection
         if let Some(p) = &ws.out_proj {
-            self.linear.dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
+            self.linear_pass(p.variant).dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
         }
     }
 
@@ -733,39 +781,57 @@ impl MultiHeadAttention {
             let device = self.gpu.device();
             ws.mask = storage_buffer(device, "mask", (mask_words.len() * 4) as u64, wgpu::BufferUsages::empty());
             ws.mask_capacity_words = mask_words.len();
-            ws.attn_bind = self.attention_bind_group(ws.key.fused, &ws.attn_params, &ws.qkv, ws.scores.as_ref(), &ws.combined, &ws.mask);
+            for i in 0..ws.core.len() {
+                let bind = self.attention_bind_group(ws, &ws.core[i].params, &ws.mask);
+                ws.core[i].bind = bind;
+            }
         }
         if !mask_words.is_empty() {
             queue.write_buffer(&ws.mask, 0, bytemuck::cast_slice(mask_words));
         }
         let mask_params = MaskParams::from_resolved(mask);
-        if ws.key.fused {
-            let p = FlashParams { mask: mask_params, ..ws.flash_params };
-            queue.write_buffer(&ws.attn_params, 0, bytemuck::bytes_of(&p));
-        } else {
-            let p = ScoresParams { mask: mask_params, ..ws.scores_params };
-            queue.write_buffer(&ws.attn_params, 0, bytemuck::bytes_of(&p));
+        for d in &ws.core {
+            if ws.key.fused {
+                let p = FlashParams { mask: mask_params, ..d.flash };
+                queue.write_buffer(&d.params, 0, bytemuck::bytes_of(&p));
+            } else {
+                let p = ScoresParams { mask: mask_params, ..ws.scores_params };
+                queue.write_buffer(&d.params, 0, bytemuck::bytes_of(&p));
+            }
         }
     }
 
-    /// The bind group of the attention core (scores or flash), which reads the mask buffer.
-    fn attention_bind_group(
+    /// The bind group of one attention-core dispatch (scores or flash), which reads the mask.
+    fn attention_bind_group(&self, ws: &Workspace, params: &wgpu::Buffer, mask: &wgpu::Buffer) -> wgpu::BindGroup {
+        self.core_bind_group(ws.key.fused, params, &ws.qkv, ws.scores.as_ref(), &ws.combined, ws.carry.as_ref(), mask)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn core_bind_group(
         &self,
         fused: bool,
         params: &wgpu::Buffer,
         qkv: &wgpu::Buffer,
         scores: Option<&wgpu::Buffer>,
         combined: &wgpu::Buffer,
+        carry: Option<&wgpu::Buffer>,
         mask: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
         let device = self.gpu.device();
         match (fused, &self.flash, scores) {
-            (true, Some(flash), _) => flash.bind(device, &[params, qkv, combined, mask]),
+            (true, Some(flash), _) => {
+                flash.bind(device, &[params, qkv, combined, carry.unwrap_or(&self.empty), mask])
+            }
             (_, _, Some(scores)) => self.scores.bind(device, &[params, qkv, scores, mask]),
             // Unreachable by construction (fused needs flash, multi-pass allocates scores);
             // bind the output so the group is still valid.
             _ => self.scores.bind(device, &[params, qkv, combined, mask]),
         }
+    }
+
+    /// The flash dispatches' key-tile ranges for `lk` keys.
+    pub(crate) fn flash_ranges(&self, lk: usize) -> Vec<(u32, u32, u32)> {
+        kernels::flash_attention::key_ranges(lk, self.flash_tile, self.flash_tiles_per_dispatch)
     }
 
     /// Whether one shape's workspace and dispatches fit the device's limits.
@@ -785,6 +851,14 @@ impl MultiHeadAttention {
             ("combined heads", b * lq * c.v_width()),
             ("output", b * lq * c.output_dim()),
             ("attention scores", if key.fused { 0 } else { b * h * lq * lk }),
+            (
+                "flash carry state",
+                if key.fused && self.flash_ranges(lk).len() > 1 {
+                    b * h * lq * kernels::flash_attention::carry_stride(dv)
+                } else {
+                    0
+                },
+            ),
         ];
         for (what, elems) in sizes {
             let needed = 4 * elems as u64;
@@ -883,8 +957,10 @@ impl MultiHeadAttention {
                 p.bias_offset = bias_offset;
                 p.has_bias = has_bias;
                 let params = kernels::uniform_buffer(device, "linear params", &p);
-                let bind = self.linear.bind(device, &[&params, &inputs[input], &w.w_qkv, bias_buffer, &qkv]);
-                Projection { _params: params, bind, workgroups: kernels::linear::workgroups(&p) }
+                let bound = kernels::linear::BoundElems::of(&inputs[input], &w.w_qkv, bias_buffer, &qkv);
+                let variant = kernels::linear::variant(&p, &bound);
+                let bind = self.linear_pass(variant).bind(device, &[&params, &inputs[input], &w.w_qkv, bias_buffer, &qkv]);
+                Projection { _params: params, variant, bind, workgroups: kernels::linear::workgroups(&p, variant) }
             })
             .collect();
 
@@ -902,31 +978,46 @@ impl MultiHeadAttention {
             _pad: [0; 3],
             mask: MaskParams::default(),
         };
-        let flash_params = FlashParams {
-            lq: lq as u32,
-            lk: lk as u32,
-            heads: h as u32,
-            scale: c.scale(),
-            q_offset: q_dst,
-            k_offset: k_dst,
-            v_offset: v_dst,
-            z_offset: 0,
-            kv_stride: lk as u32,
-            _pad: [0; 3],
-            mask: MaskParams::default(),
-        };
-        let (attn_params, attn_workgroups) = if key.fused {
-            (
-                kernels::uniform_buffer(device, "flash params", &flash_params),
-                kernels::flash_attention::workgroups(&flash_params, bh),
-            )
-        } else {
-            (
-                kernels::uniform_buffer(device, "scores params", &scores_params),
-                kernels::scores::workgroups(&scores_params, bh),
-            )
-        };
         let mask = storage_buffer(device, "mask", 16, none);
+        let ranges = if key.fused { self.flash_ranges(lk) } else { vec![(0, 0, 0)] };
+        let carry = (ranges.len() > 1).then(|| {
+            let elems = b * h * lq * kernels::flash_attention::carry_stride(dv);
+            storage_buffer(device, "flash carry state", 4 * elems as u64, none)
+        });
+        let core = ranges
+            .into_iter()
+            .map(|(tile_begin, tile_end, carry_flags)| {
+                let flash = FlashParams {
+                    lq: lq as u32,
+                    lk: lk as u32,
+                    heads: h as u32,
+                    scale: c.scale(),
+                    q_offset: q_dst,
+                    k_offset: k_dst,
+                    v_offset: v_dst,
+                    z_offset: 0,
+                    kv_stride: lk as u32,
+                    tile_begin,
+                    tile_end,
+                    carry_flags,
+                    mask: MaskParams::default(),
+                };
+                let (params, workgroups) = if key.fused {
+                    (
+                        kernels::uniform_buffer(device, "flash params", &flash),
+                        kernels::flash_attention::workgroups(&flash, bh),
+                    )
+                } else {
+                    (
+                        kernels::uniform_buffer(device, "scores params", &scores_params),
+                        kernels::scores::workgroups(&scores_params, bh),
+                    )
+                };
+                let bind = self.core_bind_group(key.fused, &params, &qkv, scores.as_ref(), &combined, carry.as_ref(), &mask);
+                CoreDispatch { params, bind, workgroups, flash }
+            })
+            .collect();
+
 
         let (softmax, av) = match &scores {
             Some(scores) => {
@@ -964,8 +1055,10 @@ impl MultiHeadAttention {
                 p.has_bias = has_bias;
                 let params = kernels::uniform_buffer(device, "W_o params", &p);
                 let bias = if c.bias { b_o } else { &self.empty };
-                let bind = self.linear.bind(device, &[&params, &combined, w_o, bias, output]);
-                Some(Projection { _params: params, bind, workgroups: kernels::linear::workgroups(&p) })
+                let bound = kernels::linear::BoundElems::of(&combined, w_o, bias, output);
+                let variant = kernels::linear::variant(&p, &bound);
+                let bind = self.linear_pass(variant).bind(device, &[&params, &combined, w_o, bias, output]);
+                Some(Projection { _params: params, variant, bind, workgroups: kernels::linear::workgroups(&p, variant) })
             }
             _ => None,
         };
@@ -975,8 +1068,8 @@ impl MultiHeadAttention {
             + scores.as_ref().map_or(0, |s| s.size())
             + combined.size()
             + output.as_ref().map_or(0, |o| o.size())
+            + carry.as_ref().map_or(0, |c| c.size())
             + staging.size();
-        let attn_bind = self.attention_bind_group(key.fused, &attn_params, &qkv, scores.as_ref(), &combined, &mask);
         Ok(Workspace {
             key,
             inputs,
@@ -988,14 +1081,12 @@ impl MultiHeadAttention {
             mask,
             mask_capacity_words: 4,
             projections,
-            attn_bind,
-            attn_params,
-            attn_workgroups,
+            core,
+            carry,
             softmax,
             av,
             out_proj,
             scores_params,
-            flash_params,
             bytes,
         })
     }

@@ -34,7 +34,9 @@ impl AttentionConfig {
     /// Seed 000: `MultiHeadAttention(d_model, num_heads)`.
     pub fn classic(d_model: usize, num_heads: usize) -> Result<Self> {
         if num_heads == 0 {
-            return Err(Error::Config("num_heads is 0; it must be at least 1".into()));
+            return Err(Error::Config(
+                "num_heads is 0; it must be at least 1".into(),
+            ));
         }
         if d_model % num_heads != 0 {
             return Err(Error::Config(format!(
@@ -106,7 +108,9 @@ impl AttentionConfig {
             }
             // Everything is indexed with u32 on the GPU; keep sizes far from overflow.
             if value > (1 << 20) {
-                return Err(Error::Config(format!("{name} = {value} is larger than 2^20")));
+                return Err(Error::Config(format!(
+                    "{name} = {value} is larger than 2^20"
+                )));
             }
         }
         if let Some(s) = self.scale {

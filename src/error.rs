@@ -46,7 +46,10 @@ pub enum Error {
 
     /// A safetensors file (weights or case file) could not be read.
     #[error("{source_name}: {problem}")]
-    File { source_name: String, problem: String },
+    File {
+        source_name: String,
+        problem: String,
+    },
 
     /// A feature the call needs is missing on this adapter (e.g. f16 on GL).
     #[error("unsupported on adapter `{adapter}`: {what}")]
@@ -54,7 +57,11 @@ pub enum Error {
 
     /// The problem does not fit the device even after splitting.
     #[error("{what} needs {needed} bytes, but this device allows at most {limit} bytes")]
-    TooLarge { what: String, needed: u64, limit: u64 },
+    TooLarge {
+        what: String,
+        needed: u64,
+        limit: u64,
+    },
 
     /// A KV cache step would grow the cache past its capacity; the cache is unchanged.
     #[error(
@@ -83,7 +90,11 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    pub(crate) fn shape(what: impl Into<String>, expected: impl Into<String>, got: &[usize]) -> Self {
+    pub(crate) fn shape(
+        what: impl Into<String>,
+        expected: impl Into<String>,
+        got: &[usize],
+    ) -> Self {
         Error::Shape {
             what: what.into(),
             expected: expected.into(),

@@ -1,7 +1,10 @@
 //! The GPU context: adapter, device and queue, and the two things every pass needs from them:
 //! errors turned into `Err` (never wgpu's default panic) and blocking readback.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use crate::kernels::Pass;
 
 use crate::error::{Error, Result};
 
@@ -52,6 +55,9 @@ pub struct Gpu {
     /// long dispatch on a software GL triggers; waiting on our lock instead has no deadline.
     /// Reentrant, because a forward's readback runs inside its error scope.
     serial: Option<Arc<parking_lot::ReentrantMutex<()>>>,
+    /// Compiled passes by name, shared by every module on this device: a pass depends only on
+    /// its source (and the flash pass on its head sizes), so a second module compiles nothing.
+    passes: Arc<Mutex<HashMap<String, Arc<Pass>>>>,
 }
 
 fn instance(backend: Option<&str>) -> wgpu::Instance {
@@ -86,7 +92,10 @@ impl Gpu {
     }
 
     pub async fn new_async(options: &GpuOptions) -> Result<Self> {
-        let backend = options.backend.clone().or_else(|| std::env::var("WGPU_BACKEND").ok());
+        let backend = options
+            .backend
+            .clone()
+            .or_else(|| std::env::var("WGPU_BACKEND").ok());
         let wanted_name = options
             .adapter_name
             .clone()
@@ -174,6 +183,7 @@ impl Gpu {
             lost,
             uncaptured,
             serial,
+            passes: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -254,6 +264,18 @@ impl Gpu {
         }
         self.check_alive()?;
         Ok(value)
+    }
+
+    /// The compiled pass named `key`, built by `build` the first time on this device.
+    pub(crate) fn pass(&self, key: &str, build: impl FnOnce() -> Pass) -> Arc<Pass> {
+        if let Some(pass) = self.passes.lock().ok().and_then(|m| m.get(key).cloned()) {
+            return pass;
+        }
+        let pass = Arc::new(build());
+        if let Ok(mut m) = self.passes.lock() {
+            m.entry(key.to_string()).or_insert_with(|| pass.clone());
+        }
+        pass
     }
 
     /// Holds the device for this thread where the backend needs it (GL; see `serial`).

@@ -95,8 +95,20 @@ impl KvCache {
                 c.key_dim, c.value_dim
             )));
         }
+        // The cache runs the fused kernel as one dispatch over its capacity; where the module
+        // would split that many keys (see `tiles_per_dispatch`), it uses the multi-pass core.
+        let one_dispatch = mha.flash_ranges(capacity).len() == 1;
         let fused = match path {
-            AttentionPath::Auto => mha.flash.is_some(),
+            AttentionPath::Auto => mha.flash.is_some() && one_dispatch,
+            AttentionPath::Fused if !one_dispatch => {
+                return Err(Error::Unsupported {
+                    adapter: mha.gpu.describe(),
+                    what: format!(
+                        "a fused KV cache of {capacity} keys in one dispatch (at most {} here); use Auto or MultiPass",
+                        mha.flash_tile * mha.flash_tiles_per_dispatch
+                    ),
+                })
+            }
             AttentionPath::Fused if mha.flash.is_none() => {
                 return Err(Error::Unsupported {
                     adapter: mha.gpu.describe(),
@@ -220,7 +232,7 @@ impl KvCache {
             (Some(flash), None) => {
                 let p =
                     kernels::uniform_buffer(device, "step flash params", &FlashParams::default());
-                let bind = flash.bind(device, &[&p, &kv, &combined, &mask]);
+                let bind = flash.bind(device, &[&p, &kv, &combined, &mha.empty, &mask]);
                 (p, bind, None, None)
             }
             (_, Some(scores)) => {
@@ -448,7 +460,7 @@ impl MultiHeadAttention {
         self.linear.dispatch(
             encoder,
             &cache.q_bind,
-            kernels::linear::workgroups(&qp),
+            kernels::linear::workgroups(&qp, kernels::linear::LinearVariant::Scalar),
             None,
         );
 
@@ -471,7 +483,7 @@ impl MultiHeadAttention {
             &cache.kv_bind_self
         };
         self.linear
-            .dispatch(encoder, kv_bind, kernels::linear::workgroups(&kvp), None);
+            .dispatch(encoder, kv_bind, kernels::linear::workgroups(&kvp, kernels::linear::LinearVariant::Scalar), None);
 
         // Causal, bottom-right aligned: new token i sees cached keys j ≤ i + (lk − n) = len0 + i.
         let dims = AttnDims {
@@ -498,7 +510,10 @@ impl MultiHeadAttention {
                     v_offset: cache.v_offset,
                     z_offset: 0,
                     kv_stride: cap32,
-                    _pad: [0; 3],
+                    // `new` chose the fused path only where one dispatch covers the capacity.
+                    tile_begin: 0,
+                    tile_end: u32::MAX,
+                    carry_flags: 0,
                     mask,
                 };
                 queue.write_buffer(&cache.attn_params, 0, bytemuck::bytes_of(&fp));
@@ -574,7 +589,7 @@ impl MultiHeadAttention {
             op.has_bias = has_bias;
             queue.write_buffer(params, 0, bytemuck::bytes_of(&op));
             self.linear
-                .dispatch(encoder, bind, kernels::linear::workgroups(&op), None);
+                .dispatch(encoder, bind, kernels::linear::workgroups(&op, kernels::linear::LinearVariant::Scalar), None);
         }
     }
 }

@@ -30,6 +30,7 @@
 
 pub mod attention;
 pub mod case;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod gpu;

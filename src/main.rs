@@ -8,12 +8,16 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionWeights, ForwardOptions, Gpu, GpuOptions, Mask,
+    bench, reference, AttentionConfig, AttentionWeights, ForwardOptions, Gpu, GpuOptions, Mask,
     MultiHeadAttention, Tensor,
 };
 
 #[derive(Parser)]
-#[command(name = "wgpu-mha", version, about = "Multi-head attention on any GPU through wgpu")]
+#[command(
+    name = "wgpu-mha",
+    version,
+    about = "Multi-head attention on any GPU through wgpu"
+)]
 struct Cli {
     /// Backend: vulkan, metal, dx12 or gl (default: WGPU_BACKEND, else all).
     #[arg(long, global = true)]
@@ -44,6 +48,28 @@ enum Command {
         #[arg(long, default_value_t = 1_000)]
         every: usize,
     },
+    /// GPU time per pass, GFLOP/s and speed-ups over naive kernels (medians, one warm-up).
+    ///
+    /// Named configurations: gemm (linear 4096x512x512 and attention core at L=1024),
+    /// classic-b1-l128, classic-b8-l512, classic-b1-l2048-d1024-h16, per_head-b16-l128.
+    Bench {
+        /// Run only this named configuration.
+        #[arg(long)]
+        only: Option<String>,
+        /// A custom shape instead of the named ones: `classic:b=1,l=128,d=512,h=8` or
+        /// `per_head:b=16,l=128,e=128,qk=256,v=512,h=8` (`lq=`, `lk=` may replace `l=`).
+        #[arg(long)]
+        config: Option<String>,
+        /// Timed runs per measurement after one warm-up (median reported; at least 5).
+        #[arg(long, default_value_t = 5)]
+        iters: usize,
+        /// Also write the results as a JSON list to this file.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+        /// Skip the naive baselines (no speed-up figures; much faster on slow adapters).
+        #[arg(long)]
+        no_naive: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -58,6 +84,13 @@ fn main() -> ExitCode {
         Command::Check(args) => interop_cli::check(&options, &args),
         Command::Run(args) => interop_cli::run(&options, &args),
         Command::Soak { iters, every } => soak(&options, iters, every),
+        Command::Bench {
+            only,
+            config,
+            iters,
+            json,
+            no_naive,
+        } => bench(&options, only, config, iters, json, no_naive),
     };
     match result {
         Ok(code) => code,
@@ -71,11 +104,16 @@ fn main() -> ExitCode {
 fn info(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
     let adapters = wgpu_mha::list_adapters(options.backend.as_deref());
     if adapters.is_empty() {
-        return Err(wgpu_mha::Error::NoAdapter { detail: String::new() });
+        return Err(wgpu_mha::Error::NoAdapter {
+            detail: String::new(),
+        });
     }
     for a in adapters {
         let l = &a.limits;
-        println!("{} ({:?}, {:?}, driver {} {})", a.info.name, a.info.backend, a.info.device_type, a.info.driver, a.info.driver_info);
+        println!(
+            "{} ({:?}, {:?}, driver {} {})",
+            a.info.name, a.info.backend, a.info.device_type, a.info.driver, a.info.driver_info
+        );
         println!(
             "  features: f16={} subgroup={} timestamps={}",
             a.features.contains(wgpu::Features::SHADER_F16),
@@ -90,6 +128,44 @@ fn info(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
             l.max_compute_invocations_per_workgroup,
             l.max_compute_workgroups_per_dimension
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench(
+    options: &GpuOptions,
+    only: Option<String>,
+    config: Option<String>,
+    iters: usize,
+    json: Option<std::path::PathBuf>,
+    skip_naive: bool,
+) -> Result<ExitCode, wgpu_mha::Error> {
+    let config = config
+        .as_deref()
+        .map(bench::BenchConfig::parse)
+        .transpose()?;
+    let gpu = Gpu::with_options(options)?;
+    println!("adapter: {}", gpu.describe());
+    if !gpu.has_timestamps() {
+        println!("(no TIMESTAMP_QUERY: per-pass times unavailable, totals are wall clock)");
+    }
+    let bench_options = bench::BenchOptions {
+        only,
+        config,
+        iters,
+        skip_naive,
+    };
+    let results = bench::run(&gpu, &bench_options, |r| {
+        print!("{}", bench::format_result(r))
+    })?;
+    if let Some(path) = json {
+        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
+        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
+        std::fs::write(&path, text).map_err(|source| wgpu_mha::Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -133,7 +209,8 @@ fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
         let start = Instant::now();
         let out = mha.forward_with(&case.query, kv, kv, &case.mask, &opts)?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
-        let reference = reference::forward(&case.config, &weights, &case.query, kv, kv, &case.mask)?;
+        let reference =
+            reference::forward(&case.config, &weights, &case.query, kv, kv, &case.mask)?;
         let err = out.output.max_abs_diff(&reference.output_f32());
         let bound = 1e-5 * (1.0 + reference.max_abs() as f32);
         let ok = err <= bound;
@@ -151,7 +228,11 @@ fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
             case.config.flops(b, lq, lk) / ms / 1e6
         );
     }
-    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn soak(options: &GpuOptions, iters: usize, every: usize) -> Result<ExitCode, wgpu_mha::Error> {

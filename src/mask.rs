@@ -234,7 +234,9 @@ fn broadcast_strides(what: &str, shape: &[usize], d: AttnDims) -> Result<[u32; 4
         stride *= n;
     }
     if stride > u32::MAX as usize {
-        return Err(Error::Mask(format!("{what} has {stride} elements, more than 2^32")));
+        return Err(Error::Mask(format!(
+            "{what} has {stride} elements, more than 2^32"
+        )));
     }
     Ok(strides)
 }

@@ -48,7 +48,10 @@ impl PassTimer {
     }
 
     /// Timestamp writes for the next pass, or `None` once the set is full.
-    pub(crate) fn next(&mut self, label: &'static str) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+    pub(crate) fn next(
+        &mut self,
+        label: &'static str,
+    ) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
         let index = self.labels.len() as u32 * 2;
         if index + 2 > self.capacity {
             return None;

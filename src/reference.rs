@@ -37,7 +37,12 @@ pub fn forward(
     crate::attention::check_inputs(config, query, key, value)?;
     let (b, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
     let (h, dk, dv) = (config.heads, config.qk_head_dim, config.v_head_dim);
-    let dims = crate::mask::AttnDims { batch: b, heads: h, lq, lk };
+    let dims = crate::mask::AttnDims {
+        batch: b,
+        heads: h,
+        lq,
+        lk,
+    };
     mask.resolve(dims)?; // same validation as the GPU path
     let q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
     let k = linear(&widen(key.data()), b * lk, &weights.k); // [B, Lk, H·dk]
@@ -105,7 +110,13 @@ pub fn linear(x: &[f64], rows: usize, layer: &Linear) -> Vec<f64> {
 }
 
 /// The seeds' masking rule for one score, read straight from the user's mask.
-fn mask_score(mask: &Mask, score: f64, lq: usize, lk: usize, at: (usize, usize, usize, usize)) -> f64 {
+fn mask_score(
+    mask: &Mask,
+    score: f64,
+    lq: usize,
+    lk: usize,
+    at: (usize, usize, usize, usize),
+) -> f64 {
     let (bi, _, i, j) = at;
     let masked = MASKED_SCORE as f64;
     match mask {

@@ -36,7 +36,10 @@ impl Tensor {
     pub fn zeros(shape: impl Into<Vec<usize>>) -> Self {
         let shape = shape.into();
         let n = shape.iter().product();
-        Tensor { shape, data: vec![0.0; n] }
+        Tensor {
+            shape,
+            data: vec![0.0; n],
+        }
     }
 
     /// Uniform random values in `[-1, 1)` from a small deterministic generator.
@@ -84,5 +87,11 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, |m, d| if d.is_nan() || m.is_nan() { f32::NAN } else { m.max(d) })
+        .fold(0.0f32, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
 }

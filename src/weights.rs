@@ -16,12 +16,21 @@ pub struct Linear {
 
 impl Linear {
     /// PyTorch's default init: weight and bias uniform in `±1/sqrt(in_features)`.
-    pub fn random(out_features: usize, in_features: usize, bias: bool, rng: &mut SplitMix64) -> Self {
+    pub fn random(
+        out_features: usize,
+        in_features: usize,
+        bias: bool,
+        rng: &mut SplitMix64,
+    ) -> Self {
         let bound = 1.0 / (in_features as f32).sqrt();
         let weight = (0..out_features * in_features)
             .map(|_| rng.uniform(-bound, bound))
             .collect();
-        let bias = bias.then(|| (0..out_features).map(|_| rng.uniform(-bound, bound)).collect());
+        let bias = bias.then(|| {
+            (0..out_features)
+                .map(|_| rng.uniform(-bound, bound))
+                .collect()
+        });
         Linear {
             out_features,
             in_features,
@@ -31,7 +40,13 @@ impl Linear {
     }
 
     /// Checks sizes; `name` is the state-dict prefix used in messages (`W_q`).
-    pub fn check(&self, name: &str, out_features: usize, in_features: usize, bias: bool) -> Result<()> {
+    pub fn check(
+        &self,
+        name: &str,
+        out_features: usize,
+        in_features: usize,
+        bias: bool,
+    ) -> Result<()> {
         if self.out_features != out_features || self.in_features != in_features {
             return Err(Error::weight(
                 format!("{name}.weight"),
@@ -44,7 +59,11 @@ impl Linear {
         if self.weight.len() != out_features * in_features {
             return Err(Error::weight(
                 format!("{name}.weight"),
-                format!("has {} values, expected {}", self.weight.len(), out_features * in_features),
+                format!(
+                    "has {} values, expected {}",
+                    self.weight.len(),
+                    out_features * in_features
+                ),
             ));
         }
         match (&self.bias, bias) {

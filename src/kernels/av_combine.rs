@@ -24,7 +24,12 @@ pub(crate) fn pass(device: &wgpu::Device) -> Pass {
         device,
         "av_combine",
         &source,
-        &[Slot::Uniform(0), Slot::Read(1), Slot::Read(2), Slot::Write(4)],
+        &[
+            Slot::Uniform(0),
+            Slot::Read(1),
+            Slot::Read(2),
+            Slot::Write(4),
+        ],
     )
 }
 

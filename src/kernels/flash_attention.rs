@@ -4,7 +4,7 @@ use super::{MaskParams, Pass, Slot, MASK_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 
-/// Query rows per workgroup (one per thread).
+/// Query rows per workgroup (`ROWS` per thread in the shader).
 pub const BLOCK_Q: u32 = 64;
 
 /// Workgroup memory budget for one K/V tile; 16 KiB fits every adapter wgpu supports.
@@ -23,13 +23,61 @@ pub struct FlashParams {
     pub v_offset: u32,
     pub z_offset: u32,
     pub kv_stride: u32,
-    pub _pad: [u32; 3],
+    /// Key tiles of this dispatch: `[tile_begin, tile_end)`.
+    pub tile_begin: u32,
+    pub tile_end: u32,
+    /// `CARRY_IN | CARRY_OUT` (see the shader); 0 for a single dispatch over all keys.
+    pub carry_flags: u32,
     pub mask: MaskParams,
+}
+
+/// Resume from the carried state (every key range but the first).
+pub const CARRY_IN: u32 = 1;
+/// Store the state for the next range instead of the output (every range but the last).
+pub const CARRY_OUT: u32 = 2;
+
+/// f32 values of carried state per query row: max, sum and the (vec4-padded) accumulator.
+pub fn carry_stride(v_head_dim: usize) -> usize {
+    2 + 4 * v_head_dim.div_ceil(4)
+}
+
+/// Key tiles per dispatch. A software rasteriser (Mesa's llvmpipe, behind lavapipe and GL here)
+/// stops every loop of a shader invocation once their iterations add up to 65,535 — silently,
+/// with wrong results — so on a CPU adapter a dispatch covers only as many keys as keep one
+/// invocation well under that count (the estimate is conservative: it assumes no loop is
+/// unrolled). On GPUs ranges of 8,192 keys keep each dispatch short enough for driver watchdogs.
+pub fn tiles_per_dispatch(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32, software: bool) -> u32 {
+    let keys = if software {
+        let (dk4, dv4) = (qk_head_dim.div_ceil(4), v_head_dim.div_ceil(4));
+        // Per key: the score loop over dk4, the P·V loop over dv4, and the staging, softmax
+        // and mask loops, three times over for safety; the fixed part loads q and writes out.
+        let per_key = 3 * (dk4 + dv4) + 16;
+        let fixed = 8 * (dk4 + 5 * dv4) + 4096;
+        (65_535usize.saturating_sub(fixed) / per_key).max(kv_tile as usize)
+    } else {
+        8192
+    };
+    (keys as u32 / kv_tile).max(1)
+}
+
+/// The key-tile ranges of the dispatches for `lk` keys, with their carry flags.
+pub fn key_ranges(lk: usize, kv_tile: u32, tiles_per_dispatch: u32) -> Vec<(u32, u32, u32)> {
+    let tiles = (lk as u32).div_ceil(kv_tile).max(1);
+    let step = tiles_per_dispatch.max(1);
+    (0..tiles)
+        .step_by(step as usize)
+        .map(|begin| {
+            let end = (begin + step).min(tiles);
+            let flags = if begin > 0 { CARRY_IN } else { 0 } | if end < tiles { CARRY_OUT } else { 0 };
+            (begin, end, flags)
+        })
+        .collect()
 }
 
 /// Keys per staged tile for these head sizes, or `None` if not even one key fits.
 pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize) -> Option<u32> {
-    let per_key = (qk_head_dim + v_head_dim) * 4;
+    // Rows are staged as whole vec4s (zero-padded).
+    let per_key = (qk_head_dim.div_ceil(4) + v_head_dim.div_ceil(4)) * 16;
     let keys = (TILE_BYTES / per_key).min(32);
     (keys >= 1).then_some(keys as u32)
 }
@@ -38,18 +86,39 @@ pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize) -> Option<u32> {
 /// constant sizes for the per-thread q and accumulator arrays).
 pub fn source(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String {
     let body = WGSL
-        .replace("const HEAD_DIM_QK: u32 = 64u;", &format!("const HEAD_DIM_QK: u32 = {qk_head_dim}u;"))
-        .replace("const HEAD_DIM_V: u32 = 64u;", &format!("const HEAD_DIM_V: u32 = {v_head_dim}u;"))
-        .replace("const KV_TILE: u32 = 32u;", &format!("const KV_TILE: u32 = {kv_tile}u;"));
+        .replace(
+            "const HEAD_DIM_QK: u32 = 64u;",
+            &format!("const HEAD_DIM_QK: u32 = {qk_head_dim}u;"),
+        )
+        .replace(
+            "const HEAD_DIM_V: u32 = 64u;",
+            &format!("const HEAD_DIM_V: u32 = {v_head_dim}u;"),
+        )
+        .replace(
+            "const KV_TILE: u32 = 32u;",
+            &format!("const KV_TILE: u32 = {kv_tile}u;"),
+        );
     format!("{MASK_WGSL}\n{body}")
 }
 
-pub(crate) fn pass(device: &wgpu::Device, qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> Pass {
+pub(crate) fn pass(
+    device: &wgpu::Device,
+    qk_head_dim: usize,
+    v_head_dim: usize,
+    kv_tile: u32,
+) -> Pass {
+    // Runtime bounds checks stay on: measured no faster without them on lavapipe.
     Pass::new(
         device,
         "flash_attention",
         &source(qk_head_dim, v_head_dim, kv_tile),
-        &[Slot::Uniform(0), Slot::Read(1), Slot::Write(4), Slot::Read(6)],
+        &[
+            Slot::Uniform(0),
+            Slot::Read(1),
+            Slot::Write(4),
+            Slot::Write(5),
+            Slot::Read(6),
+        ],
     )
 }
 

@@ -9,6 +9,7 @@ pub mod flash_attention;
 pub mod linear;
 pub mod scores;
 pub mod softmax;
+pub mod standalone;
 
 /// Sources shared by several passes (prepended by the host; WGSL has no `#include`).
 pub const GEMM_TILE_WGSL: &str = include_str!("../../shaders/gemm_tile.wgsl");
@@ -45,6 +46,16 @@ pub(crate) enum Slot {
     Write(u32),
 }
 
+/// Whether wgpu adds its runtime bounds checks to a shader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checks {
+    /// wgpu's default: every storage access is clamped or checked.
+    Checked,
+    /// No runtime checks. Only for a pass whose host code proves every index in range for
+    /// every dispatch it records (the proof is a comment at the call site).
+    Unchecked,
+}
+
 /// A compiled pass: its pipeline and the layout its bind groups must follow.
 #[derive(Debug)]
 pub(crate) struct Pass {
@@ -55,16 +66,26 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
-    /// Compiles `source` and builds a layout with the given slots.
+    /// Compiles `source` (entry point `main`, wgpu's runtime bounds checks on) and builds a
+    /// layout with the given slots.
     pub fn new(device: &wgpu::Device, label: &'static str, source: &str, slots: &[Slot]) -> Self {
+        Self::build(device, label, source, "main", Checks::Checked, slots)
+    }
+
+    /// `new` with a chosen entry point and runtime checks.
+    pub fn build(
+        device: &wgpu::Device,
+        label: &'static str,
+        source: &str,
+        entry_point: &str,
+        checks: Checks,
+        slots: &[Slot],
+    ) -> Self {
         let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
             .iter()
             .map(|slot| {
                 let (binding, ty) = match *slot {
-                    Slot::Uniform(b) => (
-                        b,
-                        wgpu::BufferBindingType::Uniform,
-                    ),
+                    Slot::Uniform(b) => (b, wgpu::BufferBindingType::Uniform),
                     Slot::Read(b) => (b, wgpu::BufferBindingType::Storage { read_only: true }),
                     Slot::Write(b) => (b, wgpu::BufferBindingType::Storage { read_only: false }),
                 };
@@ -89,15 +110,23 @@ impl Pass {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        };
+        let module = match checks {
+            Checks::Checked => device.create_shader_module(desc),
+            // SAFETY: only passes whose every buffer index the host proves in range ask for
+            // this (see `Checks::Unchecked`); the shader is still validated by naga.
+            Checks::Unchecked => unsafe {
+                device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            },
+        };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: Some(&pipeline_layout),
             module: &module,
-            entry_point: Some("main"),
+            entry_point: Some(entry_point),
             compilation_options: Default::default(),
             cache: None,
         });
@@ -149,7 +178,11 @@ impl Pass {
 }
 
 /// A uniform buffer holding one parameter struct.
-pub(crate) fn uniform_buffer<T: bytemuck::Pod>(device: &wgpu::Device, label: &str, value: &T) -> wgpu::Buffer {
+pub(crate) fn uniform_buffer<T: bytemuck::Pod>(
+    device: &wgpu::Device,
+    label: &str,
+    value: &T,
+) -> wgpu::Buffer {
     use wgpu::util::DeviceExt;
     device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some(label),

@@ -27,7 +27,12 @@ pub(crate) fn pass(device: &wgpu::Device) -> Pass {
         device,
         "scores",
         &source,
-        &[Slot::Uniform(0), Slot::Read(1), Slot::Write(4), Slot::Read(6)],
+        &[
+            Slot::Uniform(0),
+            Slot::Read(1),
+            Slot::Write(4),
+            Slot::Read(6),
+        ],
     )
 }
 

@@ -3,7 +3,10 @@
 
 use std::sync::OnceLock;
 
-use wgpu_mha::{reference, AttentionConfig, AttentionWeights, ForwardOptions, Gpu, Mask, MultiHeadAttention, Tensor};
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionWeights, ForwardOptions, Gpu, Mask, MultiHeadAttention,
+    Tensor,
+};
 
 /// The test GPU (WGPU_BACKEND / WGPU_ADAPTER_NAME honoured). No adapter is a failure, never a
 /// silent skip: the message says how to get a software Vulkan device.
@@ -26,7 +29,13 @@ pub fn max_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
         .zip(want)
         .map(|(&g, &w)| (g as f64 - w).abs())
-        .fold(0.0, |m: f64, d| if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) })
+        .fold(0.0, |m: f64, d| {
+            if d.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        })
 }
 
 /// Runs one problem on the GPU with `options` and checks output (and probabilities when
@@ -46,10 +55,18 @@ pub fn check_against_reference(
         .forward_with(query, key, value, mask, options)
         .unwrap_or_else(|e| panic!("{label}: forward failed: {e}"));
     let want = reference::forward(&config, &weights, query, key, value, mask).expect("reference");
-    assert_eq!(got.output.shape(), want.shape.as_slice(), "{label}: output shape");
+    assert_eq!(
+        got.output.shape(),
+        want.shape.as_slice(),
+        "{label}: output shape"
+    );
     let err = max_err(got.output.data(), &want.output);
     let tol = tolerance(&want.output);
-    assert!(err <= tol, "{label}: max error {err:.3e} > {tol:.3e} ({:?} path)", got.path);
+    assert!(
+        err <= tol,
+        "{label}: max error {err:.3e} > {tol:.3e} ({:?} path)",
+        got.path
+    );
     if let Some(probs) = &got.probs {
         let perr = max_err(probs.data(), &want.probs);
         assert!(perr <= 1e-5, "{label}: probability error {perr:.3e}");

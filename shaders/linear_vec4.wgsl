@@ -1,0 +1,89 @@
+// linear_vec4: linear.wgsl (Y = X · Wᵀ + b into head-split segments) for the common case the host
+// selects it for: K % 4 == 0 and x_offset, w_offset multiples of 4, so every row of X and W is a
+// run of whole vec4s. X and W are bound as vec4 arrays and read along K four floats at a time.
+// Self-contained (needs no prefix); same bindings, parameters and dispatch as linear.wgsl:
+// (ceil(N / 64), ceil(M / 64), 1) workgroups of 16×16, each thread a 4×4 register block.
+//
+// Tiles: 64 rows of X and 64 rows of W, KQ vec4s (4·KQ floats of K) deep, staged in workgroup
+// memory with a padded row stride (KQ + 1 vec4s) so threads of a row of the workgroup read
+// different banks. Thread (tx, ty) owns rows ty + 16·i and columns tx + 16·j (i, j < 4), so
+// stores of neighbouring threads hit neighbouring columns.
+
+struct LinearParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    seq_len: u32,
+    x_offset: u32,
+    w_offset: u32,
+    bias_offset: u32,
+    has_bias: u32,
+    dst_seq_len: u32,
+    dst_pos: u32,
+    _pad0: u32,
+    _pad1: u32,
+    seg_start: vec4<u32>,
+    seg_head_dim: vec4<u32>,
+    seg_heads: vec4<u32>,
+    seg_dst: vec4<u32>,
+}
+
+@group(0) @binding(0) var<uniform> p: LinearParams;
+@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+const RB: u32 = 16u;
+const CB: u32 = 8u;
+
+fn v4_dst_index(row: u32, col: u32) -> u32 {
+    let s = select(0u, 1u, col >= p.seg_start.y) + select(0u, 1u, col >= p.seg_start.z);
+    let local = col - p.seg_start[s];
+    let d = p.seg_head_dim[s];
+    let head = local / d;
+    let b = row / p.seq_len;
+    let l = row % p.seq_len;
+    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.dst_seq_len + p.dst_pos + l) * d + local % d;
+}
+
+@compute @workgroup_size(8, 8, 1)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row0 = wid.y * 8u * RB + lid.y;
+    let col0 = wid.x * 8u * CB + lid.x;
+    let k4 = p.k / 4u;
+    var xb: array<u32, RB>;
+    var wb: array<u32, CB>;
+    for (var i = 0u; i < RB; i++) {
+        xb[i] = p.x_offset / 4u + select(0u, (row0 + 8u * i) * k4, row0 + 8u * i < p.m);
+    }
+    for (var j = 0u; j < CB; j++) {
+        wb[j] = p.w_offset / 4u + select(0u, (col0 + 8u * j) * k4, col0 + 8u * j < p.n);
+    }
+    var acc: array<array<f32, CB>, RB>;
+    for (var kq = 0u; kq < k4; kq++) {
+        var b: array<vec4<f32>, CB>;
+        for (var j = 0u; j < CB; j++) {
+            b[j] = w4[wb[j] + kq];
+        }
+        for (var i = 0u; i < RB; i++) {
+            let a = x4[xb[i] + kq];
+            for (var j = 0u; j < CB; j++) {
+                acc[i][j] += dot(a, b[j]);
+            }
+        }
+    }
+    for (var i = 0u; i < RB; i++) {
+        let row = row0 + 8u * i;
+        for (var j = 0u; j < CB; j++) {
+            let col = col0 + 8u * j;
+            if (row < p.m && col < p.n) {
+                var v = acc[i][j];
+                if (p.has_bias != 0u) {
+                    v += bias[p.bias_offset + col];
+                }
+                y[v4_dst_index(row, col)] = v;
+            }
+        }
+    }
+}

@@ -1,0 +1,656 @@
+//! `wgpu-mha bench`: GPU time per pass, GFLOP/s and speed-ups over naive kernels, measured in
+//! one run on one adapter. Speed is only ever claimed here, never in a test.
+//!
+//! Every figure is a median over `iters` timed runs after one warm-up run. Per-pass times come
+//! from timestamp queries (adapters without TIMESTAMP_QUERY report wall-clock totals only).
+//! Speed-ups compare an optimised pass with its naive baseline (`shaders/baseline/`) on the
+//! same shape, in the same process, one after the other.
+
+use std::time::Instant;
+
+use crate::config::AttentionConfig;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::standalone::{CoreDims, Job};
+use crate::mask::Mask;
+use crate::profile::PassTimer;
+use crate::tensor::Tensor;
+use crate::weights::AttentionWeights;
+use crate::{AttentionPath, ForwardOptions, MultiHeadAttention};
+
+/// Which seed module a configuration uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Classic,
+    PerHead,
+}
+
+impl Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Classic => "classic",
+            Variant::PerHead => "per_head",
+        }
+    }
+}
+
+/// One benchmark configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchConfig {
+    pub name: String,
+    pub variant: Variant,
+    pub batch: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub config: AttentionConfig,
+}
+
+impl BenchConfig {
+    fn classic(name: &str, batch: usize, l: usize, d: usize, h: usize) -> Result<Self> {
+        Ok(BenchConfig {
+            name: name.into(),
+            variant: Variant::Classic,
+            batch,
+            lq: l,
+            lk: l,
+            config: AttentionConfig::classic(d, h)?,
+        })
+    }
+
+    fn per_head(
+        name: &str,
+        batch: usize,
+        l: usize,
+        e: usize,
+        qk: usize,
+        v: usize,
+        h: usize,
+    ) -> Result<Self> {
+        Ok(BenchConfig {
+            name: name.into(),
+            variant: Variant::PerHead,
+            batch,
+            lq: l,
+            lk: l,
+            config: AttentionConfig::per_head(e, qk, v, h)?,
+        })
+    }
+
+    /// Parses a custom shape:
+    /// `classic:b=1,l=128,d=512,h=8` or `per_head:b=16,l=128,e=128,qk=256,v=512,h=8`;
+    /// `lq=`/`lk=` may replace `l=` for different query and key lengths.
+    pub fn parse(spec: &str) -> Result<Self> {
+        let bad = |why: String| Error::Config(format!("bad --config `{spec}`: {why}"));
+        let (kind, rest) = spec
+            .split_once(':')
+            .ok_or_else(|| bad("expected `classic:b=..,l=..,d=..,h=..` or `per_head:b=..,l=..,e=..,qk=..,v=..,h=..`".into()))?;
+        let mut values = std::collections::BTreeMap::new();
+        for item in rest.split(',').filter(|s| !s.trim().is_empty()) {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{item}` is not key=value")))?;
+            let v: usize = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("`{v}` is not a whole number")))?;
+            values.insert(k.trim().to_string(), v);
+        }
+        let get = |k: &str| {
+            values
+                .get(k)
+                .copied()
+                .ok_or_else(|| bad(format!("missing `{k}=`")))
+        };
+        let l = values.get("l").copied();
+        let lq = values
+            .get("lq")
+            .copied()
+            .or(l)
+            .ok_or_else(|| bad("missing `l=` (or `lq=` and `lk=`)".into()))?;
+        let lk = values
+            .get("lk")
+            .copied()
+            .or(l)
+            .ok_or_else(|| bad("missing `l=` (or `lq=` and `lk=`)".into()))?;
+        let batch = get("b")?;
+        if batch == 0 || lq == 0 || lk == 0 {
+            return Err(bad("b, l, lq and lk must be at least 1".into()));
+        }
+        let (variant, config) = match kind.trim() {
+            "classic" => (
+                Variant::Classic,
+                AttentionConfig::classic(get("d")?, get("h")?)?,
+            ),
+            "per_head" | "per-head" | "perhead" => (
+                Variant::PerHead,
+                AttentionConfig::per_head(get("e")?, get("qk")?, get("v")?, get("h")?)?,
+            ),
+            other => {
+                return Err(bad(format!(
+                    "unknown variant `{other}` (classic or per_head)"
+                )))
+            }
+        };
+        let allowed: &[&str] = match variant {
+            Variant::Classic => &["b", "l", "lq", "lk", "d", "h"],
+            Variant::PerHead => &["b", "l", "lq", "lk", "e", "qk", "v", "h"],
+        };
+        if let Some(k) = values.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(bad(format!("unknown key `{k}`")));
+        }
+        Ok(BenchConfig {
+            name: spec.to_string(),
+            variant,
+            batch,
+            lq,
+            lk,
+            config,
+        })
+    }
+}
+
+/// The named configurations (`--only NAME` picks one; `gemm` is the micro-benchmark).
+pub fn named_configs() -> Result<Vec<BenchConfig>> {
+    Ok(vec![
+        BenchConfig::classic("classic-b1-l128", 1, 128, 512, 8)?,
+        BenchConfig::classic("classic-b8-l512", 8, 512, 512, 8)?,
+        BenchConfig::classic("classic-b1-l2048-d1024-h16", 1, 2048, 1024, 16)?,
+        BenchConfig::per_head("per_head-b16-l128", 16, 128, 128, 256, 512, 8)?,
+    ])
+}
+
+/// Name of the micro-benchmark entry.
+pub const GEMM_MICRO: &str = "gemm";
+
+/// What `wgpu-mha bench` was asked for.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Run only this named configuration (or `gemm`).
+    pub only: Option<String>,
+    /// A custom configuration instead of the named ones.
+    pub config: Option<BenchConfig>,
+    /// Timed runs per measurement (after one warm-up); at least 5.
+    pub iters: usize,
+    /// Skip the naive baselines (no speed-up columns).
+    pub skip_naive: bool,
+}
+
+/// Median of a list (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// Median GPU milliseconds of one job (sum of its passes; wall clock without timestamps).
+fn time_job(gpu: &Gpu, job: &Job, iters: usize) -> Result<f64> {
+    let mut timer = PassTimer::new(gpu, job.passes().max(1));
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..=iters {
+        let start = Instant::now();
+        let passes = job.run(timer.as_mut())?;
+        let wall = start.elapsed().as_secs_f64() * 1e3;
+        let ms = if passes.is_empty() {
+            wall
+        } else {
+            passes.iter().map(|p| p.1).sum()
+        };
+        if i > 0 {
+            samples.push(ms);
+        }
+    }
+    Ok(median(samples))
+}
+
+/// One optimised pass against its baseline.
+#[derive(Debug, Clone)]
+pub struct Speedup {
+    pub name: String,
+    pub optimised_ms: f64,
+    pub naive_ms: f64,
+    pub gflop: f64,
+}
+
+impl Speedup {
+    pub fn ratio(&self) -> f64 {
+        self.naive_ms / self.optimised_ms
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "optimised_ms": self.optimised_ms,
+            "naive_ms": self.naive_ms,
+            "speedup": self.ratio(),
+            "optimised_gflops": self.gflop / self.optimised_ms * 1e3,
+            "naive_gflops": self.gflop / self.naive_ms * 1e3,
+        })
+    }
+}
+
+/// The result of one configuration.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    pub name: String,
+    pub variant: &'static str,
+    pub batch: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub heads: usize,
+    pub model_dim: usize,
+    pub path: String,
+    /// Median wall-clock milliseconds of a whole forward (upload, passes, readback).
+    pub total_ms: f64,
+    /// Median sum of the per-pass GPU times.
+    pub gpu_ms: f64,
+    pub gflop: f64,
+    /// Pass name → median GPU ms, in dispatch order.
+    pub passes: Vec<(String, f64)>,
+    pub speedups: Vec<Speedup>,
+    pub peak_buffer_bytes: u64,
+}
+
+impl BenchResult {
+    pub fn gflops(&self) -> f64 {
+        self.gflop / self.total_ms * 1e3
+    }
+    pub fn json(&self, gpu: &Gpu) -> serde_json::Value {
+        let passes: serde_json::Map<String, serde_json::Value> = self
+            .passes
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+            .collect();
+        serde_json::json!({
+            "name": self.name,
+            "variant": self.variant,
+            "batch": self.batch,
+            "lq": self.lq,
+            "lk": self.lk,
+            "heads": self.heads,
+            "model_dim": self.model_dim,
+            "path": self.path,
+            "total_ms": self.total_ms,
+            "gpu_ms": self.gpu_ms,
+            "gflop": self.gflop,
+            "gflops": self.gflops(),
+            "gpu_gflops": if self.gpu_ms > 0.0 { self.gflop / self.gpu_ms * 1e3 } else { 0.0 },
+            "passes": passes,
+            "speedups": self.speedups.iter().map(Speedup::json).collect::<Vec<_>>(),
+            "peak_buffer_bytes": self.peak_buffer_bytes,
+            "adapter": {
+                "name": gpu.info().name,
+                "backend": format!("{:?}", gpu.info().backend),
+            },
+        })
+    }
+}
+
+/// Names the forward's passes by role: projections before the core, `out_projection` after.
+fn name_passes(raw: &[(&'static str, f64)]) -> Vec<(String, f64)> {
+    let mut named: Vec<(String, f64)> = Vec::new();
+    let mut seen_core = false;
+    for &(label, ms) in raw {
+        let name = match label {
+            "linear" if seen_core => "out_projection".to_string(),
+            "linear" => "projection".to_string(),
+            other => {
+                seen_core = true;
+                other.to_string()
+            }
+        };
+        match named.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += ms,
+            None => named.push((name, ms)),
+        }
+    }
+    named
+}
+
+fn random(len: usize, seed: u64) -> Vec<f32> {
+    Tensor::random([len], seed).into_data()
+}
+
+/// Median GPU ms of the linear pass (or the naive GEMM) at `m×n×k`.
+pub fn time_linear(
+    gpu: &Gpu,
+    m: usize,
+    n: usize,
+    k: usize,
+    naive: bool,
+    iters: usize,
+) -> Result<f64> {
+    let x = random(m * k, 1);
+    let w = random(n * k, 2);
+    let b = random(n, 3);
+    let job = Job::linear(gpu, &x, &w, Some(&b), m, n, k, naive)?;
+    time_job(gpu, &job, iters)
+}
+
+/// The linear pass at `m×n×k` against the naive GEMM.
+pub fn gemm_speedup(
+    gpu: &Gpu,
+    name: &str,
+    m: usize,
+    n: usize,
+    k: usize,
+    iters: usize,
+) -> Result<Speedup> {
+    let x = random(m * k, 1);
+    let w = random(n * k, 2);
+    let b = random(n, 3);
+    let fast = Job::linear(gpu, &x, &w, Some(&b), m, n, k, false)?;
+    let optimised_ms = time_job(gpu, &fast, iters)?;
+    drop(fast);
+    let naive = Job::linear(gpu, &x, &w, Some(&b), m, n, k, true)?;
+    let naive_ms = time_job(gpu, &naive, iters)?;
+    Ok(Speedup {
+        name: name.into(),
+        optimised_ms,
+        naive_ms,
+        gflop: 2.0 * (m * n * k) as f64 / 1e9,
+    })
+}
+
+/// An attention core (fused or multi-pass) against the naive multi-pass core.
+pub fn core_speedup(
+    gpu: &Gpu,
+    name: &str,
+    dims: CoreDims,
+    fused: bool,
+    iters: usize,
+) -> Result<Speedup> {
+    let (q, k, v) = core_inputs(dims);
+    let scale = 1.0 / (dims.qk_head_dim as f32).sqrt();
+    let fast = if fused {
+        Job::flash(gpu, &q, &k, &v, dims, scale, &Mask::None)?
+    } else {
+        Job::multipass(gpu, &q, &k, &v, dims, scale, &Mask::None)?
+    };
+    let optimised_ms = time_job(gpu, &fast, iters)?;
+    drop(fast);
+    let naive = Job::naive_attention(gpu, &q, &k, &v, dims, scale)?;
+    let naive_ms = time_job(gpu, &naive, iters)?;
+    Ok(Speedup {
+        name: name.into(),
+        optimised_ms,
+        naive_ms,
+        gflop: core_gflop(dims),
+    })
+}
+
+fn core_inputs(dims: CoreDims) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let z = dims.batch * dims.heads;
+    (
+        random(z * dims.lq * dims.qk_head_dim, 4),
+        random(z * dims.lk * dims.qk_head_dim, 5),
+        random(z * dims.lk * dims.v_head_dim, 6),
+    )
+}
+
+fn core_gflop(d: CoreDims) -> f64 {
+    2.0 * (d.batch * d.heads * d.lq * d.lk) as f64 * (d.qk_head_dim + d.v_head_dim) as f64 / 1e9
+}
+
+/// Median GPU ms of the fused core (or the optimised multi-pass core) on one problem.
+pub fn time_core(gpu: &Gpu, dims: CoreDims, fused: bool, iters: usize) -> Result<f64> {
+    let (q, k, v) = core_inputs(dims);
+    let scale = 1.0 / (dims.qk_head_dim as f32).sqrt();
+    let job = if fused {
+        Job::flash(gpu, &q, &k, &v, dims, scale, &Mask::None)?
+    } else {
+        Job::multipass(gpu, &q, &k, &v, dims, scale, &Mask::None)?
+    };
+    time_job(gpu, &job, iters)
+}
+
+/// The fused pass against the optimised multi-pass core on the same problem.
+pub fn fused_vs_multipass(gpu: &Gpu, dims: CoreDims, iters: usize) -> Result<Speedup> {
+    let (q, k, v) = core_inputs(dims);
+    let scale = 1.0 / (dims.qk_head_dim as f32).sqrt();
+    let fused = Job::flash(gpu, &q, &k, &v, dims, scale, &Mask::None)?;
+    let fused_ms = time_job(gpu, &fused, iters)?;
+    drop(fused);
+    let multi = Job::multipass(gpu, &q, &k, &v, dims, scale, &Mask::None)?;
+    let multi_ms = time_job(gpu, &multi, iters)?;
+    Ok(Speedup {
+        name: format!(
+            "flash_attention vs multi-pass core, B{} H{} L{} d{}",
+            dims.batch, dims.heads, dims.lq, dims.qk_head_dim
+        ),
+        optimised_ms: fused_ms,
+        naive_ms: multi_ms,
+        gflop: core_gflop(dims),
+    })
+}
+
+/// The `gemm` micro-benchmark: linear at 4096×512×512 vs naive; fused vs multi-pass (and vs
+/// naive) attention core at B1 H8 L1024 d64.
+pub fn run_micro(gpu: &Gpu, iters: usize) -> Result<BenchResult> {
+    let gemm = gemm_speedup(gpu, "linear 4096x512x512", 4096, 512, 512, iters)?;
+    let dims = CoreDims {
+        batch: 1,
+        heads: 8,
+        lq: 1024,
+        lk: 1024,
+        qk_head_dim: 64,
+        v_head_dim: 64,
+    };
+    let fused = fused_vs_multipass(gpu, dims, iters)?;
+    let naive_core = core_speedup(
+        gpu,
+        "flash_attention vs naive core, B1 H8 L1024 d64",
+        dims,
+        true,
+        iters,
+    )?;
+    let passes = vec![
+        ("linear_4096x512x512".to_string(), gemm.optimised_ms),
+        ("linear_naive_4096x512x512".to_string(), gemm.naive_ms),
+        ("flash_attention_l1024".to_string(), fused.optimised_ms),
+        ("multipass_core_l1024".to_string(), fused.naive_ms),
+        ("naive_core_l1024".to_string(), naive_core.naive_ms),
+    ];
+    Ok(BenchResult {
+        name: GEMM_MICRO.into(),
+        variant: "micro",
+        batch: 1,
+        lq: 1024,
+        lk: 1024,
+        heads: 8,
+        model_dim: 512,
+        path: "standalone".into(),
+        total_ms: gemm.optimised_ms,
+        gpu_ms: gemm.optimised_ms,
+        gflop: gemm.gflop,
+        passes,
+        speedups: vec![gemm, fused, naive_core],
+        peak_buffer_bytes: 0,
+    })
+}
+
+/// One configuration: the whole forward (profiled), then each optimised pass vs its baseline.
+pub fn run_config(
+    gpu: &Gpu,
+    bc: &BenchConfig,
+    iters: usize,
+    skip_naive: bool,
+) -> Result<BenchResult> {
+    let c = bc.config;
+    let weights = AttentionWeights::random(&c, 7);
+    let mha = MultiHeadAttention::new(gpu, c, &weights)?;
+    let x_q = Tensor::random([bc.batch, bc.lq, c.model_dim], 1);
+    let x_kv = (bc.variant == Variant::PerHead || bc.lq != bc.lk)
+        .then(|| Tensor::random([bc.batch, bc.lk, c.key_dim], 2));
+    let kv = x_kv.as_ref().unwrap_or(&x_q);
+    let options = ForwardOptions::default();
+    let mut totals = Vec::new();
+    let mut gpu_totals = Vec::new();
+    let mut per_pass: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut path = AttentionPath::Auto;
+    for i in 0..=iters {
+        let start = Instant::now();
+        let out = mha.forward_profiled(&x_q, kv, kv, &Mask::None, &options)?;
+        let wall = start.elapsed().as_secs_f64() * 1e3;
+        path = out.path;
+        if i == 0 {
+            continue; // warm-up
+        }
+        totals.push(wall);
+        gpu_totals.push(out.pass_ms.iter().map(|p| p.1).sum());
+        for (name, ms) in name_passes(&out.pass_ms) {
+            match per_pass.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => v.push(ms),
+                None => per_pass.push((name, vec![ms])),
+            }
+        }
+    }
+    let peak_buffer_bytes = mha.workspace_bytes() + weight_bytes(&c);
+    drop(mha);
+
+    let mut speedups = Vec::new();
+    if !skip_naive {
+        // The first projection GEMM of the forward (fused QKV for self-attention, Q otherwise).
+        let n = if x_kv.is_none() {
+            2 * c.qk_width() + c.v_width()
+        } else {
+            c.qk_width()
+        };
+        speedups.push(gemm_speedup(
+            gpu,
+            &format!("projection {}x{}x{}", bc.batch * bc.lq, n, c.model_dim),
+            bc.batch * bc.lq,
+            n,
+            c.model_dim,
+            iters,
+        )?);
+        let dims = CoreDims {
+            batch: bc.batch,
+            heads: c.heads,
+            lq: bc.lq,
+            lk: bc.lk,
+            qk_head_dim: c.qk_head_dim,
+            v_head_dim: c.v_head_dim,
+        };
+        let fused = path == AttentionPath::Fused;
+        let scores_bytes = 4 * (bc.batch * c.heads * bc.lq * bc.lk) as u64;
+        if scores_bytes <= gpu.limits().max_storage_buffer_binding_size {
+            let label = if fused {
+                "flash_attention vs naive core"
+            } else {
+                "multi-pass core vs naive core"
+            };
+            speedups.push(core_speedup(gpu, label, dims, fused, iters)?);
+        }
+    }
+    Ok(BenchResult {
+        name: bc.name.clone(),
+        variant: bc.variant.name(),
+        batch: bc.batch,
+        lq: bc.lq,
+        lk: bc.lk,
+        heads: c.heads,
+        model_dim: c.model_dim,
+        path: format!("{path:?}"),
+        total_ms: median(totals),
+        gpu_ms: median(gpu_totals),
+        gflop: c.flops(bc.batch, bc.lq, bc.lk) / 1e9,
+        passes: per_pass.into_iter().map(|(n, v)| (n, median(v))).collect(),
+        speedups,
+        peak_buffer_bytes,
+    })
+}
+
+fn weight_bytes(c: &AttentionConfig) -> u64 {
+    let mut elems = c.qk_width() * (c.model_dim + c.key_dim)
+        + c.v_width() * c.value_dim
+        + 2 * c.qk_width()
+        + c.v_width();
+    if c.output_projection {
+        elems += c.model_dim * c.v_width() + c.model_dim;
+    }
+    4 * elems as u64
+}
+
+/// Runs the selected configurations, printing a line per result as it lands.
+pub fn run(
+    gpu: &Gpu,
+    options: &BenchOptions,
+    mut report: impl FnMut(&BenchResult),
+) -> Result<Vec<BenchResult>> {
+    let iters = options.iters.max(5);
+    let mut results = Vec::new();
+    if let Some(custom) = &options.config {
+        let r = run_config(gpu, custom, iters, options.skip_naive)?;
+        report(&r);
+        results.push(r);
+        return Ok(results);
+    }
+    let named = named_configs()?;
+    if let Some(only) = &options.only {
+        if only != GEMM_MICRO && !named.iter().any(|c| &c.name == only) {
+            let mut names: Vec<&str> = named.iter().map(|c| c.name.as_str()).collect();
+            names.push(GEMM_MICRO);
+            return Err(Error::Config(format!(
+                "no configuration named `{only}`; known: {}",
+                names.join(", ")
+            )));
+        }
+    }
+    let wanted = |name: &str| options.only.as_deref().is_none_or(|o| o == name);
+    if wanted(GEMM_MICRO) {
+        let r = run_micro(gpu, iters)?;
+        report(&r);
+        results.push(r);
+    }
+    for bc in named.iter().filter(|c| wanted(&c.name)) {
+        let r = run_config(gpu, bc, iters, options.skip_naive)?;
+        report(&r);
+        results.push(r);
+    }
+    Ok(results)
+}
+
+/// Human-readable lines of one result.
+pub fn format_result(r: &BenchResult) -> String {
+    let mut s = format!(
+        "{} [{} B{} Lq{} Lk{} H{} d{}] path {}: total {:.2} ms ({:.2} GFLOP/s), GPU {:.2} ms, buffers {:.1} MiB\n",
+        r.name,
+        r.variant,
+        r.batch,
+        r.lq,
+        r.lk,
+        r.heads,
+        r.model_dim,
+        r.path,
+        r.total_ms,
+        r.gflops(),
+        r.gpu_ms,
+        r.peak_buffer_bytes as f64 / (1 << 20) as f64
+    );
+    if !r.passes.is_empty() {
+        let parts: Vec<String> = r
+            .passes
+            .iter()
+            .map(|(n, ms)| format!("{n} {ms:.2} ms"))
+            .collect();
+        s += &format!("  passes: {}\n", parts.join(", "));
+    }
+    for sp in &r.speedups {
+        s += &format!(
+            "  {}: {:.2} ms vs {:.2} ms -> {:.2}x ({:.2} vs {:.2} GFLOP/s)\n",
+            sp.name,
+            sp.optimised_ms,
+            sp.naive_ms,
+            sp.ratio(),
+            sp.gflop / sp.optimised_ms * 1e3,
+            sp.gflop / sp.naive_ms * 1e3
+        );
+    }
+    s
+}

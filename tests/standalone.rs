@@ -1,0 +1,295 @@
+//! The standalone per-pass runners (`wgpu_mha::kernels::standalone`) against plain f64 math,
+//! including sizes that hit every edge of the tiles and both `linear` variants (K % 4 == 0
+//! selects the vec4 one), and every mask kind through `scores`, `flash_attention` and the
+//! multi-pass core.
+
+mod common;
+
+use common::{gpu, max_err, tolerance};
+use wgpu_mha::kernels::standalone::{self, CoreDims};
+use wgpu_mha::{Mask, MaskTensor, Tensor};
+
+fn rand(len: usize, seed: u64) -> Vec<f32> {
+    Tensor::random([len], seed).into_data()
+}
+
+fn matmul_nt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut y = vec![0.0; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            let mut acc = bias.map_or(0.0, |b| b[c] as f64);
+            for e in 0..k {
+                acc += x[r * k + e] as f64 * w[c * k + e] as f64;
+            }
+            y[r * n + c] = acc;
+        }
+    }
+    y
+}
+
+#[test]
+fn linear_matches_f64_on_edge_sizes() {
+    // (m, n, k): scalar variant (k % 4 != 0) and vec4 variant, partial and multiple tiles.
+    for (i, &(m, n, k)) in [
+        (1, 1, 1),
+        (3, 5, 7),
+        (130, 70, 36),
+        (129, 65, 8),
+        (64, 64, 64),
+        (200, 136, 20),
+        (17, 9, 4),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let x = rand(m * k, 10 + i as u64);
+        let w = rand(n * k, 20 + i as u64);
+        let b = rand(n, 30 + i as u64);
+        for bias in [None, Some(b.as_slice())] {
+            let want = matmul_nt(&x, &w, bias, m, n, k);
+            let tol = tolerance(&want);
+            let got = standalone::linear(gpu(), &x, &w, bias, m, n, k).expect("linear");
+            let err = max_err(&got, &want);
+            assert!(
+                err <= tol,
+                "linear {m}x{n}x{k} bias={}: {err:.3e}",
+                bias.is_some()
+            );
+            let naive = standalone::linear_naive(gpu(), &x, &w, bias, m, n, k).expect("naive");
+            let err = max_err(&naive, &want);
+            assert!(err <= tol, "linear_naive {m}x{n}x{k}: {err:.3e}");
+        }
+    }
+}
+
+#[test]
+fn linear_rejects_bad_lengths() {
+    assert!(standalone::linear(gpu(), &[0.0; 5], &[0.0; 4], None, 2, 2, 2).is_err());
+    assert!(standalone::linear(gpu(), &[0.0; 4], &[0.0; 4], Some(&[0.0; 3]), 2, 2, 2).is_err());
+    assert!(standalone::linear(gpu(), &[], &[], None, 0, 2, 2).is_err());
+}
+
+/// f64 attention core on head-split inputs: returns (masked scaled scores, probabilities,
+/// combined output [B, Lq, H·dv]). `keep(b, h, i, j)` says whether a score survives.
+fn core_f64(q: &[f32], k: &[f32], v: &[f32], d: CoreDims, scale: f64, keep: &dyn Fn(usize, usize, usize, usize) -> bool) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (dk, dv) = (d.qk_head_dim, d.v_head_dim);
+    let mut scores = vec![0.0; d.batch * d.heads * d.lq * d.lk];
+    let mut probs = scores.clone();
+    let mut out = vec![0.0; d.batch * d.lq * d.heads * dv];
+    for b in 0..d.batch {
+        for h in 0..d.heads {
+            let z = b * d.heads + h;
+            for i in 0..d.lq {
+                let row = &mut scores[(z * d.lq + i) * d.lk..][..d.lk];
+                for (j, s) in row.iter_mut().enumerate() {
+                    let dot: f64 = (0..dk).map(|e| q[(z * d.lq + i) * dk + e] as f64 * k[(z * d.lk + j) * dk + e] as f64).sum();
+                    *s = if keep(b, h, i, j) { scale * dot } else { -1e9 };
+                }
+                let max = row.iter().cloned().fold(f64::MIN, f64::max);
+                let sum: f64 = row.iter().map(|s| (s - max).exp()).sum();
+                let p = &mut probs[(z * d.lq + i) * d.lk..][..d.lk];
+                for (pj, s) in p.iter_mut().zip(row.iter()) {
+                    *pj = (s - max).exp() / sum;
+                }
+                for e in 0..dv {
+                    let acc: f64 = (0..d.lk).map(|j| p[j] * v[(z * d.lk + j) * dv + e] as f64).sum();
+                    out[(b * d.lq + i) * d.heads * dv + h * dv + e] = acc;
+                }
+            }
+        }
+    }
+    (scores, probs, out)
+}
+
+#[test]
+fn attention_passes_match_f64() {
+    for (n, dims) in [
+        CoreDims {
+            batch: 2,
+            heads: 3,
+            lq: 5,
+            lk: 7,
+            qk_head_dim: 8,
+            v_head_dim: 12,
+        },
+        CoreDims {
+            batch: 1,
+            heads: 2,
+            lq: 70,
+            lk: 65,
+            qk_head_dim: 16,
+            v_head_dim: 16,
+        },
+        CoreDims {
+            batch: 1,
+            heads: 1,
+            lq: 1,
+            lk: 1,
+            qk_head_dim: 3,
+            v_head_dim: 5,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 40 + 10 * n as u64;
+        let q = rand(dims.batch * dims.heads * dims.lq * dims.qk_head_dim, seed);
+        let k = rand(
+            dims.batch * dims.heads * dims.lk * dims.qk_head_dim,
+            seed + 1,
+        );
+        let v = rand(
+            dims.batch * dims.heads * dims.lk * dims.v_head_dim,
+            seed + 2,
+        );
+        let scale = 0.3;
+        let (s_want, p_want, o_want) = core_f64(&q, &k, &v, dims, scale as f64, &|_, _, _, _| true);
+        let s = standalone::scores(gpu(), &q, &k, dims, scale, &Mask::None).expect("scores");
+        assert!(
+            max_err(&s, &s_want) <= tolerance(&s_want),
+            "scores {dims:?}"
+        );
+        let rows = dims.batch * dims.heads * dims.lq;
+        let p = standalone::softmax(gpu(), &s, rows, dims.lk).expect("softmax");
+        assert!(max_err(&p, &p_want) <= 1e-5, "softmax {dims:?}");
+        let o = standalone::av_combine(gpu(), &p, &v, dims).expect("av_combine");
+        let tol = tolerance(&o_want);
+        assert!(max_err(&o, &o_want) <= tol, "av_combine {dims:?}");
+        for (name, got) in [
+            (
+                "flash",
+                standalone::flash_attention(gpu(), &q, &k, &v, dims, scale, &Mask::None),
+            ),
+            (
+                "multipass",
+                standalone::attention_multipass(gpu(), &q, &k, &v, dims, scale, &Mask::None),
+            ),
+            (
+                "naive",
+                standalone::attention_naive(gpu(), &q, &k, &v, dims, scale),
+            ),
+        ] {
+            let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+            let err = max_err(&got, &o_want);
+            assert!(err <= tol, "{name} {dims:?}: {err:.3e} > {tol:.3e}");
+        }
+    }
+}
+
+#[test]
+fn standalone_masks_follow_forward_semantics() {
+    // A causal mask with Lq > Lk leaves the first rows fully masked: they average V.
+    let dims = CoreDims {
+        batch: 1,
+        heads: 1,
+        lq: 4,
+        lk: 2,
+        qk_head_dim: 4,
+        v_head_dim: 4,
+    };
+    let q = rand(16, 1);
+    let k = rand(8, 2);
+    let v = rand(8, 3);
+    let fused =
+        standalone::flash_attention(gpu(), &q, &k, &v, dims, 0.5, &Mask::Causal).expect("flash");
+    let multi = standalone::attention_multipass(gpu(), &q, &k, &v, dims, 0.5, &Mask::Causal)
+        .expect("multi");
+    let multi64: Vec<f64> = multi.iter().map(|&x| x as f64).collect();
+    assert!(max_err(&fused, &multi64) <= 1e-6);
+    for e in 0..4 {
+        let mean = (v[e] + v[4 + e]) / 2.0;
+        assert!((fused[e] - mean).abs() <= 1e-6, "row 0 is the mean of V");
+    }
+}
+
+fn assert_close(label: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{label}: length");
+    let err = max_err(got, want);
+    let tol = tolerance(want);
+    assert!(err <= tol, "{label}: max error {err:.3e} > {tol:.3e}");
+}
+
+/// Sizes for the masked tests: tile edges, Lq = 1, Lk = 1, dk ≠ dv.
+fn dims() -> Vec<CoreDims> {
+    vec![
+        CoreDims { batch: 2, heads: 3, lq: 7, lk: 13, qk_head_dim: 24, v_head_dim: 24 },
+        CoreDims { batch: 1, heads: 2, lq: 70, lk: 65, qk_head_dim: 16, v_head_dim: 8 },
+        CoreDims { batch: 3, heads: 1, lq: 1, lk: 9, qk_head_dim: 5, v_head_dim: 7 },
+        CoreDims { batch: 1, heads: 4, lq: 12, lk: 1, qk_head_dim: 64, v_head_dim: 64 },
+    ]
+}
+
+fn inputs(d: &CoreDims) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let z = d.batch * d.heads;
+    (rand(z * d.lq * d.qk_head_dim, 4), rand(z * d.lk * d.qk_head_dim, 5), rand(z * d.lk * d.v_head_dim, 6))
+}
+
+/// Causal (bottom-right) and a random [B, Lq, Lk] block mask with its keep rule.
+fn masks(d: &CoreDims) -> Vec<(Mask, Box<dyn Fn(usize, usize, usize, usize) -> bool>)> {
+    let (lq, lk) = (d.lq, d.lk);
+    let bytes: Vec<u8> = rand(d.batch * lq * lk, 7).iter().map(|&x| (x > 0.3) as u8).collect();
+    let blocked = bytes.clone();
+    vec![
+        (Mask::None, Box::new(|_, _, _, _| true)),
+        (Mask::Causal, Box::new(move |_, _, i, j| j as i64 <= i as i64 + lk as i64 - lq as i64)),
+        (
+            Mask::Block(MaskTensor::new([d.batch, lq, lk], bytes).unwrap()),
+            Box::new(move |b, _, i, j| blocked[(b * lq + i) * lk + j] == 0),
+        ),
+    ]
+}
+
+#[test]
+fn scores_matches_f64_with_masks() {
+    for d in dims() {
+        let (q, k, _) = inputs(&d);
+        let scale = 1.0 / (d.qk_head_dim as f64).sqrt();
+        for (mask, keep) in masks(&d) {
+            let (want, _, _) = core_f64(&q, &k, &[0.0; 0], CoreDims { v_head_dim: 0, ..d }, scale, &*keep);
+            let got = standalone::scores(common::gpu(), &q, &k, d, scale as f32, &mask).unwrap();
+            assert_close(&format!("scores {d:?} {}", mask.kind_name()), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn softmax_matches_f64_including_masked_and_large_rows() {
+    for (rows, cols) in [(5, 7), (3, 300), (2, 1), (70, 65)] {
+        let mut s = rand(rows * cols, 8);
+        s.iter_mut().enumerate().for_each(|(e, v)| {
+            if e % 5 == 0 {
+                *v = -1e9; // masked entries
+            } else if e % 7 == 0 {
+                *v *= 80.0; // large scores: the max subtraction matters
+            }
+        });
+        // Row 0 fully masked: uniform.
+        s[..cols].iter_mut().for_each(|v| *v = -1e9);
+        let want: Vec<f64> = s
+            .chunks(cols)
+            .flat_map(|row| {
+                let max = row.iter().map(|&x| x as f64).fold(f64::MIN, f64::max);
+                let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+                row.iter().map(move |&x| (x as f64 - max).exp() / sum).collect::<Vec<_>>()
+            })
+            .collect();
+        let got = standalone::softmax(common::gpu(), &s, rows, cols).unwrap();
+        assert_close(&format!("softmax {rows}x{cols}"), &got, &want);
+    }
+}
+
+#[test]
+fn flash_and_multipass_cores_match_f64_with_masks() {
+    for d in dims() {
+        let (q, k, v) = inputs(&d);
+        let scale = 1.0 / (d.qk_head_dim as f64).sqrt();
+        for (mask, keep) in masks(&d) {
+            let (_, _, want) = core_f64(&q, &k, &v, d, scale, &*keep);
+            let label = format!("{d:?} {}", mask.kind_name());
+            let flash = standalone::flash_attention(common::gpu(), &q, &k, &v, d, scale as f32, &mask).unwrap();
+            assert_close(&format!("flash {label}"), &flash, &want);
+            let multi = standalone::attention_multipass(common::gpu(), &q, &k, &v, d, scale as f32, &mask).unwrap();
+            assert_close(&format!("multipass {label}"), &multi, &want);
+        }
+    }
+}
