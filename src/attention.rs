@@ -344,7 +344,8 @@ impl MultiHeadAttention {
         mask: &Mask,
         options: &ForwardOptions,
     ) -> Result<ForwardOutput> {
-        let mut timer = PassTimer::new(&self.gpu, 8);
+        // Room for the projections, every key range of a split fused pass, softmax, av and W_o.
+        let mut timer = PassTimer::new(&self.gpu, 64);
         self.run(query, key, value, mask, options, timer.as_mut())
     }
 
