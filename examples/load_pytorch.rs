@@ -15,14 +15,17 @@ use std::process::ExitCode;
 
 use wgpu_mha::{reference, Gpu, Mask, MultiHeadAttention, SafetensorsFile};
 
-const DEFAULT: &[u8] = include_bytes!("../tests/fixtures/weights/mha_packed_prefixed_e32_h4.safetensors");
+const DEFAULT: &[u8] =
+    include_bytes!("../tests/fixtures/weights/mha_packed_prefixed_e32_h4.safetensors");
 
 fn main() -> Result<ExitCode, wgpu_mha::Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // 1. The file: a path from the command line, or the embedded default.
     let file = match args.first() {
         Some(path) => SafetensorsFile::open(path)?,
-        None => SafetensorsFile::from_bytes("mha_packed_prefixed_e32_h4.safetensors", DEFAULT.to_vec())?,
+        None => {
+            SafetensorsFile::from_bytes("mha_packed_prefixed_e32_h4.safetensors", DEFAULT.to_vec())?
+        }
     };
     let prefix = args
         .get(1)
@@ -34,13 +37,20 @@ fn main() -> Result<ExitCode, wgpu_mha::Error> {
     //    from the tensors' shapes.
     let loaded = wgpu_mha::safetensors_io::load_weights(&file, &prefix, None)?;
     let config = loaded.config;
-    println!("layout {:?} under prefix {prefix:?}: {config:?}", loaded.layout);
+    println!(
+        "layout {:?} under prefix {prefix:?}: {config:?}",
+        loaded.layout
+    );
 
     // 3. The module on the GPU, and the stored inputs.
     let gpu = Gpu::new()?;
     println!("adapter: {}", gpu.describe());
     let mha = MultiHeadAttention::new(&gpu, config, &loaded.weights)?;
-    let (query, key, value) = (file.tensor_f32("query")?, file.tensor_f32("key")?, file.tensor_f32("value")?);
+    let (query, key, value) = (
+        file.tensor_f32("query")?,
+        file.tensor_f32("key")?,
+        file.tensor_f32("value")?,
+    );
     let out = mha.forward(&query, &key, &value, &Mask::None)?;
     println!("query {:?} -> output {:?}", query.shape(), out.shape());
 
@@ -56,7 +66,11 @@ fn main() -> Result<ExitCode, wgpu_mha::Error> {
         ok &= err_torch <= bound;
     }
     println!("{}", if ok { "AGREE" } else { "DISAGREE" });
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn max_err(got: &[f32], want: &[f64]) -> f64 {
@@ -64,5 +78,8 @@ fn max_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
         .zip(want)
         .map(|(&g, &w)| (g as f64 - w).abs())
-        .fold(0.0, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) })
+        .fold(
+            0.0,
+            |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) },
+        )
 }

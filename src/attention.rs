@@ -166,7 +166,12 @@ pub struct MultiHeadAttention {
     workspaces: Mutex<Vec<Workspace>>,
 }
 
-pub(crate) fn storage_buffer(device: &wgpu::Device, label: &str, bytes: u64, extra: wgpu::BufferUsages) -> wgpu::Buffer {
+pub(crate) fn storage_buffer(
+    device: &wgpu::Device,
+    label: &str,
+    bytes: u64,
+    extra: wgpu::BufferUsages,
+) -> wgpu::Buffer {
     device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         // wgpu rejects zero-sized bindings; 16 bytes is the smallest safe size everywhere.
@@ -177,11 +182,17 @@ pub(crate) fn storage_buffer(device: &wgpu::Device, label: &str, bytes: u64, ext
 }
 
 /// Rows `[batches, positions]` of a `[B, L, W]` tensor, as a new tensor.
-fn slice_rows(t: &Tensor, batches: std::ops::Range<usize>, positions: std::ops::Range<usize>) -> Tensor {
+fn slice_rows(
+    t: &Tensor,
+    batches: std::ops::Range<usize>,
+    positions: std::ops::Range<usize>,
+) -> Tensor {
     let (l, w) = (t.shape()[1], t.shape()[2]);
     let mut data = Vec::with_capacity(batches.len() * positions.len() * w);
     for b in batches.clone() {
-        data.extend_from_slice(&t.data()[(b * l + positions.start) * w..(b * l + positions.end) * w]);
+        data.extend_from_slice(
+            &t.data()[(b * l + positions.start) * w..(b * l + positions.end) * w],
+        );
     }
     Tensor::from_parts([batches.len(), positions.len(), w], data)
 }
@@ -199,12 +210,22 @@ fn upload(device: &wgpu::Device, label: &str, data: &[f32]) -> wgpu::Buffer {
 
 /// Checks the three inputs against the config: `[B, Lq, model_dim]`, `[B, Lk, key_dim]`,
 /// `[B, Lk, value_dim]`.
-pub(crate) fn check_inputs(c: &AttentionConfig, query: &Tensor, key: &Tensor, value: &Tensor) -> Result<()> {
+pub(crate) fn check_inputs(
+    c: &AttentionConfig,
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+) -> Result<()> {
     check_input_shapes(c, query.shape(), key.shape(), value.shape())
 }
 
 /// `check_inputs` on bare shapes (host or GPU tensors).
-pub(crate) fn check_input_shapes(c: &AttentionConfig, query: &[usize], key: &[usize], value: &[usize]) -> Result<()> {
+pub(crate) fn check_input_shapes(
+    c: &AttentionConfig,
+    query: &[usize],
+    key: &[usize],
+    value: &[usize],
+) -> Result<()> {
     let rank3 = |name: &str, s: &[usize], width: usize, what: &str| -> Result<()> {
         if s.len() != 3 || s[2] != width {
             return Err(Error::shape(name, format!("[batch, {what}, {width}]"), s));
@@ -216,12 +237,19 @@ pub(crate) fn check_input_shapes(c: &AttentionConfig, query: &[usize], key: &[us
     rank3("value", value, c.value_dim, "Lk")?;
     let (qs, ks, vs) = (query, key, value);
     if ks[0] != qs[0] {
-        return Err(Error::shape("key", format!("batch {} like the query", qs[0]), ks));
+        return Err(Error::shape(
+            "key",
+            format!("batch {} like the query", qs[0]),
+            ks,
+        ));
     }
     if vs[0] != qs[0] || vs[1] != ks[1] {
         return Err(Error::shape(
             "value",
-            format!("[{}, {}, {}] (batch and Lk of the key)", qs[0], ks[1], c.value_dim),
+            format!(
+                "[{}, {}, {}] (batch and Lk of the key)",
+                qs[0], ks[1], c.value_dim
+            ),
             vs,
         ));
     }
@@ -234,7 +262,8 @@ impl MultiHeadAttention {
         let config = config.validated()?;
         weights.check(&config)?;
         let limit = gpu.limits().max_storage_buffer_binding_size;
-        let weight_bytes = 4 * (weights.q.weight.len() + weights.k.weight.len() + weights.v.weight.len()) as u64;
+        let weight_bytes =
+            4 * (weights.q.weight.len() + weights.k.weight.len() + weights.v.weight.len()) as u64;
         if weight_bytes > limit {
             return Err(Error::TooLarge {
                 what: "the Q/K/V projection weights".into(),
@@ -245,7 +274,11 @@ impl MultiHeadAttention {
         if let Some(o) = &weights.o {
             let needed = 4 * o.weight.len() as u64;
             if needed > limit {
-                return Err(Error::TooLarge { what: "the output projection weight".into(), needed, limit });
+                return Err(Error::TooLarge {
+                    what: "the output projection weight".into(),
+                    needed,
+                    limit,
+                });
             }
         }
         let device = gpu.device();
@@ -261,21 +294,25 @@ impl MultiHeadAttention {
                 w_qkv: upload(device, "W_qkv", &w_qkv),
                 b_qkv: upload(device, "b_qkv", &b_qkv),
                 w_o: weights.o.as_ref().map(|o| {
-                    (upload(device, "W_o", &o.weight), upload(device, "b_o", &bias_of(o)))
+                    (
+                        upload(device, "W_o", &o.weight),
+                        upload(device, "b_o", &bias_of(o)),
+                    )
                 }),
                 w_k_offset: weights.q.weight.len() as u32,
                 w_v_offset: (weights.q.weight.len() + weights.k.weight.len()) as u32,
                 b_k_offset: config.qk_width() as u32,
                 b_v_offset: 2 * config.qk_width() as u32,
             };
-            let flash_tile = kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim);
-            let flash = flash_tile
-                .map(|tile| {
-                    let (dk, dv) = (config.qk_head_dim, config.v_head_dim);
-                    gpu.pass(&format!("flash_attention dk={dk} dv={dv} tile={tile}"), || {
-                        kernels::flash_attention::pass(device, dk, dv, tile)
-                    })
-                });
+            let flash_tile =
+                kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim);
+            let flash = flash_tile.map(|tile| {
+                let (dk, dv) = (config.qk_head_dim, config.v_head_dim);
+                gpu.pass(
+                    &format!("flash_attention dk={dk} dv={dv} tile={tile}"),
+                    || kernels::flash_attention::pass(device, dk, dv, tile),
+                )
+            });
             let flash_tile = flash_tile.unwrap_or(1);
             let software = gpu.info().device_type == wgpu::DeviceType::Cpu;
             let flash_tiles_per_dispatch = kernels::flash_attention::tiles_per_dispatch(
@@ -287,8 +324,12 @@ impl MultiHeadAttention {
             MultiHeadAttention {
                 gpu: gpu.clone(),
                 config,
-                linear: gpu.pass("linear", || kernels::linear::pass(device, LinearVariant::Scalar)),
-                linear_vec4: gpu.pass("linear_vec4", || kernels::linear::pass(device, LinearVariant::Vec4)),
+                linear: gpu.pass("linear", || {
+                    kernels::linear::pass(device, LinearVariant::Scalar)
+                }),
+                linear_vec4: gpu.pass("linear_vec4", || {
+                    kernels::linear::pass(device, LinearVariant::Vec4)
+                }),
                 scores: gpu.pass("scores", || kernels::scores::pass(device)),
                 softmax: gpu.pass("softmax", || kernels::softmax::pass(device)),
                 av_combine: gpu.pass("av_combine", || kernels::av_combine::pass(device)),
@@ -312,7 +353,13 @@ impl MultiHeadAttention {
 
     /// Seed 000's `forward(Q, K, V, mask)`: `[B, Lq, d]`, `[B, Lk, d]`, `[B, Lk, d]` → `[B, Lq, d]`.
     /// Pass the same tensor three times for self-attention (one fused QKV GEMM runs).
-    pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: &Mask) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: &Mask,
+    ) -> Result<Tensor> {
         Ok(self
             .forward_with(query, key, value, mask, &ForwardOptions::default())?
             .output)
@@ -369,14 +416,25 @@ impl MultiHeadAttention {
     ///
     /// Passing the same tensor (or clones of it) as query, key and value runs one fused QKV GEMM,
     /// as [`forward`](Self::forward) does.
-    pub fn forward_gpu(&self, query: &GpuTensor, key: &GpuTensor, value: &GpuTensor, mask: &Mask) -> Result<GpuTensor> {
+    pub fn forward_gpu(
+        &self,
+        query: &GpuTensor,
+        key: &GpuTensor,
+        value: &GpuTensor,
+        mask: &Mask,
+    ) -> Result<GpuTensor> {
         Ok(self
             .forward_gpu_with(query, key, value, mask, &ForwardOptions::default())?
             .output)
     }
 
     /// Seed 001's `forward(x_q, x_k_v, attn_mask)` on device tensors.
-    pub fn forward_cross_gpu(&self, x_q: &GpuTensor, x_k_v: &GpuTensor, mask: &Mask) -> Result<GpuTensor> {
+    pub fn forward_cross_gpu(
+        &self,
+        x_q: &GpuTensor,
+        x_k_v: &GpuTensor,
+        mask: &Mask,
+    ) -> Result<GpuTensor> {
         self.forward_gpu(x_q, x_k_v, x_k_v, mask)
     }
 
@@ -393,19 +451,32 @@ impl MultiHeadAttention {
         check_input_shapes(&self.config, query.shape(), key.shape(), value.shape())?;
         let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
         let heads = self.config.heads;
-        let dims = AttnDims { batch, heads, lq, lk };
+        let dims = AttnDims {
+            batch,
+            heads,
+            lq,
+            lk,
+        };
         let resolved = mask.resolve(dims)?;
         let fused = self.choose_path(options)?;
-        let path = if fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+        let path = if fused {
+            AttentionPath::Fused
+        } else {
+            AttentionPath::MultiPass
+        };
         if batch == 0 || lq == 0 || lk == 0 {
             let host = self.empty_forward(dims, options, path);
             return Ok(GpuForwardOutput {
                 output: GpuTensor::upload(&self.gpu, &host.output)?,
-                probs: host.probs.map(|p| GpuTensor::upload(&self.gpu, &p)).transpose()?,
+                probs: host
+                    .probs
+                    .map(|p| GpuTensor::upload(&self.gpu, &p))
+                    .transpose()?,
                 path,
             });
         }
-        let same = |a: &GpuTensor, b: &GpuTensor| a.buffer() == b.buffer() && a.shape() == b.shape();
+        let same =
+            |a: &GpuTensor, b: &GpuTensor| a.buffer() == b.buffer() && a.shape() == b.shape();
         let sharing = if same(query, key) && same(key, value) {
             Sharing::SelfAttention
         } else if same(key, value) {
@@ -429,10 +500,12 @@ impl MultiHeadAttention {
         let mut ws = self.take_workspace(shape)?;
         let result = self.gpu.scoped("forward_gpu", || {
             self.write_mask(&mut ws, &resolved, &resolved.words);
-            let mut encoder = self
-                .gpu
-                .device()
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward_gpu") });
+            let mut encoder =
+                self.gpu
+                    .device()
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("forward_gpu"),
+                    });
             let sources: Vec<&GpuTensor> = match sharing {
                 Sharing::SelfAttention => vec![query],
                 Sharing::SharedKeyValue => vec![query, key],
@@ -455,7 +528,11 @@ impl MultiHeadAttention {
             self.return_workspace(ws);
         }
         result?;
-        Ok(GpuForwardOutput { output, probs, path })
+        Ok(GpuForwardOutput {
+            output,
+            probs,
+            path,
+        })
     }
 
     /// Bytes of GPU memory held by this module's cached workspaces.
@@ -478,10 +555,19 @@ impl MultiHeadAttention {
         // Everything about the input is checked before anything touches the GPU.
         check_inputs(&self.config, query, key, value)?;
         let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
-        let dims = AttnDims { batch, heads: self.config.heads, lq, lk };
+        let dims = AttnDims {
+            batch,
+            heads: self.config.heads,
+            lq,
+            lk,
+        };
         let resolved = mask.resolve(dims)?;
         let fused = self.choose_path(options)?;
-        let path = if fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+        let path = if fused {
+            AttentionPath::Fused
+        } else {
+            AttentionPath::MultiPass
+        };
         if batch == 0 || lq == 0 || lk == 0 {
             return Ok(self.empty_forward(dims, options, path));
         }
@@ -492,12 +578,26 @@ impl MultiHeadAttention {
         } else {
             Sharing::Distinct
         };
-        let whole = ShapeKey { batch, lq, lk, sharing, fused, probs: options.return_probs };
+        let whole = ShapeKey {
+            batch,
+            lq,
+            lk,
+            sharing,
+            fused,
+            probs: options.return_probs,
+        };
         let (batch_chunk, query_chunk) = self.plan_chunks(whole)?;
         if batch_chunk == batch && query_chunk == lq {
             return self.run_chunk(whole, query, key, value, &resolved, &resolved.words, timer);
         }
-        self.run_chunked(whole, (batch_chunk, query_chunk), query, key, value, &resolved)
+        self.run_chunked(
+            whole,
+            (batch_chunk, query_chunk),
+            query,
+            key,
+            value,
+            &resolved,
+        )
     }
 
     /// The largest (batch, query) block sizes whose workspace fits the device: whole batches
@@ -522,7 +622,12 @@ impl MultiHeadAttention {
         };
         let mut queries = whole.lq;
         loop {
-            let key = ShapeKey { batch: 1, lq: queries, sharing, ..whole };
+            let key = ShapeKey {
+                batch: 1,
+                lq: queries,
+                sharing,
+                ..whole
+            };
             match self.check_limits(key) {
                 Ok(()) => return Ok((1, queries)),
                 Err(e) if queries == 1 => return Err(e),
@@ -547,12 +652,20 @@ impl MultiHeadAttention {
         let out_dim = c.output_dim();
         let mut output = Tensor::zeros([batch, lq, out_dim]);
         let mut probs = whole.probs.then(|| Tensor::zeros([batch, heads, lq, lk]));
-        let path = if whole.fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+        let path = if whole.fused {
+            AttentionPath::Fused
+        } else {
+            AttentionPath::MultiPass
+        };
         for b0 in (0..batch).step_by(batch_chunk) {
             let nb = batch_chunk.min(batch - b0);
             let kv_rows = |t: &Tensor| slice_rows(t, b0..b0 + nb, 0..lk);
             let k = kv_rows(key);
-            let v = if whole.sharing == Sharing::Distinct { kv_rows(value) } else { k.clone() };
+            let v = if whole.sharing == Sharing::Distinct {
+                kv_rows(value)
+            } else {
+                k.clone()
+            };
             for i0 in (0..lq).step_by(query_chunk) {
                 let nq = query_chunk.min(lq - i0);
                 let q = slice_rows(query, b0..b0 + nb, i0..i0 + nq);
@@ -561,13 +674,26 @@ impl MultiHeadAttention {
                     Sharing::Distinct => Sharing::Distinct,
                     _ => Sharing::SharedKeyValue,
                 };
-                let shape = ShapeKey { batch: nb, lq: nq, sharing, ..whole };
+                let shape = ShapeKey {
+                    batch: nb,
+                    lq: nq,
+                    sharing,
+                    ..whole
+                };
                 let (q_in, k_in, v_in) = match sharing {
                     Sharing::SelfAttention => (&k, &k, &k),
                     Sharing::SharedKeyValue => (&q, &k, &k),
                     Sharing::Distinct => (&q, &k, &v),
                 };
-                let part = self.run_chunk(shape, q_in, k_in, v_in, &mask.chunk(b0, i0), &mask.words, None)?;
+                let part = self.run_chunk(
+                    shape,
+                    q_in,
+                    k_in,
+                    v_in,
+                    &mask.chunk(b0, i0),
+                    &mask.words,
+                    None,
+                )?;
                 // Scatter the block's rows back into place.
                 for b in 0..nb {
                     let src = &part.output.data()[b * nq * out_dim..(b + 1) * nq * out_dim];
@@ -585,7 +711,12 @@ impl MultiHeadAttention {
                 }
             }
         }
-        Ok(ForwardOutput { output, probs, path, pass_ms: Vec::new() })
+        Ok(ForwardOutput {
+            output,
+            probs,
+            path,
+            pass_ms: Vec::new(),
+        })
     }
 
     /// One workspace, one encoder, one submit, one readback.
@@ -601,14 +732,20 @@ impl MultiHeadAttention {
         mut timer: Option<&mut PassTimer>,
     ) -> Result<ForwardOutput> {
         let ShapeKey { batch, lq, lk, .. } = shape;
-        let path = if shape.fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+        let path = if shape.fused {
+            AttentionPath::Fused
+        } else {
+            AttentionPath::MultiPass
+        };
         let mut ws = self.take_workspace(shape)?;
         let result = self.gpu.scoped("forward", || -> Result<_> {
             self.write_inputs(&mut ws, query, key, value, mask, mask_words);
-            let mut encoder = self
-                .gpu
-                .device()
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
+            let mut encoder =
+                self.gpu
+                    .device()
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("forward"),
+                    });
             self.encode_forward(&ws, &mut encoder, timer.as_deref_mut());
             self.encode_readback(&ws, &mut encoder);
             if let Some(t) = timer.as_deref() {
@@ -616,7 +753,11 @@ impl MultiHeadAttention {
             }
             self.gpu.queue().submit([encoder.finish()]);
             let out_len = batch * lq * self.config.output_dim();
-            let probs_len = if shape.probs { batch * self.config.heads * lq * lk } else { 0 };
+            let probs_len = if shape.probs {
+                batch * self.config.heads * lq * lk
+            } else {
+                0
+            };
             let mut values = self.gpu.read_f32(&ws.staging, out_len + probs_len)?;
             let probs = values.split_off(out_len);
             let pass_ms = match timer {
@@ -649,10 +790,20 @@ impl MultiHeadAttention {
     }
 
     /// The seeds' `forward`, one dispatch per step, all in one encoder.
-    fn encode_forward(&self, ws: &Workspace, encoder: &mut wgpu::CommandEncoder, mut timer: Option<&mut PassTimer>) {
+    fn encode_forward(
+        &self,
+        ws: &Workspace,
+        encoder: &mut wgpu::CommandEncoder,
+        mut timer: Option<&mut PassTimer>,
+    ) {
         // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
         for p in &ws.projections {
-            self.linear_pass(p.variant).dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
+            self.linear_pass(p.variant).dispatch(
+                encoder,
+                &p.bind,
+                p.workgroups,
+                timer.as_deref_mut(),
+            );
         }
         if ws.key.fused {
             // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V), without the scores buffer
@@ -665,20 +816,28 @@ impl MultiHeadAttention {
         } else {
             // scores = mask(Q·Kᵀ·scale)
             for d in &ws.core {
-                self.scores.dispatch(encoder, &d.bind, d.workgroups, timer.as_deref_mut());
+                self.scores
+                    .dispatch(encoder, &d.bind, d.workgroups, timer.as_deref_mut());
             }
             // probs = softmax(scores), in place
             if let Some((bind, groups)) = &ws.softmax {
-                self.softmax.dispatch(encoder, bind, *groups, timer.as_deref_mut());
+                self.softmax
+                    .dispatch(encoder, bind, *groups, timer.as_deref_mut());
             }
             // combined = combine_heads(probs · V)
             if let Some((bind, groups)) = &ws.av {
-                self.av_combine.dispatch(encoder, bind, *groups, timer.as_deref_mut());
+                self.av_combine
+                    .dispatch(encoder, bind, *groups, timer.as_deref_mut());
             }
         }
         // output = W_o(combined), when the module has an output projection
         if let Some(p) = &ws.out_proj {
-            self.linear_pass(p.variant).dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
+            self.linear_pass(p.variant).dispatch(
+                encoder,
+                &p.bind,
+                p.workgroups,
+                timer.as_deref_mut(),
+            );
         }
     }
 
@@ -716,7 +875,12 @@ impl MultiHeadAttention {
     /// Empty problems, answered on the host with PyTorch's semantics: no rows → empty output;
     /// no keys → the attention output is 0 (a sum over nothing), so the module returns W_o's
     /// bias (classic) or zeros (per-head).
-    fn empty_forward(&self, d: AttnDims, options: &ForwardOptions, path: AttentionPath) -> ForwardOutput {
+    fn empty_forward(
+        &self,
+        d: AttnDims,
+        options: &ForwardOptions,
+        path: AttentionPath,
+    ) -> ForwardOutput {
         let out_dim = self.config.output_dim();
         let mut output = Tensor::zeros([d.batch, d.lq, out_dim]);
         if let Some(b_o) = &self.output_bias {
@@ -740,7 +904,8 @@ impl MultiHeadAttention {
                 return Ok(cache.swap_remove(pos));
             }
         }
-        self.gpu.scoped("allocating workspace", || self.new_workspace(key))?
+        self.gpu
+            .scoped("allocating workspace", || self.new_workspace(key))?
     }
 
     fn return_workspace(&self, ws: Workspace) {
@@ -780,7 +945,12 @@ impl MultiHeadAttention {
         if mask_words.len() > ws.mask_capacity_words {
             // Grow the mask buffer and rebind the pass that reads it.
             let device = self.gpu.device();
-            ws.mask = storage_buffer(device, "mask", (mask_words.len() * 4) as u64, wgpu::BufferUsages::empty());
+            ws.mask = storage_buffer(
+                device,
+                "mask",
+                (mask_words.len() * 4) as u64,
+                wgpu::BufferUsages::empty(),
+            );
             ws.mask_capacity_words = mask_words.len();
             for i in 0..ws.core.len() {
                 let bind = self.attention_bind_group(ws, &ws.core[i].params, &ws.mask);
@@ -793,18 +963,37 @@ impl MultiHeadAttention {
         let mask_params = MaskParams::from_resolved(mask);
         for d in &ws.core {
             if ws.key.fused {
-                let p = FlashParams { mask: mask_params, ..d.flash };
+                let p = FlashParams {
+                    mask: mask_params,
+                    ..d.flash
+                };
                 queue.write_buffer(&d.params, 0, bytemuck::bytes_of(&p));
             } else {
-                let p = ScoresParams { mask: mask_params, ..ws.scores_params };
+                let p = ScoresParams {
+                    mask: mask_params,
+                    ..ws.scores_params
+                };
                 queue.write_buffer(&d.params, 0, bytemuck::bytes_of(&p));
             }
         }
     }
 
     /// The bind group of one attention-core dispatch (scores or flash), which reads the mask.
-    fn attention_bind_group(&self, ws: &Workspace, params: &wgpu::Buffer, mask: &wgpu::Buffer) -> wgpu::BindGroup {
-        self.core_bind_group(ws.key.fused, params, &ws.qkv, ws.scores.as_ref(), &ws.combined, ws.carry.as_ref(), mask)
+    fn attention_bind_group(
+        &self,
+        ws: &Workspace,
+        params: &wgpu::Buffer,
+        mask: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        self.core_bind_group(
+            ws.key.fused,
+            params,
+            &ws.qkv,
+            ws.scores.as_ref(),
+            &ws.combined,
+            ws.carry.as_ref(),
+            mask,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -820,9 +1009,10 @@ impl MultiHeadAttention {
     ) -> wgpu::BindGroup {
         let device = self.gpu.device();
         match (fused, &self.flash, scores) {
-            (true, Some(flash), _) => {
-                flash.bind(device, &[params, qkv, combined, carry.unwrap_or(&self.empty), mask])
-            }
+            (true, Some(flash), _) => flash.bind(
+                device,
+                &[params, qkv, combined, carry.unwrap_or(&self.empty), mask],
+            ),
             (_, _, Some(scores)) => self.scores.bind(device, &[params, qkv, scores, mask]),
             // Unreachable by construction (fused needs flash, multi-pass allocates scores);
             // bind the output so the group is still valid.
@@ -851,7 +1041,10 @@ impl MultiHeadAttention {
             ("projected Q, K, V", q_elems + k_elems + v_elems),
             ("combined heads", b * lq * c.v_width()),
             ("output", b * lq * c.output_dim()),
-            ("attention scores", if key.fused { 0 } else { b * h * lq * lk }),
+            (
+                "attention scores",
+                if key.fused { 0 } else { b * h * lq * lk },
+            ),
             (
                 "flash carry state",
                 if key.fused && self.flash_ranges(lk).len() > 1 {
@@ -863,9 +1056,15 @@ impl MultiHeadAttention {
         ];
         for (what, elems) in sizes {
             let needed = 4 * elems as u64;
-            let limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+            let limit = limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size);
             if needed > limit {
-                return Err(Error::TooLarge { what: what.into(), needed, limit });
+                return Err(Error::TooLarge {
+                    what: what.into(),
+                    needed,
+                    limit,
+                });
             }
         }
         let max_groups = limits.max_compute_workgroups_per_dimension;
@@ -874,7 +1073,9 @@ impl MultiHeadAttention {
         let groups = (b * h).max((b * lq.max(lk)).div_ceil(64));
         if groups as u64 > max_groups as u64 {
             return Err(Error::TooLarge {
-                what: format!("a dispatch of {groups} workgroups along one dimension (count, not bytes)"),
+                what: format!(
+                    "a dispatch of {groups} workgroups along one dimension (count, not bytes)"
+                ),
                 needed: groups as u64,
                 limit: max_groups as u64,
             });
@@ -898,7 +1099,10 @@ impl MultiHeadAttention {
         let none = wgpu::BufferUsages::empty();
         let widths: Vec<(&str, usize)> = match key.sharing {
             Sharing::SelfAttention => vec![("query input", b * lq * c.model_dim)],
-            Sharing::SharedKeyValue => vec![("query input", b * lq * c.model_dim), ("key/value input", b * lk * c.key_dim)],
+            Sharing::SharedKeyValue => vec![
+                ("query input", b * lq * c.model_dim),
+                ("key/value input", b * lk * c.key_dim),
+            ],
             Sharing::Distinct => vec![
                 ("query input", b * lq * c.model_dim),
                 ("key input", b * lk * c.key_dim),
@@ -909,13 +1113,34 @@ impl MultiHeadAttention {
             .iter()
             .map(|(label, n)| storage_buffer(device, label, 4 * *n as u64, none))
             .collect();
-        let qkv = storage_buffer(device, "Q|K|V head-split", 4 * (q_elems + k_elems + v_elems) as u64, none);
-        let scores = (!key.fused)
-            .then(|| storage_buffer(device, "scores", 4 * (b * h * lq * lk) as u64, wgpu::BufferUsages::COPY_SRC));
-        let combined = storage_buffer(device, "combined heads", 4 * (b * lq * c.v_width()) as u64, wgpu::BufferUsages::COPY_SRC);
-        let output = c
-            .output_projection
-            .then(|| storage_buffer(device, "output", 4 * (b * lq * c.output_dim()) as u64, wgpu::BufferUsages::COPY_SRC));
+        let qkv = storage_buffer(
+            device,
+            "Q|K|V head-split",
+            4 * (q_elems + k_elems + v_elems) as u64,
+            none,
+        );
+        let scores = (!key.fused).then(|| {
+            storage_buffer(
+                device,
+                "scores",
+                4 * (b * h * lq * lk) as u64,
+                wgpu::BufferUsages::COPY_SRC,
+            )
+        });
+        let combined = storage_buffer(
+            device,
+            "combined heads",
+            4 * (b * lq * c.v_width()) as u64,
+            wgpu::BufferUsages::COPY_SRC,
+        );
+        let output = c.output_projection.then(|| {
+            storage_buffer(
+                device,
+                "output",
+                4 * (b * lq * c.output_dim()) as u64,
+                wgpu::BufferUsages::COPY_SRC,
+            )
+        });
         let staging_elems = b * lq * c.output_dim() + if key.probs { b * h * lq * lk } else { 0 };
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -936,33 +1161,78 @@ impl MultiHeadAttention {
         // (input index, rows, seq_len, in width, W offset, bias offset, segments)
         let plans: Vec<(usize, usize, usize, usize, u32, u32, Vec<Segment>)> = match key.sharing {
             Sharing::SelfAttention => vec![(
-                0, b * lq, lq, c.model_dim, 0, 0,
+                0,
+                b * lq,
+                lq,
+                c.model_dim,
+                0,
+                0,
                 vec![seg(h, dk, q_dst), seg(h, dk, k_dst), seg(h, dv, v_dst)],
             )],
             Sharing::SharedKeyValue => vec![
                 (0, b * lq, lq, c.model_dim, 0, 0, vec![seg(h, dk, q_dst)]),
-                (1, b * lk, lk, c.key_dim, w.w_k_offset, w.b_k_offset, vec![seg(h, dk, k_dst), seg(h, dv, v_dst)]),
+                (
+                    1,
+                    b * lk,
+                    lk,
+                    c.key_dim,
+                    w.w_k_offset,
+                    w.b_k_offset,
+                    vec![seg(h, dk, k_dst), seg(h, dv, v_dst)],
+                ),
             ],
             Sharing::Distinct => vec![
                 (0, b * lq, lq, c.model_dim, 0, 0, vec![seg(h, dk, q_dst)]),
-                (1, b * lk, lk, c.key_dim, w.w_k_offset, w.b_k_offset, vec![seg(h, dk, k_dst)]),
-                (2, b * lk, lk, c.value_dim, w.w_v_offset, w.b_v_offset, vec![seg(h, dv, v_dst)]),
+                (
+                    1,
+                    b * lk,
+                    lk,
+                    c.key_dim,
+                    w.w_k_offset,
+                    w.b_k_offset,
+                    vec![seg(h, dk, k_dst)],
+                ),
+                (
+                    2,
+                    b * lk,
+                    lk,
+                    c.value_dim,
+                    w.w_v_offset,
+                    w.b_v_offset,
+                    vec![seg(h, dv, v_dst)],
+                ),
             ],
         };
         let bias_buffer = if c.bias { &w.b_qkv } else { &self.empty };
         let projections = plans
             .into_iter()
-            .map(|(input, rows, seq_len, width, w_offset, bias_offset, segments)| {
-                let mut p = LinearParams::new(rows as u32, width as u32, seq_len as u32, &segments);
-                p.w_offset = w_offset;
-                p.bias_offset = bias_offset;
-                p.has_bias = has_bias;
-                let params = kernels::uniform_buffer(device, "linear params", &p);
-                let bound = kernels::linear::BoundElems::of(&inputs[input], &w.w_qkv, bias_buffer, &qkv);
-                let variant = kernels::linear::variant(&p, &bound);
-                let bind = self.linear_pass(variant).bind(device, &[&params, &inputs[input], &w.w_qkv, bias_buffer, &qkv]);
-                Projection { _params: params, variant, bind, workgroups: kernels::linear::workgroups(&p, variant) }
-            })
+            .map(
+                |(input, rows, seq_len, width, w_offset, bias_offset, segments)| {
+                    let mut p =
+                        LinearParams::new(rows as u32, width as u32, seq_len as u32, &segments);
+                    p.w_offset = w_offset;
+                    p.bias_offset = bias_offset;
+                    p.has_bias = has_bias;
+                    let params = kernels::uniform_buffer(device, "linear params", &p);
+                    let bound = kernels::linear::BoundElems::of(
+                        &inputs[input],
+                        &w.w_qkv,
+                        bias_buffer,
+                        &qkv,
+                    );
+                    let variant = kernels::linear::variant(&p, &bound);
+                    let bind = self.linear_pass(variant).bind(
+                        device,
+                        &[&params, &inputs[input], &w.w_qkv, bias_buffer, &qkv],
+                    );
+                    Projection {
+                        _params: params,
+                        variant,
+                        bind,
+                        workgroups: kernels::linear::workgroups(&p, variant),
+                    }
+                },
+            )
             .collect();
 
         let bh = (b * h) as u32;
@@ -980,7 +1250,11 @@ impl MultiHeadAttention {
             mask: MaskParams::default(),
         };
         let mask = storage_buffer(device, "mask", 16, none);
-        let ranges = if key.fused { self.flash_ranges(lk) } else { vec![(0, 0, 0)] };
+        let ranges = if key.fused {
+            self.flash_ranges(lk)
+        } else {
+            vec![(0, 0, 0)]
+        };
         let carry = (ranges.len() > 1).then(|| {
             let elems = b * h * lq * kernels::flash_attention::carry_stride(dv);
             storage_buffer(device, "flash carry state", 4 * elems as u64, none)
@@ -1014,17 +1288,36 @@ impl MultiHeadAttention {
                         kernels::scores::workgroups(&scores_params, bh),
                     )
                 };
-                let bind = self.core_bind_group(key.fused, &params, &qkv, scores.as_ref(), &combined, carry.as_ref(), &mask);
-                CoreDispatch { params, bind, workgroups, flash }
+                let bind = self.core_bind_group(
+                    key.fused,
+                    &params,
+                    &qkv,
+                    scores.as_ref(),
+                    &combined,
+                    carry.as_ref(),
+                    &mask,
+                );
+                CoreDispatch {
+                    params,
+                    bind,
+                    workgroups,
+                    flash,
+                }
             })
             .collect();
 
-
         let (softmax, av) = match &scores {
             Some(scores) => {
-                let sp = SoftmaxParams::new((b * h * lq) as u32, lk as u32, limits.max_compute_workgroups_per_dimension);
+                let sp = SoftmaxParams::new(
+                    (b * h * lq) as u32,
+                    lk as u32,
+                    limits.max_compute_workgroups_per_dimension,
+                );
                 let sp_buf = kernels::uniform_buffer(device, "softmax params", &sp);
-                let softmax = (self.softmax.bind(device, &[&sp_buf, scores]), kernels::softmax::workgroups(&sp));
+                let softmax = (
+                    self.softmax.bind(device, &[&sp_buf, scores]),
+                    kernels::softmax::workgroups(&sp),
+                );
                 let ap = AvParams {
                     lq: lq as u32,
                     lk: lk as u32,
@@ -1037,7 +1330,8 @@ impl MultiHeadAttention {
                 };
                 let ap_buf = kernels::uniform_buffer(device, "av params", &ap);
                 let av = (
-                    self.av_combine.bind(device, &[&ap_buf, scores, &qkv, &combined]),
+                    self.av_combine
+                        .bind(device, &[&ap_buf, scores, &qkv, &combined]),
                     kernels::av_combine::workgroups(&ap, bh),
                 );
                 (Some(softmax), Some(av))
@@ -1058,8 +1352,15 @@ impl MultiHeadAttention {
                 let bias = if c.bias { b_o } else { &self.empty };
                 let bound = kernels::linear::BoundElems::of(&combined, w_o, bias, output);
                 let variant = kernels::linear::variant(&p, &bound);
-                let bind = self.linear_pass(variant).bind(device, &[&params, &combined, w_o, bias, output]);
-                Some(Projection { _params: params, variant, bind, workgroups: kernels::linear::workgroups(&p, variant) })
+                let bind = self
+                    .linear_pass(variant)
+                    .bind(device, &[&params, &combined, w_o, bias, output]);
+                Some(Projection {
+                    _params: params,
+                    variant,
+                    bind,
+                    workgroups: kernels::linear::workgroups(&p, variant),
+                })
             }
             _ => None,
         };

@@ -68,7 +68,11 @@ pub enum Error {
         "KV cache is full: {len} cached + {new} new tokens > capacity {capacity}; \
          reset() it or make a larger cache"
     )]
-    KvCacheFull { len: usize, new: usize, capacity: usize },
+    KvCacheFull {
+        len: usize,
+        new: usize,
+        capacity: usize,
+    },
 
     /// wgpu reported a validation or out-of-memory error; nothing was returned.
     #[error("GPU error during {stage}: {message}")]

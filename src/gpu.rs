@@ -173,7 +173,8 @@ impl Gpu {
                 v.push(e.to_string());
             }
         }));
-        let serial = (info.backend == wgpu::Backend::Gl).then(|| Arc::new(parking_lot::ReentrantMutex::new(())));
+        let serial = (info.backend == wgpu::Backend::Gl)
+            .then(|| Arc::new(parking_lot::ReentrantMutex::new(())));
         Ok(Gpu {
             device,
             queue,

@@ -482,8 +482,12 @@ impl MultiHeadAttention {
         } else {
             &cache.kv_bind_self
         };
-        self.linear
-            .dispatch(encoder, kv_bind, kernels::linear::workgroups(&kvp, kernels::linear::LinearVariant::Scalar), None);
+        self.linear.dispatch(
+            encoder,
+            kv_bind,
+            kernels::linear::workgroups(&kvp, kernels::linear::LinearVariant::Scalar),
+            None,
+        );
 
         // Causal, bottom-right aligned: new token i sees cached keys j ≤ i + (lk − n) = len0 + i.
         let dims = AttnDims {
@@ -588,8 +592,12 @@ impl MultiHeadAttention {
             );
             op.has_bias = has_bias;
             queue.write_buffer(params, 0, bytemuck::bytes_of(&op));
-            self.linear
-                .dispatch(encoder, bind, kernels::linear::workgroups(&op, kernels::linear::LinearVariant::Scalar), None);
+            self.linear.dispatch(
+                encoder,
+                bind,
+                kernels::linear::workgroups(&op, kernels::linear::LinearVariant::Scalar),
+                None,
+            );
         }
     }
 }

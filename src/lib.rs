@@ -29,8 +29,8 @@
 //! returns the mean of V (never NaN), on every path.
 
 pub mod attention;
-pub mod case;
 pub mod bench;
+pub mod case;
 pub mod config;
 pub mod error;
 pub mod gpu;
@@ -45,7 +45,9 @@ pub mod soak;
 pub mod tensor;
 pub mod weights;
 
-pub use attention::{AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention};
+pub use attention::{
+    AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention,
+};
 pub use case::{Case, CaseResult, CaseVariant};
 pub use config::AttentionConfig;
 pub use error::{Error, Result};

@@ -238,16 +238,31 @@ fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
 fn soak(options: &GpuOptions, iters: usize, every: usize) -> Result<ExitCode, wgpu_mha::Error> {
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
-    println!("{:>10} {:>12} {:>12} {:>12}", "forwards", "rss_kib", "gpu_buffers", "bind_groups");
+    println!(
+        "{:>10} {:>12} {:>12} {:>12}",
+        "forwards", "rss_kib", "gpu_buffers", "bind_groups"
+    );
     let samples = wgpu_mha::soak::run(&gpu, iters, every)?;
     for s in &samples {
         let rss = s.rss_kib.map_or("-".to_string(), |r| r.to_string());
-        println!("{:>10} {:>12} {:>12} {:>12}", s.iteration, rss, s.gpu_buffers, s.gpu_bind_groups);
+        println!(
+            "{:>10} {:>12} {:>12} {:>12}",
+            s.iteration, rss, s.gpu_buffers, s.gpu_bind_groups
+        );
     }
     let flat = match (samples.first(), samples.last()) {
-        (Some(a), Some(b)) => a.gpu_buffers == b.gpu_buffers && a.gpu_bind_groups == b.gpu_bind_groups,
+        (Some(a), Some(b)) => {
+            a.gpu_buffers == b.gpu_buffers && a.gpu_bind_groups == b.gpu_bind_groups
+        }
         _ => true,
     };
-    println!("GPU objects {}", if flat { "flat after warm-up" } else { "GREW" });
-    Ok(if flat { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    println!(
+        "GPU objects {}",
+        if flat { "flat after warm-up" } else { "GREW" }
+    );
+    Ok(if flat {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

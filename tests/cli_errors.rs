@@ -9,31 +9,48 @@ fn wgpu_mha(args: &[&str]) -> (i32, String) {
         .env("RUST_BACKTRACE", "1")
         .output()
         .expect("the binary runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.code().unwrap_or(-1), text)
 }
 
 fn bad_files(dir: &std::path::Path) -> Vec<(String, &'static str)> {
-    let fixture = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/classic_b1_l4_d16_h2_none.safetensors")).unwrap();
+    let fixture = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/classic_b1_l4_d16_h2_none.safetensors"
+    ))
+    .unwrap();
     let truncated = dir.join("truncated.safetensors");
     std::fs::write(&truncated, &fixture[..fixture.len() / 2]).unwrap();
     let header_only = dir.join("header_cut.safetensors");
     std::fs::write(&header_only, &fixture[..40]).unwrap();
     let text = dir.join("not_safetensors.txt");
     std::fs::write(&text, "this is not a safetensors file").unwrap();
-    let weights_only = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/weights/mha_packed_e32_h4.safetensors");
+    let weights_only = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/weights/mha_packed_e32_h4.safetensors"
+    );
     vec![
         (truncated.display().to_string(), "truncated"),
         (header_only.display().to_string(), "header cut"),
         (text.display().to_string(), "wrong format"),
-        (dir.join("missing.safetensors").display().to_string(), "missing"),
+        (
+            dir.join("missing.safetensors").display().to_string(),
+            "missing",
+        ),
         (weights_only.to_string(), "a weights file, not a case"),
     ]
 }
 
 fn assert_clean_failure(what: &str, code: i32, text: &str) {
     assert_ne!(code, 0, "{what}: must exit non-zero\n{text}");
-    assert!(!text.contains("panicked") && !text.contains("stack backtrace"), "{what}: panicked\n{text}");
+    assert!(
+        !text.contains("panicked") && !text.contains("stack backtrace"),
+        "{what}: panicked\n{text}"
+    );
 }
 
 #[test]
@@ -46,10 +63,20 @@ fn check_reports_each_bad_file_and_fails() {
     let (code, text) = wgpu_mha(&args);
     assert_clean_failure("check", code, &text);
     for (path, what) in &files {
-        let line = text.lines().find(|l| l.starts_with(path.as_str())).unwrap_or_else(|| panic!("no line for {what}:\n{text}"));
-        assert!(line.contains("FAIL") && line.contains("error"), "{what}: {line}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(path.as_str()))
+            .unwrap_or_else(|| panic!("no line for {what}:\n{text}"));
+        assert!(
+            line.contains("FAIL") && line.contains("error"),
+            "{what}: {line}"
+        );
     }
-    assert!(text.lines().any(|l| l.trim() == format!("0 passed, {} failed", files.len())), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim() == format!("0 passed, {} failed", files.len())),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -65,7 +92,8 @@ fn run_on_a_bad_file_prints_one_error_line() {
         assert_eq!(errors.len(), 1, "{what}: expected one error line\n{text}");
         // (The weights fixture also holds inputs, so `run --weights` legitimately accepts it.)
         if !what.starts_with("a weights file") {
-            let (code, text) = wgpu_mha(&["run", "--weights", &path, "--inputs", &path, "--out", &out]);
+            let (code, text) =
+                wgpu_mha(&["run", "--weights", &path, "--inputs", &path, "--out", &out]);
             assert_clean_failure(what, code, &text);
         }
     }

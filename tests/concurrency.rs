@@ -7,7 +7,9 @@ mod common;
 
 use std::sync::Arc;
 
-use wgpu_mha::{reference, AttentionConfig, AttentionWeights, Gpu, Mask, MultiHeadAttention, Tensor};
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionWeights, Gpu, Mask, MultiHeadAttention, Tensor,
+};
 
 #[test]
 fn module_and_context_are_send_and_sync() {
@@ -36,7 +38,10 @@ fn eight_threads_share_one_module() {
                     let got = mha.forward(&x, &x, &x, &mask).expect("forward");
                     let want = reference::forward(&config, &weights, &x, &x, &x, &mask).unwrap();
                     let err = common::max_err(got.data(), &want.output);
-                    assert!(err <= common::tolerance(&want.output), "thread {t} call {i}: error {err}");
+                    assert!(
+                        err <= common::tolerance(&want.output),
+                        "thread {t} call {i}: error {err}"
+                    );
                 }
             })
         })

@@ -10,12 +10,17 @@ fn lost_device_is_an_error_and_a_new_context_recovers() {
 
     let gpu = Gpu::new().expect("GPU tests need an adapter");
     let mha = MultiHeadAttention::new(&gpu, config, &weights).unwrap();
-    mha.forward(&x, &x, &x, &Mask::None).expect("works before the loss");
+    mha.forward(&x, &x, &x, &Mask::None)
+        .expect("works before the loss");
     gpu.device().destroy(); // what a driver reset or unplugged GPU looks like to wgpu
     let _ = gpu.device().poll(wgpu::PollType::wait_indefinitely());
-    let err = mha.forward(&x, &x, &x, &Mask::None).expect_err("the device is gone");
+    let err = mha
+        .forward(&x, &x, &x, &Mask::None)
+        .expect_err("the device is gone");
     assert!(matches!(err, Error::DeviceLost(_)), "{err}");
-    let err = MultiHeadAttention::new(&gpu, config, &weights).err().expect("cannot build on a lost device");
+    let err = MultiHeadAttention::new(&gpu, config, &weights)
+        .err()
+        .expect("cannot build on a lost device");
     assert!(matches!(err, Error::DeviceLost(_)), "{err}");
 
     // Rebuild: a fresh context and module give the right answer again.

@@ -7,7 +7,10 @@
 
 mod common;
 
-use wgpu_mha::{reference, AttentionConfig, AttentionPath, AttentionWeights, ForwardOptions, Mask, MultiHeadAttention, Tensor};
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionPath, AttentionWeights, ForwardOptions, Mask,
+    MultiHeadAttention, Tensor,
+};
 
 fn module(config: AttentionConfig) -> (AttentionWeights, MultiHeadAttention) {
     let weights = AttentionWeights::random(&config, 5);
@@ -17,8 +20,14 @@ fn module(config: AttentionConfig) -> (AttentionWeights, MultiHeadAttention) {
 
 fn both_paths() -> [ForwardOptions; 2] {
     [
-        ForwardOptions { return_probs: true, path: AttentionPath::MultiPass },
-        ForwardOptions { return_probs: false, path: AttentionPath::Fused },
+        ForwardOptions {
+            return_probs: true,
+            path: AttentionPath::MultiPass,
+        },
+        ForwardOptions {
+            return_probs: false,
+            path: AttentionPath::Fused,
+        },
     ]
 }
 
@@ -29,7 +38,9 @@ fn empty_batch_and_empty_queries_give_empty_outputs() {
         let q = Tensor::zeros([b, lq, 16]);
         let kv = Tensor::zeros([b, lk, 16]);
         for options in both_paths() {
-            let out = mha.forward_with(&q, &kv, &kv, &Mask::None, &options).unwrap();
+            let out = mha
+                .forward_with(&q, &kv, &kv, &Mask::None, &options)
+                .unwrap();
             assert_eq!(out.output.shape(), &[b, lq, 16]);
             assert!(out.output.is_empty());
         }
@@ -48,7 +59,13 @@ fn no_keys_gives_the_output_bias_like_pytorch() {
         assert_eq!(row, bias.as_slice());
     }
     let (_, per_head) = module(AttentionConfig::per_head(8, 4, 6, 2).unwrap());
-    let out = per_head.forward_cross(&Tensor::random([1, 2, 8], 1), &Tensor::zeros([1, 0, 8]), &Mask::None).unwrap();
+    let out = per_head
+        .forward_cross(
+            &Tensor::random([1, 2, 8], 1),
+            &Tensor::zeros([1, 0, 8]),
+            &Mask::None,
+        )
+        .unwrap();
     assert_eq!(out.shape(), &[1, 2, 12]);
     assert!(out.data().iter().all(|&v| v == 0.0));
 }
@@ -59,18 +76,27 @@ fn assert_matches_with_nonfinite(label: &str, got: &[f32], want: &[f64]) {
     let tol = common::tolerance(&finite);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         if w.is_nan() {
-            assert!(g.is_nan(), "{label}: element {i} is {g}, PyTorch semantics give NaN");
+            assert!(
+                g.is_nan(),
+                "{label}: element {i} is {g}, PyTorch semantics give NaN"
+            );
         } else if w.is_infinite() {
             assert_eq!(g as f64, w, "{label}: element {i}");
         } else {
-            assert!((g as f64 - w).abs() <= tol, "{label}: element {i}: {g} vs {w}");
+            assert!(
+                (g as f64 - w).abs() <= tol,
+                "{label}: element {i}: {g} vs {w}"
+            );
         }
     }
 }
 
 #[test]
 fn nan_and_inf_propagate_like_the_reference() {
-    for config in [AttentionConfig::classic(16, 2).unwrap(), AttentionConfig::per_head(12, 4, 6, 3).unwrap()] {
+    for config in [
+        AttentionConfig::classic(16, 2).unwrap(),
+        AttentionConfig::per_head(12, 4, 6, 3).unwrap(),
+    ] {
         let (weights, mha) = module(config);
         for poison in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             // Poison one query value (its row goes NaN/Inf) and, separately, one key value
@@ -80,11 +106,23 @@ fn nan_and_inf_propagate_like_the_reference() {
             let kv = Tensor::random([2, 5, config.model_dim], 2);
             let mut kv_poisoned = kv.clone();
             kv_poisoned.data_mut()[5 * config.model_dim + 2] = poison;
-            for (what, q, kv) in [("query", &q, &kv), ("key/value", &Tensor::random([2, 4, config.model_dim], 1), &kv_poisoned)] {
+            for (what, q, kv) in [
+                ("query", &q, &kv),
+                (
+                    "key/value",
+                    &Tensor::random([2, 4, config.model_dim], 1),
+                    &kv_poisoned,
+                ),
+            ] {
                 let want = reference::forward(&config, &weights, q, kv, kv, &Mask::Causal).unwrap();
-                assert!(want.output.iter().any(|v| !v.is_finite()), "the poison must reach the output");
+                assert!(
+                    want.output.iter().any(|v| !v.is_finite()),
+                    "the poison must reach the output"
+                );
                 for options in both_paths() {
-                    let got = mha.forward_with(q, kv, kv, &Mask::Causal, &options).unwrap();
+                    let got = mha
+                        .forward_with(q, kv, kv, &Mask::Causal, &options)
+                        .unwrap();
                     let label = format!("{poison} in {what}, {:?}", options.path);
                     assert_matches_with_nonfinite(&label, got.output.data(), &want.output);
                 }
@@ -100,11 +138,21 @@ fn huge_magnitudes_stay_finite_and_match() {
     let x = Tensor::random([2, 6, 16], 3).scaled(1e4);
     let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
     for options in both_paths() {
-        let got = mha.forward_with(&x, &x, &x, &Mask::Causal, &options).unwrap();
-        assert!(got.output.data().iter().all(|v| v.is_finite()), "{:?}: non-finite output", options.path);
+        let got = mha
+            .forward_with(&x, &x, &x, &Mask::Causal, &options)
+            .unwrap();
+        assert!(
+            got.output.data().iter().all(|v| v.is_finite()),
+            "{:?}: non-finite output",
+            options.path
+        );
         // Scores reach ~1e8; f32 keeps ~7 digits, so compare relative to the output's size.
         let err = common::max_err(got.output.data(), &want.output);
         let scale = want.max_abs();
-        assert!(err <= 1e-4 * scale, "{:?}: error {err:.3e} vs magnitude {scale:.3e}", options.path);
+        assert!(
+            err <= 1e-4 * scale,
+            "{:?}: error {err:.3e} vs magnitude {scale:.3e}",
+            options.path
+        );
     }
 }

@@ -3,19 +3,31 @@
 
 mod common;
 
-use wgpu_mha::{AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask, MaskTensor, MultiHeadAttention, Tensor};
+use wgpu_mha::{
+    AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask, MaskTensor,
+    MultiHeadAttention, Tensor,
+};
 
 fn classic_module() -> (AttentionConfig, MultiHeadAttention) {
     let config = AttentionConfig::classic(32, 4).unwrap();
     let weights = AttentionWeights::random(&config, 1);
-    (config, MultiHeadAttention::new(common::gpu(), config, &weights).unwrap())
+    (
+        config,
+        MultiHeadAttention::new(common::gpu(), config, &weights).unwrap(),
+    )
 }
 
 /// Runs a forward that must fail, checks nothing was allocated, returns the error.
 fn forward_err(mha: &MultiHeadAttention, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask) -> Error {
     let before = mha.workspace_bytes();
-    let err = mha.forward(q, k, v, mask).expect_err("bad input must be rejected");
-    assert_eq!(mha.workspace_bytes(), before, "a rejected call allocated GPU buffers: {err}");
+    let err = mha
+        .forward(q, k, v, mask)
+        .expect_err("bad input must be rejected");
+    assert_eq!(
+        mha.workspace_bytes(),
+        before,
+        "a rejected call allocated GPU buffers: {err}"
+    );
     err
 }
 
@@ -25,8 +37,14 @@ fn query_of_wrong_width() {
     let q = Tensor::random([2, 5, 31], 1);
     let kv = Tensor::random([2, 5, 32], 2);
     let err = forward_err(&mha, &q, &kv, &kv, &Mask::None);
-    assert!(matches!(&err, Error::Shape { what, .. } if what == "query"), "{err}");
-    assert!(err.to_string().contains("31"), "message names the width: {err}");
+    assert!(
+        matches!(&err, Error::Shape { what, .. } if what == "query"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("31"),
+        "message names the width: {err}"
+    );
 }
 
 #[test]
@@ -36,7 +54,10 @@ fn key_of_wrong_rank() {
     let k = Tensor::random([10, 32], 2);
     let v = Tensor::random([2, 5, 32], 3);
     let err = forward_err(&mha, &q, &k, &v, &Mask::None);
-    assert!(matches!(&err, Error::Shape { what, .. } if what == "key"), "{err}");
+    assert!(
+        matches!(&err, Error::Shape { what, .. } if what == "key"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -46,7 +67,10 @@ fn key_and_value_lengths_differ() {
     let k = Tensor::random([2, 6, 32], 2);
     let v = Tensor::random([2, 7, 32], 3);
     let err = forward_err(&mha, &q, &k, &v, &Mask::None);
-    assert!(matches!(&err, Error::Shape { what, .. } if what == "value"), "{err}");
+    assert!(
+        matches!(&err, Error::Shape { what, .. } if what == "value"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -55,7 +79,10 @@ fn batch_mismatch_between_query_and_key() {
     let q = Tensor::random([2, 5, 32], 1);
     let kv = Tensor::random([3, 5, 32], 2);
     let err = forward_err(&mha, &q, &kv, &kv, &Mask::None);
-    assert!(matches!(&err, Error::Shape { what, .. } if what == "key"), "{err}");
+    assert!(
+        matches!(&err, Error::Shape { what, .. } if what == "key"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -65,7 +92,10 @@ fn mask_not_broadcastable() {
     let mask = Mask::Attend(MaskTensor::new([2, 1, 5, 4], vec![1; 40]).unwrap());
     let err = forward_err(&mha, &x, &x, &x, &mask);
     assert!(matches!(err, Error::Mask(_)), "{err}");
-    assert!(err.to_string().contains("Lk"), "message names the dimension: {err}");
+    assert!(
+        err.to_string().contains("Lk"),
+        "message names the dimension: {err}"
+    );
 }
 
 #[test]
@@ -73,15 +103,24 @@ fn mask_of_rank_five() {
     let (_, mha) = classic_module();
     let x = Tensor::random([2, 5, 32], 1);
     let mask = Mask::Block(MaskTensor::new([1, 2, 1, 5, 5], vec![0; 50]).unwrap());
-    assert!(matches!(forward_err(&mha, &x, &x, &x, &mask), Error::Mask(_)));
+    assert!(matches!(
+        forward_err(&mha, &x, &x, &x, &mask),
+        Error::Mask(_)
+    ));
 }
 
 #[test]
 fn key_padding_lengths_wrong() {
     let (_, mha) = classic_module();
     let x = Tensor::random([2, 5, 32], 1);
-    assert!(matches!(forward_err(&mha, &x, &x, &x, &Mask::KeyPadding(vec![5])), Error::Mask(_)));
-    assert!(matches!(forward_err(&mha, &x, &x, &x, &Mask::KeyPadding(vec![5, 6])), Error::Mask(_)));
+    assert!(matches!(
+        forward_err(&mha, &x, &x, &x, &Mask::KeyPadding(vec![5])),
+        Error::Mask(_)
+    ));
+    assert!(matches!(
+        forward_err(&mha, &x, &x, &x, &Mask::KeyPadding(vec![5, 6])),
+        Error::Mask(_)
+    ));
 }
 
 #[test]
@@ -89,32 +128,78 @@ fn bias_mask_wrong_shape() {
     let (_, mha) = classic_module();
     let x = Tensor::random([2, 5, 32], 1);
     let mask = Mask::Bias(Tensor::random([3, 5, 5], 2));
-    assert!(matches!(forward_err(&mha, &x, &x, &x, &mask), Error::Mask(_)));
+    assert!(matches!(
+        forward_err(&mha, &x, &x, &x, &mask),
+        Error::Mask(_)
+    ));
 }
 
 #[test]
 fn mask_data_length_mismatch() {
     let err = MaskTensor::new([2, 3], vec![1; 5]).expect_err("length must match shape");
-    assert!(matches!(err, Error::DataLength { expected: 6, got: 5, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                expected: 6,
+                got: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = Tensor::new([2, 3], vec![0.0; 7]).expect_err("length must match shape");
-    assert!(matches!(err, Error::DataLength { expected: 6, got: 7, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::DataLength {
+                expected: 6,
+                got: 7,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn d_model_not_divisible_by_heads() {
     let err = AttentionConfig::classic(30, 4).expect_err("30 % 4 != 0");
     assert!(matches!(err, Error::Config(_)), "{err}");
-    assert!(err.to_string().contains("30") && err.to_string().contains('4'), "{err}");
+    assert!(
+        err.to_string().contains("30") && err.to_string().contains('4'),
+        "{err}"
+    );
 }
 
 #[test]
 fn zero_heads_and_zero_sizes() {
-    assert!(matches!(AttentionConfig::classic(32, 0), Err(Error::Config(_))));
-    assert!(matches!(AttentionConfig::per_head(16, 8, 8, 0), Err(Error::Config(_))));
-    assert!(matches!(AttentionConfig::per_head(16, 0, 8, 2), Err(Error::Config(_))));
-    assert!(matches!(AttentionConfig::per_head(0, 8, 8, 2), Err(Error::Config(_))));
-    assert!(matches!(AttentionConfig::classic(0, 1), Err(Error::Config(_))));
-    assert!(matches!(AttentionConfig::classic(32, 4).unwrap().with_scale(f32::NAN), Err(Error::Config(_))));
+    assert!(matches!(
+        AttentionConfig::classic(32, 0),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        AttentionConfig::per_head(16, 8, 8, 0),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        AttentionConfig::per_head(16, 0, 8, 2),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        AttentionConfig::per_head(0, 8, 8, 2),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        AttentionConfig::classic(0, 1),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        AttentionConfig::classic(32, 4)
+            .unwrap()
+            .with_scale(f32::NAN),
+        Err(Error::Config(_))
+    ));
 }
 
 #[test]
@@ -122,8 +207,13 @@ fn weight_of_the_wrong_shape() {
     let config = AttentionConfig::classic(32, 4).unwrap();
     let mut weights = AttentionWeights::random(&config, 1);
     weights.k = AttentionWeights::random(&AttentionConfig::classic(16, 4).unwrap(), 1).k;
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights).err().expect("mis-shaped W_k");
-    assert!(matches!(&err, Error::Weight { name, .. } if name == "W_k.weight"), "{err}");
+    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
+        .err()
+        .expect("mis-shaped W_k");
+    assert!(
+        matches!(&err, Error::Weight { name, .. } if name == "W_k.weight"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -131,12 +221,22 @@ fn missing_bias_and_missing_output_projection() {
     let config = AttentionConfig::classic(32, 4).unwrap();
     let mut weights = AttentionWeights::random(&config, 1);
     weights.v.bias = None;
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights).err().expect("missing bias");
-    assert!(matches!(&err, Error::Weight { name, .. } if name == "W_v.bias"), "{err}");
+    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
+        .err()
+        .expect("missing bias");
+    assert!(
+        matches!(&err, Error::Weight { name, .. } if name == "W_v.bias"),
+        "{err}"
+    );
     let mut weights = AttentionWeights::random(&config, 1);
     weights.o = None;
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights).err().expect("missing W_o");
-    assert!(matches!(&err, Error::Weight { name, .. } if name == "W_o.weight"), "{err}");
+    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
+        .err()
+        .expect("missing W_o");
+    assert!(
+        matches!(&err, Error::Weight { name, .. } if name == "W_o.weight"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -144,16 +244,26 @@ fn per_head_weights_for_a_different_config() {
     let config = AttentionConfig::per_head(24, 8, 12, 3).unwrap();
     let other = AttentionConfig::per_head(24, 8, 10, 3).unwrap();
     let weights = AttentionWeights::random(&other, 1);
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights).err().expect("w_v is 30 rows, not 36");
-    assert!(matches!(&err, Error::Weight { name, .. } if name == "w_v.weight"), "{err}");
+    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
+        .err()
+        .expect("w_v is 30 rows, not 36");
+    assert!(
+        matches!(&err, Error::Weight { name, .. } if name == "w_v.weight"),
+        "{err}"
+    );
 }
 
 #[test]
 fn fused_path_cannot_return_probabilities() {
     let (_, mha) = classic_module();
     let x = Tensor::random([1, 4, 32], 1);
-    let options = ForwardOptions { return_probs: true, path: AttentionPath::Fused };
-    let err = mha.forward_with(&x, &x, &x, &Mask::None, &options).expect_err("contradictory options");
+    let options = ForwardOptions {
+        return_probs: true,
+        path: AttentionPath::Fused,
+    };
+    let err = mha
+        .forward_with(&x, &x, &x, &Mask::None, &options)
+        .expect_err("contradictory options");
     assert!(matches!(err, Error::Config(_)), "{err}");
     assert_eq!(mha.workspace_bytes(), 0);
 }

@@ -345,10 +345,20 @@ fn long_keys_with_large_heads_match_the_reference() {
     let q = Tensor::random([2, 9, 64], 6);
     let kv = Tensor::random([2, 700, 64], 7);
     for mask in [Mask::None, Mask::Causal, Mask::KeyPadding(vec![300, 0])] {
-        let fused = ForwardOptions { return_probs: false, path: AttentionPath::Fused };
-        let got = mha.forward_with(&q, &kv, &kv, &mask, &fused).expect("fused");
-        let want = wgpu_mha::reference::forward(&c, &weights, &q, &kv, &kv, &mask).expect("reference");
+        let fused = ForwardOptions {
+            return_probs: false,
+            path: AttentionPath::Fused,
+        };
+        let got = mha
+            .forward_with(&q, &kv, &kv, &mask, &fused)
+            .expect("fused");
+        let want =
+            wgpu_mha::reference::forward(&c, &weights, &q, &kv, &kv, &mask).expect("reference");
         let err = max_err(got.output.data(), &want.output);
-        assert!(err <= tolerance(&want.output), "{}: error {err:.3e}", mask.kind_name());
+        assert!(
+            err <= tolerance(&want.output),
+            "{}: error {err:.3e}",
+            mask.kind_name()
+        );
     }
 }

@@ -5,7 +5,10 @@
 
 mod common;
 
-use wgpu_mha::{reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask, MultiHeadAttention, Tensor};
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask,
+    MultiHeadAttention, Tensor,
+};
 
 fn limit_bytes() -> u64 {
     common::gpu().limits().max_storage_buffer_binding_size
@@ -15,13 +18,21 @@ fn limit_bytes() -> u64 {
 fn probabilities_larger_than_a_binding_are_computed_in_query_blocks() {
     // [1, 8, 2100, 2100] f32 scores = 141 MB > 128 MiB: the multi-pass path splits queries.
     let (b, h, l) = (1, 8, 2100);
-    assert!((4 * b * h * l * l) as u64 > limit_bytes(), "shape must cross the binding limit");
+    assert!(
+        (4 * b * h * l * l) as u64 > limit_bytes(),
+        "shape must cross the binding limit"
+    );
     let config = AttentionConfig::classic(16, h).unwrap();
     let weights = AttentionWeights::random(&config, 1);
     let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
     let x = Tensor::random([b, l, 16], 2);
-    let options = ForwardOptions { return_probs: true, path: AttentionPath::MultiPass };
-    let got = mha.forward_with(&x, &x, &x, &Mask::Causal, &options).expect("split, not refused");
+    let options = ForwardOptions {
+        return_probs: true,
+        path: AttentionPath::MultiPass,
+    };
+    let got = mha
+        .forward_with(&x, &x, &x, &Mask::Causal, &options)
+        .expect("split, not refused");
     let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
     let err = common::max_err(got.output.data(), &want.output);
     assert!(err <= common::tolerance(&want.output), "output error {err}");
@@ -46,9 +57,23 @@ fn more_batch_heads_than_workgroups_per_dimension_are_split_over_batches() {
     let mask = Mask::KeyPadding(lens);
     let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
     for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
-        let got = mha.forward_with(&q, &kv, &kv, &mask, &ForwardOptions { return_probs: false, path }).unwrap();
+        let got = mha
+            .forward_with(
+                &q,
+                &kv,
+                &kv,
+                &mask,
+                &ForwardOptions {
+                    return_probs: false,
+                    path,
+                },
+            )
+            .unwrap();
         let err = common::max_err(got.output.data(), &want.output);
-        assert!(err <= common::tolerance(&want.output), "{path:?}: error {err}");
+        assert!(
+            err <= common::tolerance(&want.output),
+            "{path:?}: error {err}"
+        );
     }
 }
 
@@ -59,9 +84,14 @@ fn auto_routes_scores_past_the_limit_to_the_fused_path() {
     let weights = AttentionWeights::random(&config, 6);
     let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
     let x = Tensor::random([b, l, 16], 7);
-    let got = mha.forward_with(&x, &x, &x, &Mask::None, &ForwardOptions::default()).unwrap();
+    let got = mha
+        .forward_with(&x, &x, &x, &Mask::None, &ForwardOptions::default())
+        .unwrap();
     assert_eq!(got.path, AttentionPath::Fused);
-    assert!(mha.workspace_bytes() < limit_bytes(), "no [B, H, Lq, Lk] buffer was allocated");
+    assert!(
+        mha.workspace_bytes() < limit_bytes(),
+        "no [B, H, Lq, Lk] buffer was allocated"
+    );
 }
 
 #[test]
@@ -72,7 +102,9 @@ fn a_problem_that_cannot_fit_is_an_error_with_the_figures() {
     let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
     let q = Tensor::random([1, 1, 8], 9);
     let kv = Tensor::zeros([1, 4_200_000, 8]);
-    let err = mha.forward(&q, &kv, &kv, &Mask::None).expect_err("cannot fit");
+    let err = mha
+        .forward(&q, &kv, &kv, &Mask::None)
+        .expect_err("cannot fit");
     match &err {
         Error::TooLarge { needed, limit, .. } => {
             assert!(needed > limit);
@@ -88,6 +120,8 @@ fn weights_larger_than_a_binding_are_refused_at_construction() {
     // W_q, W_k, W_v of 4,160² floats each: 208 MB packed > 128 MiB.
     let config = AttentionConfig::per_head(4160, 4160, 1, 1).unwrap();
     let weights = AttentionWeights::random(&config, 10);
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights).err().expect("too large");
+    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
+        .err()
+        .expect("too large");
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
 }

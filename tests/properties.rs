@@ -14,12 +14,15 @@ mod common;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask, MaskTensor,
-    MultiHeadAttention, Tensor,
+    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask,
+    MaskTensor, MultiHeadAttention, Tensor,
 };
 
 fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[derive(Debug, Clone)]
@@ -43,7 +46,8 @@ fn config_pool() -> Vec<AttentionConfig> {
                 let (h, dk) = (pick(1, 8), pick(1, 8));
                 AttentionConfig::classic(h * dk, h).unwrap()
             } else {
-                AttentionConfig::per_head(pick(1, 64), pick(1, 64), pick(1, 64), pick(1, 8)).unwrap()
+                AttentionConfig::per_head(pick(1, 64), pick(1, 64), pick(1, 64), pick(1, 8))
+                    .unwrap()
             }
         })
         .collect()
@@ -71,12 +75,20 @@ fn mask_strategy(b: usize, h: usize, lq: usize, lk: usize) -> BoxedStrategy<Mask
         proptest::collection::vec(0..=lk, b).prop_map(Mask::KeyPadding),
         (shape.clone(), any::<u64>()).prop_map(|(s, seed)| {
             let n: usize = s.iter().product();
-            let data = Tensor::random([n], seed).data().iter().map(|&x| (x > -0.4) as u8).collect();
+            let data = Tensor::random([n], seed)
+                .data()
+                .iter()
+                .map(|&x| (x > -0.4) as u8)
+                .collect();
             Mask::Attend(MaskTensor::new(s, data).unwrap())
         }),
         (shape.clone(), any::<u64>()).prop_map(|(s, seed)| {
             let n: usize = s.iter().product();
-            let data = Tensor::random([n], seed).data().iter().map(|&x| (x > 0.4) as u8).collect();
+            let data = Tensor::random([n], seed)
+                .data()
+                .iter()
+                .map(|&x| (x > 0.4) as u8)
+                .collect();
             Mask::Block(MaskTensor::new(s, data).unwrap())
         }),
         (shape, any::<u64>()).prop_map(|(s, seed)| Mask::Bias(Tensor::random(s, seed).scaled(2.0))),
@@ -85,25 +97,44 @@ fn mask_strategy(b: usize, h: usize, lq: usize, lk: usize) -> BoxedStrategy<Mask
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
-    (config_strategy(), 1usize..=3, 1usize..=48, 1usize..=48, any::<bool>(), any::<u64>()).prop_flat_map(
-        |(config, batch, lq, lk, fused, seed)| {
-            mask_strategy(batch, config.heads, lq, lk)
-                .prop_map(move |mask| Problem { config, batch, lq, lk, mask, fused, seed })
-        },
+    (
+        config_strategy(),
+        1usize..=3,
+        1usize..=48,
+        1usize..=48,
+        any::<bool>(),
+        any::<u64>(),
     )
+        .prop_flat_map(|(config, batch, lq, lk, fused, seed)| {
+            mask_strategy(batch, config.heads, lq, lk).prop_map(move |mask| Problem {
+                config,
+                batch,
+                lq,
+                lk,
+                mask,
+                fused,
+                seed,
+            })
+        })
 }
 
 #[test]
 fn random_valid_problems_match_the_reference() {
     // (TestRunner takes an `Fn`: the cache lives behind a RefCell.)
-    let modules: std::cell::RefCell<Vec<(AttentionConfig, AttentionWeights, MultiHeadAttention)>> = Default::default();
-    let mut runner = TestRunner::new(Config { cases: cases(300), failure_persistence: None, ..Config::default() });
+    let modules: std::cell::RefCell<Vec<(AttentionConfig, AttentionWeights, MultiHeadAttention)>> =
+        Default::default();
+    let mut runner = TestRunner::new(Config {
+        cases: cases(300),
+        failure_persistence: None,
+        ..Config::default()
+    });
     runner
         .run(&problem_strategy(), |p| {
             let c = p.config;
             if !modules.borrow().iter().any(|(mc, _, _)| *mc == c) {
                 let weights = AttentionWeights::random(&c, p.seed);
-                let mha = MultiHeadAttention::new(common::gpu(), c, &weights).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let mha = MultiHeadAttention::new(common::gpu(), c, &weights)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 modules.borrow_mut().push((c, weights, mha));
             }
             let modules = modules.borrow();
@@ -112,13 +143,30 @@ fn random_valid_problems_match_the_reference() {
             };
             let q = Tensor::random([p.batch, p.lq, c.model_dim], p.seed ^ 1);
             let kv = Tensor::random([p.batch, p.lk, c.key_dim], p.seed ^ 2);
-            let path = if p.fused { AttentionPath::Fused } else { AttentionPath::MultiPass };
+            let path = if p.fused {
+                AttentionPath::Fused
+            } else {
+                AttentionPath::MultiPass
+            };
             let got = mha
-                .forward_with(&q, &kv, &kv, &p.mask, &ForwardOptions { return_probs: false, path })
+                .forward_with(
+                    &q,
+                    &kv,
+                    &kv,
+                    &p.mask,
+                    &ForwardOptions {
+                        return_probs: false,
+                        path,
+                    },
+                )
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let want = reference::forward(&c, &weights, &q, &kv, &kv, &p.mask).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let want = reference::forward(&c, &weights, &q, &kv, &kv, &p.mask)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let err = common::max_err(got.output.data(), &want.output);
-            prop_assert!(err <= common::tolerance(&want.output), "error {err:.3e} on {p:?}");
+            prop_assert!(
+                err <= common::tolerance(&want.output),
+                "error {err:.3e} on {p:?}"
+            );
             Ok(())
         })
         .unwrap();
@@ -128,15 +176,29 @@ fn random_valid_problems_match_the_reference() {
 #[derive(Debug, Clone)]
 enum Bad {
     /// Config numbers, possibly invalid (0, non-divisible).
-    Config { d: usize, h: usize, e: usize, qk: usize, v: usize },
+    Config {
+        d: usize,
+        h: usize,
+        e: usize,
+        qk: usize,
+        v: usize,
+    },
     /// Input tensors of random (mostly wrong) shapes.
-    Shapes { q: Vec<usize>, k: Vec<usize>, v: Vec<usize> },
+    Shapes {
+        q: Vec<usize>,
+        k: Vec<usize>,
+        v: Vec<usize>,
+    },
     /// A tensor mask of a random (mostly wrong) shape.
     MaskShape { shape: Vec<usize>, block: bool },
     /// Key padding of random length/values.
     Padding { lens: Vec<usize> },
     /// A weight matrix of a random shape.
-    WeightShape { which: usize, rows: usize, cols: usize },
+    WeightShape {
+        which: usize,
+        rows: usize,
+        cols: usize,
+    },
 }
 
 fn bad_strategy() -> impl Strategy<Value = Bad> {
@@ -147,7 +209,11 @@ fn bad_strategy() -> impl Strategy<Value = Bad> {
         (dims(), dims(), dims()).prop_map(|(q, k, v)| Bad::Shapes { q, k, v }),
         (dims(), any::<bool>()).prop_map(|(shape, block)| Bad::MaskShape { shape, block }),
         proptest::collection::vec(0usize..=12, 0..=4).prop_map(|lens| Bad::Padding { lens }),
-        (0usize..4, 0usize..=20, 0usize..=20).prop_map(|(which, rows, cols)| Bad::WeightShape { which, rows, cols }),
+        (0usize..4, 0usize..=20, 0usize..=20).prop_map(|(which, rows, cols)| Bad::WeightShape {
+            which,
+            rows,
+            cols
+        }),
     ]
 }
 
@@ -158,67 +224,100 @@ fn random_invalid_inputs_are_errors_not_panics() {
     let weights = AttentionWeights::random(&config, 3);
     let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
     let x = Tensor::random([2, 4, 8], 1);
-    let mut runner = TestRunner::new(Config { cases: cases(1200), failure_persistence: None, ..Config::default() });
+    let mut runner = TestRunner::new(Config {
+        cases: cases(1200),
+        failure_persistence: None,
+        ..Config::default()
+    });
     runner
         .run(&bad_strategy(), |bad| {
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<bool, Error> {
-                match &bad {
-                    Bad::Config { d, h, e, qk, v } => {
-                        let classic_ok = *d > 0 && *h > 0 && d % h == 0;
-                        prop_assert_eq_result(AttentionConfig::classic(*d, *h).is_ok(), classic_ok)?;
-                        let per_head_ok = *e > 0 && *qk > 0 && *v > 0 && *h > 0;
-                        prop_assert_eq_result(AttentionConfig::per_head(*e, *qk, *v, *h).is_ok(), per_head_ok)?;
-                        Ok(true)
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                || -> Result<bool, Error> {
+                    match &bad {
+                        Bad::Config { d, h, e, qk, v } => {
+                            let classic_ok = *d > 0 && *h > 0 && d % h == 0;
+                            prop_assert_eq_result(
+                                AttentionConfig::classic(*d, *h).is_ok(),
+                                classic_ok,
+                            )?;
+                            let per_head_ok = *e > 0 && *qk > 0 && *v > 0 && *h > 0;
+                            prop_assert_eq_result(
+                                AttentionConfig::per_head(*e, *qk, *v, *h).is_ok(),
+                                per_head_ok,
+                            )?;
+                            Ok(true)
+                        }
+                        Bad::Shapes { q, k, v } => {
+                            let t = |s: &Vec<usize>| Tensor::zeros(s.clone());
+                            let valid = q.len() == 3
+                                && k.len() == 3
+                                && v.len() == 3
+                                && q[2] == 8
+                                && k[2] == 8
+                                && v[2] == 8
+                                && k[0] == q[0]
+                                && v[0] == q[0]
+                                && v[1] == k[1];
+                            let r = mha.forward(&t(q), &t(k), &t(v), &Mask::None);
+                            Ok(r.is_ok() == valid)
+                        }
+                        Bad::MaskShape { shape, block } => {
+                            let n = shape.iter().product();
+                            let m = MaskTensor::new(shape.clone(), vec![1; n])?;
+                            let mask = if *block {
+                                Mask::Block(m)
+                            } else {
+                                Mask::Attend(m)
+                            };
+                            let full = [2usize, 2, 4, 4];
+                            let offset = 4 - shape.len().min(4);
+                            let axes: Vec<usize> = match shape.len() {
+                                3 => vec![0, 2, 3],
+                                _ => (offset..4).collect(),
+                            };
+                            let valid = (1..=4).contains(&shape.len())
+                                && shape
+                                    .iter()
+                                    .zip(&axes)
+                                    .all(|(&n, &a)| n == 1 || n == full[a]);
+                            let r = mha.forward(&x, &x, &x, &mask);
+                            Ok(r.is_ok() == valid)
+                        }
+                        Bad::Padding { lens } => {
+                            let valid = lens.len() == 2 && lens.iter().all(|&l| l <= 4);
+                            let r = mha.forward(&x, &x, &x, &Mask::KeyPadding(lens.clone()));
+                            Ok(r.is_ok() == valid)
+                        }
+                        Bad::WeightShape { which, rows, cols } => {
+                            let mut w = weights.clone();
+                            let layer = match which {
+                                0 => &mut w.q,
+                                1 => &mut w.k,
+                                2 => &mut w.v,
+                                _ => w.o.as_mut().unwrap(),
+                            };
+                            *layer = wgpu_mha::Linear {
+                                out_features: *rows,
+                                in_features: *cols,
+                                weight: vec![0.0; rows * cols],
+                                bias: Some(vec![0.0; *rows]),
+                            };
+                            let valid = *rows == 8 && *cols == 8;
+                            Ok(MultiHeadAttention::new(common::gpu(), config, &w).is_ok() == valid)
+                        }
                     }
-                    Bad::Shapes { q, k, v } => {
-                        let t = |s: &Vec<usize>| Tensor::zeros(s.clone());
-                        let valid = q.len() == 3 && k.len() == 3 && v.len() == 3
-                            && q[2] == 8 && k[2] == 8 && v[2] == 8
-                            && k[0] == q[0] && v[0] == q[0] && v[1] == k[1];
-                        let r = mha.forward(&t(q), &t(k), &t(v), &Mask::None);
-                        Ok(r.is_ok() == valid)
-                    }
-                    Bad::MaskShape { shape, block } => {
-                        let n = shape.iter().product();
-                        let m = MaskTensor::new(shape.clone(), vec![1; n])?;
-                        let mask = if *block { Mask::Block(m) } else { Mask::Attend(m) };
-                        let full = [2usize, 2, 4, 4];
-                        let offset = 4 - shape.len().min(4);
-                        let axes: Vec<usize> = match shape.len() { 3 => vec![0, 2, 3], _ => (offset..4).collect() };
-                        let valid = (1..=4).contains(&shape.len())
-                            && shape.iter().zip(&axes).all(|(&n, &a)| n == 1 || n == full[a]);
-                        let r = mha.forward(&x, &x, &x, &mask);
-                        Ok(r.is_ok() == valid)
-                    }
-                    Bad::Padding { lens } => {
-                        let valid = lens.len() == 2 && lens.iter().all(|&l| l <= 4);
-                        let r = mha.forward(&x, &x, &x, &Mask::KeyPadding(lens.clone()));
-                        Ok(r.is_ok() == valid)
-                    }
-                    Bad::WeightShape { which, rows, cols } => {
-                        let mut w = weights.clone();
-                        let layer = match which {
-                            0 => &mut w.q,
-                            1 => &mut w.k,
-                            2 => &mut w.v,
-                            _ => w.o.as_mut().unwrap(),
-                        };
-                        *layer = wgpu_mha::Linear {
-                            out_features: *rows,
-                            in_features: *cols,
-                            weight: vec![0.0; rows * cols],
-                            bias: Some(vec![0.0; *rows]),
-                        };
-                        let valid = *rows == 8 && *cols == 8;
-                        Ok(MultiHeadAttention::new(common::gpu(), config, &w).is_ok() == valid)
-                    }
-                }
-            }));
+                },
+            ));
             match outcome {
                 Err(_) => Err(TestCaseError::fail(format!("panicked on {bad:?}"))),
-                Ok(Err(e)) => Err(TestCaseError::fail(format!("unexpected error on {bad:?}: {e}"))),
+                Ok(Err(e)) => Err(TestCaseError::fail(format!(
+                    "unexpected error on {bad:?}: {e}"
+                ))),
                 Ok(Ok(consistent)) => {
-                    prop_assert!(consistent, "accepted an invalid input or rejected a valid one: {bad:?}");
+                    prop_assert!(
+                        consistent,
+                        "accepted an invalid input or rejected a valid one: {bad:?}"
+                    );
                     Ok(())
                 }
             }
@@ -240,17 +339,42 @@ fn prop_assert_eq_result(got: bool, want: bool) -> Result<(), Error> {
 /// 1,000 files by default.
 #[test]
 fn corrupted_and_truncated_files_never_panic() {
-    let case = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/classic_b2_lq3_lk5_d24_h3_headmask.safetensors")).unwrap();
-    let weights = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/weights/mha_separate_e32_h4_k20_v12.safetensors")).unwrap();
-    let strategy = (any::<bool>(), any::<bool>(), proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6), any::<prop::sample::Index>());
-    let mut runner = TestRunner::new(Config { cases: cases(1000), failure_persistence: None, ..Config::default() });
+    let case = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/classic_b2_lq3_lk5_d24_h3_headmask.safetensors"
+    ))
+    .unwrap();
+    let weights = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/weights/mha_separate_e32_h4_k20_v12.safetensors"
+    ))
+    .unwrap();
+    let strategy = (
+        any::<bool>(),
+        any::<bool>(),
+        proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+        any::<prop::sample::Index>(),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: cases(1000),
+        failure_persistence: None,
+        ..Config::default()
+    });
     runner
         .run(&strategy, |(use_case, truncate, flips, cut)| {
-            let mut bytes = if use_case { case.clone() } else { weights.clone() };
+            let mut bytes = if use_case {
+                case.clone()
+            } else {
+                weights.clone()
+            };
             // Bias the damage towards the JSON header, where parsing happens.
             let header_len = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
             for (at, value) in &flips {
-                let pos = if at.index(2) == 0 { at.index(header_len) } else { at.index(bytes.len()) };
+                let pos = if at.index(2) == 0 {
+                    at.index(header_len)
+                } else {
+                    at.index(bytes.len())
+                };
                 bytes[pos] = *value;
             }
             if truncate {
@@ -265,7 +389,10 @@ fn corrupted_and_truncated_files_never_panic() {
                     let _ = AttentionWeights::from_safetensors_bytes(&bytes, "", None);
                 }
             }));
-            prop_assert!(outcome.is_ok(), "panicked on a damaged file (flips {flips:?}, truncate {truncate})");
+            prop_assert!(
+                outcome.is_ok(),
+                "panicked on a damaged file (flips {flips:?}, truncate {truncate})"
+            );
             Ok(())
         })
         .unwrap();

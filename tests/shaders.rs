@@ -25,15 +25,21 @@ fn with_snippets(source: &str, shaders: &Path) -> String {
         prefix += &std::fs::read_to_string(shaders.join("mask.wgsl")).expect("mask.wgsl");
     }
     let full = format!("{prefix}\n{source}");
-    let (enables, rest): (Vec<&str>, Vec<&str>) = full.lines().partition(|l| l.trim_start().starts_with("enable "));
+    let (enables, rest): (Vec<&str>, Vec<&str>) = full
+        .lines()
+        .partition(|l| l.trim_start().starts_with("enable "));
     format!("{}\n{}", enables.join("\n"), rest.join("\n"))
 }
 
 fn validate(name: &str, source: &str) -> Result<(), String> {
-    let module = naga::front::wgsl::parse_str(source).map_err(|e| format!("{name}: parse: {}", e.emit_to_string(source)))?;
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-        .validate(&module)
-        .map_err(|e| format!("{name}: validation: {}", e.emit_to_string(source)))?;
+    let module = naga::front::wgsl::parse_str(source)
+        .map_err(|e| format!("{name}: parse: {}", e.emit_to_string(source)))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("{name}: validation: {}", e.emit_to_string(source)))?;
     Ok(())
 }
 
@@ -42,11 +48,18 @@ fn every_shader_file_validates() {
     let shaders = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
     let mut files = Vec::new();
     wgsl_files(&shaders, &mut files);
-    assert!(files.len() >= 7, "expected the pass shaders, found {files:?}");
+    assert!(
+        files.len() >= 7,
+        "expected the pass shaders, found {files:?}"
+    );
     let mut failures = Vec::new();
     let mut validated = 0;
     for path in &files {
-        let name = path.strip_prefix(&shaders).unwrap_or(path).display().to_string();
+        let name = path
+            .strip_prefix(&shaders)
+            .unwrap_or(path)
+            .display()
+            .to_string();
         let source = std::fs::read_to_string(path).expect("readable shader");
         // Snippets (no entry point, e.g. gemm_tile.wgsl calling the pass's load_a/load_b) are
         // validated inside the passes that prepend them.
@@ -58,7 +71,11 @@ fn every_shader_file_validates() {
             Err(e) => failures.push(e),
         }
     }
-    assert!(failures.is_empty(), "invalid shaders:\n{}", failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "invalid shaders:\n{}",
+        failures.join("\n\n")
+    );
     assert!(validated >= 5, "validated only {validated} pass files");
 }
 
@@ -75,5 +92,9 @@ fn flash_attention_validates_for_odd_head_sizes() {
 #[test]
 fn a_broken_shader_is_rejected() {
     // The validator is not a no-op: an undefined identifier must fail.
-    assert!(validate("broken", "@compute @workgroup_size(1) fn main() { let x = undefined_thing; }").is_err());
+    assert!(validate(
+        "broken",
+        "@compute @workgroup_size(1) fn main() { let x = undefined_thing; }"
+    )
+    .is_err());
 }

@@ -71,7 +71,14 @@ fn linear_rejects_bad_lengths() {
 
 /// f64 attention core on head-split inputs: returns (masked scaled scores, probabilities,
 /// combined output [B, Lq, H·dv]). `keep(b, h, i, j)` says whether a score survives.
-fn core_f64(q: &[f32], k: &[f32], v: &[f32], d: CoreDims, scale: f64, keep: &dyn Fn(usize, usize, usize, usize) -> bool) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn core_f64(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d: CoreDims,
+    scale: f64,
+    keep: &dyn Fn(usize, usize, usize, usize) -> bool,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (dk, dv) = (d.qk_head_dim, d.v_head_dim);
     let mut scores = vec![0.0; d.batch * d.heads * d.lq * d.lk];
     let mut probs = scores.clone();
@@ -82,7 +89,11 @@ fn core_f64(q: &[f32], k: &[f32], v: &[f32], d: CoreDims, scale: f64, keep: &dyn
             for i in 0..d.lq {
                 let row = &mut scores[(z * d.lq + i) * d.lk..][..d.lk];
                 for (j, s) in row.iter_mut().enumerate() {
-                    let dot: f64 = (0..dk).map(|e| q[(z * d.lq + i) * dk + e] as f64 * k[(z * d.lk + j) * dk + e] as f64).sum();
+                    let dot: f64 = (0..dk)
+                        .map(|e| {
+                            q[(z * d.lq + i) * dk + e] as f64 * k[(z * d.lk + j) * dk + e] as f64
+                        })
+                        .sum();
                     *s = if keep(b, h, i, j) { scale * dot } else { -1e9 };
                 }
                 let max = row.iter().cloned().fold(f64::MIN, f64::max);
@@ -92,7 +103,9 @@ fn core_f64(q: &[f32], k: &[f32], v: &[f32], d: CoreDims, scale: f64, keep: &dyn
                     *pj = (s - max).exp() / sum;
                 }
                 for e in 0..dv {
-                    let acc: f64 = (0..d.lk).map(|j| p[j] * v[(z * d.lk + j) * dv + e] as f64).sum();
+                    let acc: f64 = (0..d.lk)
+                        .map(|j| p[j] * v[(z * d.lk + j) * dv + e] as f64)
+                        .sum();
                     out[(b * d.lq + i) * d.heads * dv + h * dv + e] = acc;
                 }
             }
@@ -212,26 +225,64 @@ fn assert_close(label: &str, got: &[f32], want: &[f64]) {
 /// Sizes for the masked tests: tile edges, Lq = 1, Lk = 1, dk ≠ dv.
 fn dims() -> Vec<CoreDims> {
     vec![
-        CoreDims { batch: 2, heads: 3, lq: 7, lk: 13, qk_head_dim: 24, v_head_dim: 24 },
-        CoreDims { batch: 1, heads: 2, lq: 70, lk: 65, qk_head_dim: 16, v_head_dim: 8 },
-        CoreDims { batch: 3, heads: 1, lq: 1, lk: 9, qk_head_dim: 5, v_head_dim: 7 },
-        CoreDims { batch: 1, heads: 4, lq: 12, lk: 1, qk_head_dim: 64, v_head_dim: 64 },
+        CoreDims {
+            batch: 2,
+            heads: 3,
+            lq: 7,
+            lk: 13,
+            qk_head_dim: 24,
+            v_head_dim: 24,
+        },
+        CoreDims {
+            batch: 1,
+            heads: 2,
+            lq: 70,
+            lk: 65,
+            qk_head_dim: 16,
+            v_head_dim: 8,
+        },
+        CoreDims {
+            batch: 3,
+            heads: 1,
+            lq: 1,
+            lk: 9,
+            qk_head_dim: 5,
+            v_head_dim: 7,
+        },
+        CoreDims {
+            batch: 1,
+            heads: 4,
+            lq: 12,
+            lk: 1,
+            qk_head_dim: 64,
+            v_head_dim: 64,
+        },
     ]
 }
 
 fn inputs(d: &CoreDims) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let z = d.batch * d.heads;
-    (rand(z * d.lq * d.qk_head_dim, 4), rand(z * d.lk * d.qk_head_dim, 5), rand(z * d.lk * d.v_head_dim, 6))
+    (
+        rand(z * d.lq * d.qk_head_dim, 4),
+        rand(z * d.lk * d.qk_head_dim, 5),
+        rand(z * d.lk * d.v_head_dim, 6),
+    )
 }
 
 /// Causal (bottom-right) and a random [B, Lq, Lk] block mask with its keep rule.
 fn masks(d: &CoreDims) -> Vec<(Mask, Box<dyn Fn(usize, usize, usize, usize) -> bool>)> {
     let (lq, lk) = (d.lq, d.lk);
-    let bytes: Vec<u8> = rand(d.batch * lq * lk, 7).iter().map(|&x| (x > 0.3) as u8).collect();
+    let bytes: Vec<u8> = rand(d.batch * lq * lk, 7)
+        .iter()
+        .map(|&x| (x > 0.3) as u8)
+        .collect();
     let blocked = bytes.clone();
     vec![
         (Mask::None, Box::new(|_, _, _, _| true)),
-        (Mask::Causal, Box::new(move |_, _, i, j| j as i64 <= i as i64 + lk as i64 - lq as i64)),
+        (
+            Mask::Causal,
+            Box::new(move |_, _, i, j| j as i64 <= i as i64 + lk as i64 - lq as i64),
+        ),
         (
             Mask::Block(MaskTensor::new([d.batch, lq, lk], bytes).unwrap()),
             Box::new(move |b, _, i, j| blocked[(b * lq + i) * lk + j] == 0),
@@ -245,7 +296,14 @@ fn scores_matches_f64_with_masks() {
         let (q, k, _) = inputs(&d);
         let scale = 1.0 / (d.qk_head_dim as f64).sqrt();
         for (mask, keep) in masks(&d) {
-            let (want, _, _) = core_f64(&q, &k, &[0.0; 0], CoreDims { v_head_dim: 0, ..d }, scale, &*keep);
+            let (want, _, _) = core_f64(
+                &q,
+                &k,
+                &[0.0; 0],
+                CoreDims { v_head_dim: 0, ..d },
+                scale,
+                &*keep,
+            );
             let got = standalone::scores(common::gpu(), &q, &k, d, scale as f32, &mask).unwrap();
             assert_close(&format!("scores {d:?} {}", mask.kind_name()), &got, &want);
         }
@@ -270,7 +328,9 @@ fn softmax_matches_f64_including_masked_and_large_rows() {
             .flat_map(|row| {
                 let max = row.iter().map(|&x| x as f64).fold(f64::MIN, f64::max);
                 let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-                row.iter().map(move |&x| (x as f64 - max).exp() / sum).collect::<Vec<_>>()
+                row.iter()
+                    .map(move |&x| (x as f64 - max).exp() / sum)
+                    .collect::<Vec<_>>()
             })
             .collect();
         let got = standalone::softmax(common::gpu(), &s, rows, cols).unwrap();
@@ -286,9 +346,13 @@ fn flash_and_multipass_cores_match_f64_with_masks() {
         for (mask, keep) in masks(&d) {
             let (_, _, want) = core_f64(&q, &k, &v, d, scale, &*keep);
             let label = format!("{d:?} {}", mask.kind_name());
-            let flash = standalone::flash_attention(common::gpu(), &q, &k, &v, d, scale as f32, &mask).unwrap();
+            let flash =
+                standalone::flash_attention(common::gpu(), &q, &k, &v, d, scale as f32, &mask)
+                    .unwrap();
             assert_close(&format!("flash {label}"), &flash, &want);
-            let multi = standalone::attention_multipass(common::gpu(), &q, &k, &v, d, scale as f32, &mask).unwrap();
+            let multi =
+                standalone::attention_multipass(common::gpu(), &q, &k, &v, d, scale as f32, &mask)
+                    .unwrap();
             assert_close(&format!("multipass {label}"), &multi, &want);
         }
     }

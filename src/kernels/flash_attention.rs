@@ -46,7 +46,12 @@ pub fn carry_stride(v_head_dim: usize) -> usize {
 /// with wrong results — so on a CPU adapter a dispatch covers only as many keys as keep one
 /// invocation well under that count (the estimate is conservative: it assumes no loop is
 /// unrolled). On GPUs ranges of 8,192 keys keep each dispatch short enough for driver watchdogs.
-pub fn tiles_per_dispatch(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32, software: bool) -> u32 {
+pub fn tiles_per_dispatch(
+    qk_head_dim: usize,
+    v_head_dim: usize,
+    kv_tile: u32,
+    software: bool,
+) -> u32 {
     let keys = if software {
         let (dk4, dv4) = (qk_head_dim.div_ceil(4), v_head_dim.div_ceil(4));
         // Per key: the score loop over dk4, the P·V loop over dv4, and the staging, softmax
@@ -68,7 +73,8 @@ pub fn key_ranges(lk: usize, kv_tile: u32, tiles_per_dispatch: u32) -> Vec<(u32,
         .step_by(step as usize)
         .map(|begin| {
             let end = (begin + step).min(tiles);
-            let flags = if begin > 0 { CARRY_IN } else { 0 } | if end < tiles { CARRY_OUT } else { 0 };
+            let flags =
+                if begin > 0 { CARRY_IN } else { 0 } | if end < tiles { CARRY_OUT } else { 0 };
             (begin, end, flags)
         })
         .collect()
