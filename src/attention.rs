@@ -448,22 +448,15 @@ impl MultiHeadAttention {
         mask: &Mask,
         options: &ForwardOptions,
     ) -> Result<GpuForwardOutput> {
-        check_input_shapes(&self.config, query.shape(), key.shape(), value.shape())?;
-        let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
-        let heads = self.config.heads;
-        let dims = AttnDims {
+        let (dims, resolved, path) =
+            self.plan(query.shape(), key.shape(), value.shape(), mask, options)?;
+        let AttnDims {
             batch,
             heads,
             lq,
             lk,
-        };
-        let resolved = mask.resolve(dims)?;
-        let fused = self.choose_path(options)?;
-        let path = if fused {
-            AttentionPath::Fused
-        } else {
-            AttentionPath::MultiPass
-        };
+        } = dims;
+        let fused = path == AttentionPath::Fused;
         if batch == 0 || lq == 0 || lk == 0 {
             let host = self.empty_forward(dims, options, path);
             return Ok(GpuForwardOutput {
@@ -552,22 +545,10 @@ impl MultiHeadAttention {
         options: &ForwardOptions,
         timer: Option<&mut PassTimer>,
     ) -> Result<ForwardOutput> {
-        // Everything about the input is checked before anything touches the GPU.
-        check_inputs(&self.config, query, key, value)?;
-        let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
-        let dims = AttnDims {
-            batch,
-            heads: self.config.heads,
-            lq,
-            lk,
-        };
-        let resolved = mask.resolve(dims)?;
-        let fused = self.choose_path(options)?;
-        let path = if fused {
-            AttentionPath::Fused
-        } else {
-            AttentionPath::MultiPass
-        };
+        let (dims, resolved, path) =
+            self.plan(query.shape(), key.shape(), value.shape(), mask, options)?;
+        let AttnDims { batch, lq, lk, .. } = dims;
+        let fused = path == AttentionPath::Fused;
         if batch == 0 || lq == 0 || lk == 0 {
             return Ok(self.empty_forward(dims, options, path));
         }
@@ -853,6 +834,32 @@ impl MultiHeadAttention {
     }
 
     /// Picks fused or multi-pass, and refuses problems that fit neither.
+    /// What every forward settles before anything touches the GPU: the input shapes are
+    /// checked, the mask is checked and lowered, and the path is chosen.
+    fn plan(
+        &self,
+        query: &[usize],
+        key: &[usize],
+        value: &[usize],
+        mask: &Mask,
+        options: &ForwardOptions,
+    ) -> Result<(AttnDims, ResolvedMask, AttentionPath)> {
+        check_input_shapes(&self.config, query, key, value)?;
+        let dims = AttnDims {
+            batch: query[0],
+            heads: self.config.heads,
+            lq: query[1],
+            lk: key[1],
+        };
+        let resolved = mask.resolve(dims)?;
+        let path = if self.choose_path(options)? {
+            AttentionPath::Fused
+        } else {
+            AttentionPath::MultiPass
+        };
+        Ok((dims, resolved, path))
+    }
+
     fn choose_path(&self, options: &ForwardOptions) -> Result<bool> {
         let fused_ok = self.flash.is_some();
         match options.path {
