@@ -30,6 +30,29 @@ pub enum AttentionPath {
     Fused,
 }
 
+/// Storage precision of a module, chosen at construction
+/// ([`MultiHeadAttention::with_precision`]).
+///
+/// With `F16` the projection weights are uploaded as f16 and the projected, head-split Q/K/V are
+/// stored as f16; every GEMM and the attention core accumulate in f32, and the softmax
+/// statistics (running max and sum) are f32. Inputs, biases, the combined heads and the output
+/// stay f32. Weights beyond f16's range (±65504) become infinite.
+///
+/// An `F16` module runs only the fused attention path: asking it for attention probabilities or
+/// for [`AttentionPath::MultiPass`] is `Err(Unsupported)`, and so is a [`crate::KvCache`] over
+/// it. Use an `F32` module for those.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// f32 everywhere (what [`MultiHeadAttention::new`] builds).
+    #[default]
+    F32,
+    /// f16 weights and Q/K/V; `Err(Unsupported)` where the adapter lacks `SHADER_F16` or the
+    /// head sizes do not fit the fused kernel.
+    F16,
+    /// `F16` where it is supported, else `F32` (see [`MultiHeadAttention::precision`]).
+    PreferF16,
+}
+
 /// Options of one forward call.
 #[derive(Debug, Clone, Default)]
 pub struct ForwardOptions {
@@ -99,8 +122,9 @@ pub(crate) struct GpuWeights {
 /// One projection dispatch of a workspace.
 struct Projection {
     _params: wgpu::Buffer,
-    /// Which GEMM kernel: the vec4 one only where the host proved every index in range.
-    variant: LinearVariant,
+    /// Which GEMM kernel: the vec4 one only where the host proved every index in range; the
+    /// f16 scalar ones in an f16 module.
+    pass: Arc<Pass>,
     bind: wgpu::BindGroup,
     workgroups: [u32; 3],
 }
@@ -155,6 +179,10 @@ pub struct MultiHeadAttention {
     pub(crate) softmax: Arc<Pass>,
     pub(crate) av_combine: Arc<Pass>,
     pub(crate) flash: Option<Arc<Pass>>,
+    /// `F32` or `F16` (never `PreferF16`): what this module runs.
+    precision: Precision,
+    /// In an f16 module: the Q/K/V projection (f16 out) and `W_o` (f32 out) passes.
+    linear_f16: Option<(Arc<Pass>, Arc<Pass>)>,
     /// Keys per staged flash tile, and tiles per flash dispatch (see `tiles_per_dispatch`).
     pub(crate) flash_tile: u32,
     pub(crate) flash_tiles_per_dispatch: u32,
@@ -195,6 +223,21 @@ fn slice_rows(
         );
     }
     Tensor::from_parts([batches.len(), positions.len(), w], data)
+}
+
+/// Uploads `data` as f32, or converted to f16 when `as_f16` (byte size rounded up to 4, at least 16).
+fn upload_as(device: &wgpu::Device, label: &str, data: &[f32], as_f16: bool) -> wgpu::Buffer {
+    if !as_f16 {
+        return upload(device, label, data);
+    }
+    use wgpu::util::DeviceExt;
+    let mut packed: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+    packed.resize(data.len().max(8).next_multiple_of(2), half::f16::ZERO);
+    device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some(label),
+        contents: bytemuck::cast_slice(&packed),
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+    })
 }
 
 fn upload(device: &wgpu::Device, label: &str, data: &[f32]) -> wgpu::Buffer {
@@ -257,13 +300,51 @@ pub(crate) fn check_input_shapes(
 }
 
 impl MultiHeadAttention {
-    /// Builds the pipelines and uploads the weights (checked against the config first).
+    /// Builds the pipelines and uploads the weights (checked against the config first); f32
+    /// throughout ([`Precision::F32`]).
     pub fn new(gpu: &Gpu, config: AttentionConfig, weights: &AttentionWeights) -> Result<Self> {
+        Self::with_precision(gpu, config, weights, Precision::F32)
+    }
+
+    /// [`new`](Self::new) with a storage precision (see [`Precision`]). `F16` is
+    /// `Err(Unsupported)` on an adapter without `SHADER_F16` or for head sizes the fused kernel
+    /// cannot stage; `PreferF16` falls back to `F32` in both cases.
+    pub fn with_precision(
+        gpu: &Gpu,
+        config: AttentionConfig,
+        weights: &AttentionWeights,
+        precision: Precision,
+    ) -> Result<Self> {
         let config = config.validated()?;
         weights.check(&config)?;
+        let flash_fits =
+            kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim).is_some();
+        let precision = match precision {
+            Precision::F32 => Precision::F32,
+            Precision::PreferF16 if gpu.has_f16() && flash_fits => Precision::F16,
+            Precision::PreferF16 => Precision::F32,
+            Precision::F16 if !gpu.has_f16() => {
+                return Err(Error::Unsupported {
+                    adapter: gpu.describe(),
+                    what: "f16 precision (the adapter lacks SHADER_F16)".into(),
+                })
+            }
+            Precision::F16 if !flash_fits => {
+                return Err(Error::Unsupported {
+                    adapter: gpu.describe(),
+                    what: format!(
+                        "f16 precision with head sizes q/k {} + v {} (f16 runs only the fused kernel, whose K/V row must fit 16 KiB of workgroup memory)",
+                        config.qk_head_dim, config.v_head_dim
+                    ),
+                })
+            }
+            Precision::F16 => Precision::F16,
+        };
+        let half = precision == Precision::F16;
+        let elem = if half { 2 } else { 4 };
         let limit = gpu.limits().max_storage_buffer_binding_size;
-        let weight_bytes =
-            4 * (weights.q.weight.len() + weights.k.weight.len() + weights.v.weight.len()) as u64;
+        let weight_bytes = elem
+            * (weights.q.weight.len() + weights.k.weight.len() + weights.v.weight.len()) as u64;
         if weight_bytes > limit {
             return Err(Error::TooLarge {
                 what: "the Q/K/V projection weights".into(),
@@ -272,7 +353,7 @@ impl MultiHeadAttention {
             });
         }
         if let Some(o) = &weights.o {
-            let needed = 4 * o.weight.len() as u64;
+            let needed = elem * o.weight.len() as u64;
             if needed > limit {
                 return Err(Error::TooLarge {
                     what: "the output projection weight".into(),
@@ -291,11 +372,11 @@ impl MultiHeadAttention {
             b_qkv.extend(bias_of(&weights.k));
             b_qkv.extend(bias_of(&weights.v));
             let gpu_weights = GpuWeights {
-                w_qkv: upload(device, "W_qkv", &w_qkv),
+                w_qkv: upload_as(device, "W_qkv", &w_qkv, half),
                 b_qkv: upload(device, "b_qkv", &b_qkv),
                 w_o: weights.o.as_ref().map(|o| {
                     (
-                        upload(device, "W_o", &o.weight),
+                        upload_as(device, "W_o", &o.weight, half),
                         upload(device, "b_o", &bias_of(o)),
                     )
                 }),
@@ -308,9 +389,27 @@ impl MultiHeadAttention {
                 kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim);
             let flash = flash_tile.map(|tile| {
                 let (dk, dv) = (config.qk_head_dim, config.v_head_dim);
-                gpu.pass(
-                    &format!("flash_attention dk={dk} dv={dv} tile={tile}"),
-                    || kernels::flash_attention::pass(device, dk, dv, tile),
+                if half {
+                    gpu.pass(
+                        &format!("flash_attention f16 dk={dk} dv={dv} tile={tile}"),
+                        || kernels::flash_attention::pass_f16(device, dk, dv, tile),
+                    )
+                } else {
+                    gpu.pass(
+                        &format!("flash_attention dk={dk} dv={dv} tile={tile}"),
+                        || kernels::flash_attention::pass(device, dk, dv, tile),
+                    )
+                }
+            });
+            let linear_f16 = half.then(|| {
+                use kernels::linear::F16Output;
+                (
+                    gpu.pass("linear f16 out=f16", || {
+                        kernels::linear::pass_f16(device, F16Output::Half)
+                    }),
+                    gpu.pass("linear f16 out=f32", || {
+                        kernels::linear::pass_f16(device, F16Output::Full)
+                    }),
                 )
             });
             let flash_tile = flash_tile.unwrap_or(1);
@@ -334,6 +433,8 @@ impl MultiHeadAttention {
                 softmax: gpu.pass("softmax", || kernels::softmax::pass(device)),
                 av_combine: gpu.pass("av_combine", || kernels::av_combine::pass(device)),
                 flash,
+                precision,
+                linear_f16,
                 flash_tile,
                 flash_tiles_per_dispatch,
                 weights: gpu_weights,
@@ -349,6 +450,10 @@ impl MultiHeadAttention {
     }
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+    /// The precision this module runs: `F32` or `F16` (a `PreferF16` request resolved).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Seed 000's `forward(Q, K, V, mask)`: `[B, Lq, d]`, `[B, Lk, d]`, `[B, Lk, d]` → `[B, Lq, d]`.
@@ -763,7 +868,7 @@ impl MultiHeadAttention {
         result?
     }
 
-    fn linear_pass(&self, variant: LinearVariant) -> &Pass {
+    fn linear_pass(&self, variant: LinearVariant) -> &Arc<Pass> {
         match variant {
             LinearVariant::Scalar => &self.linear,
             LinearVariant::Vec4 => &self.linear_vec4,
@@ -779,12 +884,8 @@ impl MultiHeadAttention {
     ) {
         // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
         for p in &ws.projections {
-            self.linear_pass(p.variant).dispatch(
-                encoder,
-                &p.bind,
-                p.workgroups,
-                timer.as_deref_mut(),
-            );
+            p.pass
+                .dispatch(encoder, &p.bind, p.workgroups, timer.as_deref_mut());
         }
         if ws.key.fused {
             // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V), without the scores buffer
@@ -813,12 +914,7 @@ impl MultiHeadAttention {
         }
         // output = W_o(combined), when the module has an output projection
         if let Some(p) = &ws.out_proj {
-            self.linear_pass(p.variant).dispatch(
-                encoder,
-                &p.bind,
-                p.workgroups,
-                timer.as_deref_mut(),
-            );
+            p.pass.dispatch(encoder, &p.bind, p.workgroups, timer);
         }
     }
 
@@ -862,6 +958,13 @@ impl MultiHeadAttention {
 
     fn choose_path(&self, options: &ForwardOptions) -> Result<bool> {
         let fused_ok = self.flash.is_some();
+        let multi_pass = options.return_probs || options.path == AttentionPath::MultiPass;
+        if self.precision == Precision::F16 && multi_pass {
+            return Err(Error::Unsupported {
+                adapter: self.gpu.describe(),
+                what: "the multi-pass path (attention probabilities or AttentionPath::MultiPass) in an f16 module; build it with Precision::F32".into(),
+            });
+        }
         match options.path {
             AttentionPath::Fused if options.return_probs => Err(Error::Config(
                 "the fused path cannot return attention probabilities; use Auto or MultiPass".into(),
@@ -1032,6 +1135,14 @@ impl MultiHeadAttention {
         kernels::flash_attention::key_ranges(lk, self.flash_tile, self.flash_tiles_per_dispatch)
     }
 
+    /// Bytes per element of the projected Q/K/V buffer.
+    fn qkv_elem_bytes(&self) -> u64 {
+        match self.precision {
+            Precision::F16 => 2,
+            _ => 4,
+        }
+    }
+
     /// Whether one shape's workspace and dispatches fit the device's limits.
     fn check_limits(&self, key: ShapeKey) -> Result<()> {
         let c = &self.config;
@@ -1061,8 +1172,14 @@ impl MultiHeadAttention {
                 },
             ),
         ];
+        let qkv_elem = self.qkv_elem_bytes();
         for (what, elems) in sizes {
-            let needed = 4 * elems as u64;
+            let elem = if what == "projected Q, K, V" {
+                qkv_elem
+            } else {
+                4
+            };
+            let needed = elem * elems as u64;
             let limit = limits
                 .max_storage_buffer_binding_size
                 .min(limits.max_buffer_size);
@@ -1123,7 +1240,7 @@ impl MultiHeadAttention {
         let qkv = storage_buffer(
             device,
             "Q|K|V head-split",
-            4 * (q_elems + k_elems + v_elems) as u64,
+            self.qkv_elem_bytes() * (q_elems + k_elems + v_elems) as u64,
             none,
         );
         let scores = (!key.fused).then(|| {
@@ -1227,14 +1344,20 @@ impl MultiHeadAttention {
                         bias_buffer,
                         &qkv,
                     );
-                    let variant = kernels::linear::variant(&p, &bound);
-                    let bind = self.linear_pass(variant).bind(
+                    let (pass, variant) = match &self.linear_f16 {
+                        Some((qkv_f16, _)) => (qkv_f16.clone(), LinearVariant::Scalar),
+                        None => {
+                            let variant = kernels::linear::variant(&p, &bound);
+                            (self.linear_pass(variant).clone(), variant)
+                        }
+                    };
+                    let bind = pass.bind(
                         device,
                         &[&params, &inputs[input], &w.w_qkv, bias_buffer, &qkv],
                     );
                     Projection {
                         _params: params,
-                        variant,
+                        pass,
                         bind,
                         workgroups: kernels::linear::workgroups(&p, variant),
                     }
@@ -1358,13 +1481,17 @@ impl MultiHeadAttention {
                 let params = kernels::uniform_buffer(device, "W_o params", &p);
                 let bias = if c.bias { b_o } else { &self.empty };
                 let bound = kernels::linear::BoundElems::of(&combined, w_o, bias, output);
-                let variant = kernels::linear::variant(&p, &bound);
-                let bind = self
-                    .linear_pass(variant)
-                    .bind(device, &[&params, &combined, w_o, bias, output]);
+                let (pass, variant) = match &self.linear_f16 {
+                    Some((_, out_f16)) => (out_f16.clone(), LinearVariant::Scalar),
+                    None => {
+                        let variant = kernels::linear::variant(&p, &bound);
+                        (self.linear_pass(variant).clone(), variant)
+                    }
+                };
+                let bind = pass.bind(device, &[&params, &combined, w_o, bias, output]);
                 Some(Projection {
                     _params: params,
-                    variant,
+                    pass,
                     bind,
                     workgroups: kernels::linear::workgroups(&p, variant),
                 })

@@ -71,6 +71,9 @@ impl std::fmt::Debug for KvCache {
 impl KvCache {
     /// An empty cache for `batch` sequences of up to `capacity` tokens each, on the fused
     /// attention path when the module has one.
+    ///
+    /// The module must be f32: a cache over a [`Precision::F16`](crate::Precision::F16) module
+    /// is `Err(Unsupported)`.
     pub fn new(mha: &MultiHeadAttention, batch: usize, capacity: usize) -> Result<Self> {
         Self::with_path(mha, batch, capacity, AttentionPath::Auto)
     }
@@ -84,6 +87,12 @@ impl KvCache {
         path: AttentionPath,
     ) -> Result<Self> {
         let c = mha.config;
+        if mha.precision() == crate::attention::Precision::F16 {
+            return Err(Error::Unsupported {
+                adapter: mha.gpu().describe(),
+                what: "a KV cache over an f16 module; build the module with Precision::F32".into(),
+            });
+        }
         if batch == 0 || capacity == 0 {
             return Err(Error::Config(format!(
                 "a KV cache needs batch ≥ 1 and capacity ≥ 1 (got batch {batch}, capacity {capacity})"

@@ -46,7 +46,7 @@ pub mod tensor;
 pub mod weights;
 
 pub use attention::{
-    AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention,
+    AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention, Precision,
 };
 pub use case::{Case, CaseResult, CaseVariant};
 pub use config::AttentionConfig;

@@ -89,6 +89,32 @@ fn flash_attention_validates_for_odd_head_sizes() {
     }
 }
 
+/// The f16 variants the host generates by text substitution: every rewrite took effect and
+/// the result validates (naga with every capability, f16 included).
+#[test]
+fn f16_variants_validate() {
+    use wgpu_mha::kernels::{flash_attention, linear};
+    for (output, out_ty) in [
+        (linear::F16Output::Half, "array<f16>"),
+        (linear::F16Output::Full, "array<f32>"),
+    ] {
+        let source = linear::source_f16(output);
+        assert!(source.starts_with("enable f16;"), "{output:?}");
+        assert!(source.contains("w: array<f16>"), "{output:?}");
+        assert!(source.contains("f32(w["), "{output:?}");
+        assert!(source.contains(&format!("y: {out_ty}")), "{output:?}");
+        validate(&format!("linear f16 {output:?}"), &source).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for (dk, dv) in [(1, 1), (7, 7), (24, 24), (6, 24), (64, 64), (256, 512)] {
+        let tile = flash_attention::kv_tile(dk, dv).expect("fits");
+        let source = flash_attention::source_f16(dk, dv, tile);
+        assert!(source.starts_with("enable f16;"));
+        assert!(source.contains("qkv: array<f16>"));
+        assert!(source.contains("return f32(qkv[base + d]);"));
+        validate(&format!("flash f16 dk={dk} dv={dv}"), &source).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 #[test]
 fn a_broken_shader_is_rejected() {
     // The validator is not a no-op: an undefined identifier must fail.

@@ -107,6 +107,39 @@ pub fn source(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String {
     format!("{MASK_WGSL}\n{body}")
 }
 
+/// [`source`] reading f16 Q/K/V (`array<f16>`, widened to f32 in `row_elem`); scores,
+/// softmax statistics, the accumulator and the output stay f32. Needs `SHADER_F16`.
+pub fn source_f16(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String {
+    let body = source(qk_head_dim, v_head_dim, kv_tile)
+        .replace(
+            "var<storage, read> qkv: array<f32>;",
+            "var<storage, read> qkv: array<f16>;",
+        )
+        .replace("return qkv[base + d];", "return f32(qkv[base + d]);");
+    format!("enable f16;\n{body}")
+}
+
+/// The f16 variant of [`pass`].
+pub(crate) fn pass_f16(
+    device: &wgpu::Device,
+    qk_head_dim: usize,
+    v_head_dim: usize,
+    kv_tile: u32,
+) -> Pass {
+    Pass::new(
+        device,
+        "flash_attention",
+        &source_f16(qk_head_dim, v_head_dim, kv_tile),
+        &[
+            Slot::Uniform(0),
+            Slot::Read(1),
+            Slot::Write(4),
+            Slot::Write(5),
+            Slot::Read(6),
+        ],
+    )
+}
+
 pub(crate) fn pass(
     device: &wgpu::Device,
     qk_head_dim: usize,

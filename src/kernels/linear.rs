@@ -185,6 +185,60 @@ pub(crate) fn pass(device: &wgpu::Device, variant: LinearVariant) -> Pass {
     )
 }
 
+/// Where an f16 `linear` writes: f16 head-split Q/K/V, or f32 (the output projection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum F16Output {
+    /// Q/K/V projections: f16 weights in, f16 head-split output.
+    Half,
+    /// `W_o`: f32 combined heads and f16 weights in, f32 output.
+    Full,
+}
+
+/// The scalar `linear` shader rewritten for f16 weights (`array<f16>`, widened to f32 on load,
+/// so accumulation stays f32) and, for [`F16Output::Half`], an f16 output (`f16(v)` on store).
+/// X and the bias stay f32. Needs `SHADER_F16`; `enable f16;` comes first.
+pub fn source_f16(output: F16Output) -> String {
+    let mut body = WGSL
+        .replace(
+            "var<storage, read> w: array<f32>;",
+            "var<storage, read> w: array<f16>;",
+        )
+        .replace(
+            "return w[p.w_offset + col * p.k + k];",
+            "return f32(w[p.w_offset + col * p.k + k]);",
+        );
+    if output == F16Output::Half {
+        body = body
+            .replace(
+                "var<storage, read_write> y: array<f32>;",
+                "var<storage, read_write> y: array<f16>;",
+            )
+            .replace(
+                "y[dst_index(row, col)] = v;",
+                "y[dst_index(row, col)] = f16(v);",
+            );
+    }
+    format!("enable f16;\n{GEMM_TILE_WGSL}\n{body}")
+}
+
+/// The f16 scalar `linear` pass (runtime bounds checks on, like the f32 scalar one).
+pub(crate) fn pass_f16(device: &wgpu::Device, output: F16Output) -> Pass {
+    Pass::build(
+        device,
+        "linear",
+        &source_f16(output),
+        "main",
+        Checks::Checked,
+        &[
+            Slot::Uniform(0),
+            Slot::Read(1),
+            Slot::Read(2),
+            Slot::Read(3),
+            Slot::Write(4),
+        ],
+    )
+}
+
 /// Output tile (rows, columns) of one workgroup of a variant.
 pub fn tile(variant: LinearVariant) -> (u32, u32) {
     match variant {
