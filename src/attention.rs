@@ -119,6 +119,21 @@ pub(crate) struct GpuWeights {
     pub(crate) b_v_offset: u32,
 }
 
+/// One projection GEMM of a forward, before its buffers are bound.
+struct ProjectionPlan {
+    /// Which uploaded input (0 = query, 1 = key or key/value, 2 = value).
+    input: usize,
+    rows: usize,
+    seq_len: usize,
+    /// Input features.
+    width: usize,
+    /// Element offsets of this GEMM's weight rows and biases in `w_qkv` / `b_qkv`.
+    w_offset: u32,
+    bias_offset: u32,
+    /// Where its output columns go in [Q | K | V].
+    segments: Vec<Segment>,
+}
+
 /// One projection dispatch of a workspace.
 struct Projection {
     _params: wgpu::Buffer,
@@ -1282,56 +1297,60 @@ impl MultiHeadAttention {
         };
         let w = &self.weights;
         let has_bias = c.bias as u32;
-        // (input index, rows, seq_len, in width, W offset, bias offset, segments)
-        let plans: Vec<(usize, usize, usize, usize, u32, u32, Vec<Segment>)> = match key.sharing {
-            Sharing::SelfAttention => vec![(
-                0,
-                b * lq,
-                lq,
-                c.model_dim,
-                0,
-                0,
-                vec![seg(h, dk, q_dst), seg(h, dk, k_dst), seg(h, dv, v_dst)],
-            )],
+        // Which GEMMs project the inputs: one per distinct input tensor, each writing its
+        // segments of [Q | K | V]. W_k and W_v rows follow W_q's in `w_qkv`, so a fused
+        // projection is one GEMM over consecutive weight rows.
+        let query_rows = ProjectionPlan {
+            input: 0,
+            rows: b * lq,
+            seq_len: lq,
+            width: c.model_dim,
+            w_offset: 0,
+            bias_offset: 0,
+            segments: vec![seg(h, dk, q_dst)],
+        };
+        let key_rows = |input: usize, segments: Vec<Segment>| ProjectionPlan {
+            input,
+            rows: b * lk,
+            seq_len: lk,
+            width: c.key_dim,
+            w_offset: w.w_k_offset,
+            bias_offset: w.b_k_offset,
+            segments,
+        };
+        let plans = match key.sharing {
+            Sharing::SelfAttention => vec![ProjectionPlan {
+                segments: vec![seg(h, dk, q_dst), seg(h, dk, k_dst), seg(h, dv, v_dst)],
+                ..query_rows
+            }],
             Sharing::SharedKeyValue => vec![
-                (0, b * lq, lq, c.model_dim, 0, 0, vec![seg(h, dk, q_dst)]),
-                (
-                    1,
-                    b * lk,
-                    lk,
-                    c.key_dim,
-                    w.w_k_offset,
-                    w.b_k_offset,
-                    vec![seg(h, dk, k_dst), seg(h, dv, v_dst)],
-                ),
+                query_rows,
+                key_rows(1, vec![seg(h, dk, k_dst), seg(h, dv, v_dst)]),
             ],
             Sharing::Distinct => vec![
-                (0, b * lq, lq, c.model_dim, 0, 0, vec![seg(h, dk, q_dst)]),
-                (
-                    1,
-                    b * lk,
-                    lk,
-                    c.key_dim,
-                    w.w_k_offset,
-                    w.b_k_offset,
-                    vec![seg(h, dk, k_dst)],
-                ),
-                (
-                    2,
-                    b * lk,
-                    lk,
-                    c.value_dim,
-                    w.w_v_offset,
-                    w.b_v_offset,
-                    vec![seg(h, dv, v_dst)],
-                ),
+                query_rows,
+                key_rows(1, vec![seg(h, dk, k_dst)]),
+                ProjectionPlan {
+                    width: c.value_dim,
+                    w_offset: w.w_v_offset,
+                    bias_offset: w.b_v_offset,
+                    ..key_rows(2, vec![seg(h, dv, v_dst)])
+                },
             ],
         };
         let bias_buffer = if c.bias { &w.b_qkv } else { &self.empty };
         let projections = plans
             .into_iter()
             .map(
-                |(input, rows, seq_len, width, w_offset, bias_offset, segments)| {
+                |ProjectionPlan {
+                     input,
+                     rows,
+                     seq_len,
+                     width,
+                     w_offset,
+                     bias_offset,
+                     segments,
+                 }| {
                     let mut p =
                         LinearParams::new(rows as u32, width as u32, seq_len as u32, &segments);
                     p.w_offset = w_offset;
