@@ -403,28 +403,19 @@ impl MultiHeadAttention {
             let flash_tile =
                 kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim);
             let flash = flash_tile.map(|tile| {
-                let (dk, dv) = (config.qk_head_dim, config.v_head_dim);
-                if half {
-                    gpu.pass(
-                        &format!("flash_attention f16 dk={dk} dv={dv} tile={tile}"),
-                        || kernels::flash_attention::pass_f16(device, dk, dv, tile),
-                    )
-                } else {
-                    gpu.pass(
-                        &format!("flash_attention dk={dk} dv={dv} tile={tile}"),
-                        || kernels::flash_attention::pass(device, dk, dv, tile),
-                    )
-                }
+                kernels::flash_attention::pass(
+                    gpu,
+                    config.qk_head_dim,
+                    config.v_head_dim,
+                    tile,
+                    half,
+                )
             });
             let linear_f16 = half.then(|| {
                 use kernels::linear::F16Output;
                 (
-                    gpu.pass("linear f16 out=f16", || {
-                        kernels::linear::pass_f16(device, F16Output::Half)
-                    }),
-                    gpu.pass("linear f16 out=f32", || {
-                        kernels::linear::pass_f16(device, F16Output::Full)
-                    }),
+                    kernels::linear::pass_f16(gpu, F16Output::Half),
+                    kernels::linear::pass_f16(gpu, F16Output::Full),
                 )
             });
             let flash_tile = flash_tile.unwrap_or(1);
@@ -438,15 +429,11 @@ impl MultiHeadAttention {
             MultiHeadAttention {
                 gpu: gpu.clone(),
                 config,
-                linear: gpu.pass("linear", || {
-                    kernels::linear::pass(device, LinearVariant::Scalar)
-                }),
-                linear_vec4: gpu.pass("linear_vec4", || {
-                    kernels::linear::pass(device, LinearVariant::Vec4)
-                }),
-                scores: gpu.pass("scores", || kernels::scores::pass(device)),
-                softmax: gpu.pass("softmax", || kernels::softmax::pass(device)),
-                av_combine: gpu.pass("av_combine", || kernels::av_combine::pass(device)),
+                linear: kernels::linear::pass(gpu, LinearVariant::Scalar),
+                linear_vec4: kernels::linear::pass(gpu, LinearVariant::Vec4),
+                scores: kernels::scores::pass(gpu),
+                softmax: kernels::softmax::pass(gpu),
+                av_combine: kernels::av_combine::pass(gpu),
                 flash,
                 precision,
                 linear_f16,

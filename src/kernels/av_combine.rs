@@ -1,5 +1,9 @@
 //! `av_combine`: `P·V` per (batch, head), written into the combined `[B, Lq, H·dv]` layout.
 
+use std::sync::Arc;
+
+use crate::gpu::Gpu;
+
 use super::{Pass, Slot, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/av_combine.wgsl");
@@ -18,7 +22,12 @@ pub struct AvParams {
     pub _pad: u32,
 }
 
-pub(crate) fn pass(device: &wgpu::Device) -> Pass {
+/// The compiled pass, shared by everything on this device.
+pub(crate) fn pass(gpu: &Gpu) -> Arc<Pass> {
+    gpu.pass("av_combine", || build(gpu.device()))
+}
+
+fn build(device: &wgpu::Device) -> Pass {
     let source = format!("{GEMM_TILE_WGSL}\n{WGSL}");
     Pass::new(
         device,

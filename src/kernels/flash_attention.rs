@@ -1,5 +1,9 @@
 //! `flash_attention`: fused scores + mask + online softmax + P·V; no `[Lq, Lk]` buffer.
 
+use std::sync::Arc;
+
+use crate::gpu::Gpu;
+
 use super::{MaskParams, Pass, Slot, MASK_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
@@ -119,45 +123,36 @@ pub fn source_f16(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String
     format!("enable f16;\n{body}")
 }
 
-/// The f16 variant of [`pass`].
-pub(crate) fn pass_f16(
-    device: &wgpu::Device,
-    qk_head_dim: usize,
-    v_head_dim: usize,
-    kv_tile: u32,
-) -> Pass {
-    Pass::new(
-        device,
-        "flash_attention",
-        &source_f16(qk_head_dim, v_head_dim, kv_tile),
-        &[
-            Slot::Uniform(0),
-            Slot::Read(1),
-            Slot::Write(4),
-            Slot::Write(5),
-            Slot::Read(6),
-        ],
-    )
-}
+/// Bindings: params, Q|K|V, output, carried state, mask words.
+const SLOTS: &[Slot] = &[
+    Slot::Uniform(0),
+    Slot::Read(1),
+    Slot::Write(4),
+    Slot::Write(5),
+    Slot::Read(6),
+];
 
+/// The pass for these head sizes (f16 Q/K/V when `f16`), compiled once per device.
+/// Runtime bounds checks stay on: measured no faster without them on lavapipe.
 pub(crate) fn pass(
-    device: &wgpu::Device,
+    gpu: &Gpu,
     qk_head_dim: usize,
     v_head_dim: usize,
     kv_tile: u32,
-) -> Pass {
-    // Runtime bounds checks stay on: measured no faster without them on lavapipe.
-    Pass::new(
-        device,
-        "flash_attention",
-        &source(qk_head_dim, v_head_dim, kv_tile),
-        &[
-            Slot::Uniform(0),
-            Slot::Read(1),
-            Slot::Write(4),
-            Slot::Write(5),
-            Slot::Read(6),
-        ],
+    f16: bool,
+) -> Arc<Pass> {
+    let (dk, dv) = (qk_head_dim, v_head_dim);
+    let precision = if f16 { "f16" } else { "f32" };
+    gpu.pass(
+        &format!("flash_attention {precision} dk={dk} dv={dv} tile={kv_tile}"),
+        || {
+            let source = if f16 {
+                source_f16(dk, dv, kv_tile)
+            } else {
+                source(dk, dv, kv_tile)
+            };
+            Pass::new(gpu.device(), "flash_attention", &source, SLOTS)
+        },
     )
 }
 

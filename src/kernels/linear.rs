@@ -1,5 +1,9 @@
 //! `linear`: `Y = X·Wᵀ + b`, tiled GEMM writing straight into head-split layout.
 
+use std::sync::Arc;
+
+use crate::gpu::Gpu;
+
 use super::{Checks, Pass, Slot, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/linear.wgsl");
@@ -161,7 +165,25 @@ pub fn source(variant: LinearVariant) -> String {
     }
 }
 
-pub(crate) fn pass(device: &wgpu::Device, variant: LinearVariant) -> Pass {
+/// Bindings of every `linear` variant: params, X, W, bias, Y.
+const SLOTS: &[Slot] = &[
+    Slot::Uniform(0),
+    Slot::Read(1),
+    Slot::Read(2),
+    Slot::Read(3),
+    Slot::Write(4),
+];
+
+/// The compiled pass of a variant, shared by everything on this device.
+pub(crate) fn pass(gpu: &Gpu, variant: LinearVariant) -> Arc<Pass> {
+    let key = match variant {
+        LinearVariant::Scalar => "linear",
+        LinearVariant::Vec4 => "linear_vec4",
+    };
+    gpu.pass(key, || build(gpu.device(), variant))
+}
+
+fn build(device: &wgpu::Device, variant: LinearVariant) -> Pass {
     // The vec4 variant runs without wgpu's runtime bounds checks (about 1.8× faster on
     // lavapipe): `variant()` selects it only for dispatches whose every index
     // `LinearParams::in_bounds` proves in range. The scalar variant keeps the checks.
@@ -169,20 +191,7 @@ pub(crate) fn pass(device: &wgpu::Device, variant: LinearVariant) -> Pass {
         LinearVariant::Scalar => Checks::Checked,
         LinearVariant::Vec4 => Checks::Unchecked,
     };
-    Pass::build(
-        device,
-        "linear",
-        &source(variant),
-        "main",
-        checks,
-        &[
-            Slot::Uniform(0),
-            Slot::Read(1),
-            Slot::Read(2),
-            Slot::Read(3),
-            Slot::Write(4),
-        ],
-    )
+    Pass::build(device, "linear", &source(variant), "main", checks, SLOTS)
 }
 
 /// Where an f16 `linear` writes: f16 head-split Q/K/V, or f32 (the output projection).
@@ -222,21 +231,21 @@ pub fn source_f16(output: F16Output) -> String {
 }
 
 /// The f16 scalar `linear` pass (runtime bounds checks on, like the f32 scalar one).
-pub(crate) fn pass_f16(device: &wgpu::Device, output: F16Output) -> Pass {
-    Pass::build(
-        device,
-        "linear",
-        &source_f16(output),
-        "main",
-        Checks::Checked,
-        &[
-            Slot::Uniform(0),
-            Slot::Read(1),
-            Slot::Read(2),
-            Slot::Read(3),
-            Slot::Write(4),
-        ],
-    )
+pub(crate) fn pass_f16(gpu: &Gpu, output: F16Output) -> Arc<Pass> {
+    let key = match output {
+        F16Output::Half => "linear f16 out=f16",
+        F16Output::Full => "linear f16 out=f32",
+    };
+    gpu.pass(key, || {
+        Pass::build(
+            gpu.device(),
+            "linear",
+            &source_f16(output),
+            "main",
+            Checks::Checked,
+            SLOTS,
+        )
+    })
 }
 
 /// Output tile (rows, columns) of one workgroup of a variant.

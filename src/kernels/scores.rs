@@ -1,5 +1,9 @@
 //! `scores`: `S = mask(scale · Q·Kᵀ)` per (batch, head), `[B, H, Lq, Lk]`.
 
+use std::sync::Arc;
+
+use crate::gpu::Gpu;
+
 use super::{MaskParams, Pass, Slot, GEMM_TILE_WGSL, MASK_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/scores.wgsl");
@@ -21,7 +25,12 @@ pub struct ScoresParams {
     pub mask: MaskParams,
 }
 
-pub(crate) fn pass(device: &wgpu::Device) -> Pass {
+/// The compiled pass, shared by everything on this device.
+pub(crate) fn pass(gpu: &Gpu) -> Arc<Pass> {
+    gpu.pass("scores", || build(gpu.device()))
+}
+
+fn build(device: &wgpu::Device) -> Pass {
     let source = format!("{GEMM_TILE_WGSL}\n{MASK_WGSL}\n{WGSL}");
     Pass::new(
         device,

@@ -1,5 +1,9 @@
 //! `softmax`: row-wise, max-subtracted, in place; one workgroup per row.
 
+use std::sync::Arc;
+
+use crate::gpu::Gpu;
+
 use super::{Pass, Slot};
 
 pub const WGSL: &str = include_str!("../../shaders/softmax.wgsl");
@@ -26,7 +30,12 @@ impl SoftmaxParams {
     }
 }
 
-pub(crate) fn pass(device: &wgpu::Device) -> Pass {
+/// The compiled pass, shared by everything on this device.
+pub(crate) fn pass(gpu: &Gpu) -> Arc<Pass> {
+    gpu.pass("softmax", || build(gpu.device()))
+}
+
+fn build(device: &wgpu::Device) -> Pass {
     Pass::new(device, "softmax", WGSL, &[Slot::Uniform(0), Slot::Write(4)])
 }
 

@@ -16,6 +16,8 @@
 //! Masks follow [`Mask`] semantics exactly as in a forward (masked scores replaced by −1e9).
 //! The `*_naive` functions run the unoptimised baselines in `shaders/baseline/` (no mask).
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{
@@ -166,6 +168,21 @@ pub fn attention_naive(
     Job::naive_attention(gpu, q, k, v, dims, scale)?.run_and_read(None)
 }
 
+/// Checks the sizes and the head-split input lengths of an attention-core job.
+fn check_qkv(
+    gpu: &Gpu,
+    dims: CoreDims,
+    scores_buffer: bool,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Result<()> {
+    Job::check_core(gpu, dims, scores_buffer)?;
+    expect_len("q", q.len(), dims.q_len())?;
+    expect_len("k", k.len(), dims.k_len())?;
+    expect_len("v", v.len(), dims.v_len())
+}
+
 fn expect_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(Error::Config(format!(
@@ -241,7 +258,7 @@ fn pack_qkv(q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
 /// One or more dispatches on buffers that stay alive; can be run (and timed) repeatedly.
 pub(crate) struct Job {
     gpu: Gpu,
-    steps: Vec<(Pass, wgpu::BindGroup, [u32; 3])>,
+    steps: Vec<(Arc<Pass>, wgpu::BindGroup, [u32; 3])>,
     _buffers: Vec<wgpu::Buffer>,
     result: wgpu::Buffer,
     result_len: usize,
@@ -253,7 +270,7 @@ pub(crate) struct Job {
 impl Job {
     fn new(
         gpu: &Gpu,
-        steps: Vec<(Pass, wgpu::BindGroup, [u32; 3])>,
+        steps: Vec<(Arc<Pass>, wgpu::BindGroup, [u32; 3])>,
         buffers: Vec<wgpu::Buffer>,
         result: wgpu::Buffer,
         result_len: usize,
@@ -358,7 +375,7 @@ impl Job {
                     k: k as u32,
                     has_bias: bias.is_some() as u32,
                 };
-                let pass = naive_linear_pass(device);
+                let pass = gpu.pass("linear_naive", || naive_linear_pass(device));
                 (
                     pass,
                     kernels::uniform_buffer(device, "naive linear params", &p),
@@ -380,7 +397,7 @@ impl Job {
                     &p,
                     &kernels::linear::BoundElems::of(&xb, &wb, &bb, &yb),
                 );
-                let pass = kernels::linear::pass(device, variant);
+                let pass = kernels::linear::pass(gpu, variant);
                 (
                     pass,
                     kernels::uniform_buffer(device, "linear params", &p),
@@ -457,7 +474,7 @@ impl Job {
             let s = output(gpu, "scores", dims.scores_len());
             let p = Self::scores_params(dims, scale, MaskParams::from_resolved(&resolved));
             let params = kernels::uniform_buffer(device, "scores params", &p);
-            let pass = kernels::scores::pass(device);
+            let pass = kernels::scores::pass(gpu);
             let groups = kernels::scores::workgroups(&p, (dims.batch * dims.heads) as u32);
             check_groups(gpu, groups)?;
             let bind = pass.bind(device, &[&params, &qk, &s, &mask_buf]);
@@ -489,7 +506,7 @@ impl Job {
                 gpu.limits().max_compute_workgroups_per_dimension,
             );
             let params = kernels::uniform_buffer(device, "softmax params", &p);
-            let pass = kernels::softmax::pass(device);
+            let pass = kernels::softmax::pass(gpu);
             let groups = kernels::softmax::workgroups(&p);
             check_groups(gpu, groups)?;
             let bind = pass.bind(device, &[&params, &work]);
@@ -517,7 +534,7 @@ impl Job {
             let out = output(gpu, "combined", dims.out_len());
             let p = Self::av_params(dims, 0);
             let params = kernels::uniform_buffer(device, "av params", &p);
-            let pass = kernels::av_combine::pass(device);
+            let pass = kernels::av_combine::pass(gpu);
             let groups = kernels::av_combine::workgroups(&p, (dims.batch * dims.heads) as u32);
             check_groups(gpu, groups)?;
             let bind = pass.bind(device, &[&params, &pb, &vb, &out]);
@@ -540,10 +557,7 @@ impl Job {
         scale: f32,
         mask: &Mask,
     ) -> Result<Self> {
-        Self::check_core(gpu, dims, false)?;
-        expect_len("q", q.len(), dims.q_len())?;
-        expect_len("k", k.len(), dims.k_len())?;
-        expect_len("v", v.len(), dims.v_len())?;
+        check_qkv(gpu, dims, false, q, k, v)?;
         let resolved = mask.resolve(dims.attn())?;
         let Some(tile) = kernels::flash_attention::kv_tile(dims.qk_head_dim, dims.v_head_dim)
         else {
@@ -580,7 +594,7 @@ impl Job {
             let params = kernels::uniform_buffer(device, "flash params", &p);
             let no_carry = output(gpu, "unused carry", 4);
             let pass =
-                kernels::flash_attention::pass(device, dims.qk_head_dim, dims.v_head_dim, tile);
+                kernels::flash_attention::pass(gpu, dims.qk_head_dim, dims.v_head_dim, tile, false);
             let groups = kernels::flash_attention::workgroups(&p, (dims.batch * dims.heads) as u32);
             check_groups(gpu, groups)?;
             let bind = pass.bind(device, &[&params, &qkv, &out, &no_carry, &mask_buf]);
@@ -603,10 +617,7 @@ impl Job {
         scale: f32,
         mask: &Mask,
     ) -> Result<Self> {
-        Self::check_core(gpu, dims, true)?;
-        expect_len("q", q.len(), dims.q_len())?;
-        expect_len("k", k.len(), dims.k_len())?;
-        expect_len("v", v.len(), dims.v_len())?;
+        check_qkv(gpu, dims, true, q, k, v)?;
         let resolved = mask.resolve(dims.attn())?;
         gpu.scoped("standalone multi-pass attention", || {
             let device = gpu.device();
@@ -617,7 +628,7 @@ impl Job {
             let out = output(gpu, "combined", dims.out_len());
             let sp = Self::scores_params(dims, scale, MaskParams::from_resolved(&resolved));
             let sp_buf = kernels::uniform_buffer(device, "scores params", &sp);
-            let scores = kernels::scores::pass(device);
+            let scores = kernels::scores::pass(gpu);
             let s_groups = kernels::scores::workgroups(&sp, bh);
             let s_bind = scores.bind(device, &[&sp_buf, &qkv, &s, &mask_buf]);
             let mp = SoftmaxParams::new(
@@ -626,12 +637,12 @@ impl Job {
                 gpu.limits().max_compute_workgroups_per_dimension,
             );
             let mp_buf = kernels::uniform_buffer(device, "softmax params", &mp);
-            let softmax = kernels::softmax::pass(device);
+            let softmax = kernels::softmax::pass(gpu);
             let m_groups = kernels::softmax::workgroups(&mp);
             let m_bind = softmax.bind(device, &[&mp_buf, &s]);
             let ap = Self::av_params(dims, dims.q_len() + dims.k_len());
             let ap_buf = kernels::uniform_buffer(device, "av params", &ap);
-            let av = kernels::av_combine::pass(device);
+            let av = kernels::av_combine::pass(gpu);
             let a_groups = kernels::av_combine::workgroups(&ap, bh);
             let a_bind = av.bind(device, &[&ap_buf, &s, &qkv, &out]);
             for g in [s_groups, m_groups, a_groups] {
@@ -659,10 +670,7 @@ impl Job {
         dims: CoreDims,
         scale: f32,
     ) -> Result<Self> {
-        Self::check_core(gpu, dims, true)?;
-        expect_len("q", q.len(), dims.q_len())?;
-        expect_len("k", k.len(), dims.k_len())?;
-        expect_len("v", v.len(), dims.v_len())?;
+        check_qkv(gpu, dims, true, q, k, v)?;
         gpu.scoped("standalone naive attention", || {
             let device = gpu.device();
             let bh = (dims.batch * dims.heads) as u32;
@@ -691,14 +699,16 @@ impl Job {
                 Slot::Write(5),
             ];
             let make = |label: &'static str, entry: &str| {
-                Pass::build(
-                    device,
-                    label,
-                    NAIVE_ATTENTION_WGSL,
-                    entry,
-                    Checks::Checked,
-                    &slots,
-                )
+                gpu.pass(label, || {
+                    Pass::build(
+                        device,
+                        label,
+                        NAIVE_ATTENTION_WGSL,
+                        entry,
+                        Checks::Checked,
+                        &slots,
+                    )
+                })
             };
             let passes = [
                 (
