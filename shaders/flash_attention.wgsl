@@ -1,10 +1,15 @@
 // flash_attention: scores + mask + online softmax + P·V in one pass, no [Lq, Lk] buffer.
-// One workgroup takes BLOCK_Q = 64 query rows of one (batch, head); each of its 64 / ROWS
-// threads owns ROWS query rows (q and the output accumulators in registers, as vec4s), so every
-// K/V value read from workgroup memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys
-// are staged in workgroup memory (zero-padded to whole vec4s) and shared by the block.
+// One workgroup takes BLOCK_Q = 128 query rows of one (batch, head); each of its THREADS = 8
+// threads owns ROWS = 16 query rows (q and the output accumulators in registers, as vec4s),
+// so every K/V value read from workgroup memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys
+// (a multiple of 8) are staged in workgroup memory, zero-padded to whole vec4s and whole tiles.
+// Keys are consumed 8 at a time: a row's 8 scores are two vec4s and the online softmax
+// rescales once per 8 keys. Every loop inside a key group has a constant trip count, so the
+// compiler unrolls it and q, the scores and acc are indexed by constants only; a runtime index
+// into a private array makes llvmpipe gather and scatter per lane, which cost the version that
+// kept a tile's scores in an array half its speed.
 // Masked scores are replaced by -1e9 like the multi-pass path, so a fully masked row still
-// averages V over all keys.
+// averages V over all keys. Keys past Lk in the last tile score -f32::MAX and weigh exactly 0.
 // Tiles that are masked for every row of the block (causal, key padding) are skipped, but
 // only when every row of the block sees at least one key: skipping is then exact, because
 // exp(-1e9 - m) is 0 in f32.
@@ -12,16 +17,16 @@
 // dispatch that is not the last stores each row's running max, sum and accumulator in
 // `carry`, and the next one resumes from it. That bounds the work of one invocation (software
 // rasterisers cap a shader's loop iterations; desktop drivers reset long-running dispatches).
-// Dispatch: (ceil(Lq / 64), B·H, 1) per key range; z offset as in scores.
+// Dispatch: (ceil(Lq / 128), B·H, 1) per key range; z offset as in scores.
 //
 // The host rewrites the next three constants for each module (head sizes are fixed per module).
 const HEAD_DIM_QK: u32 = 64u;
 const HEAD_DIM_V: u32 = 64u;
 const KV_TILE: u32 = 32u;
 
-const BLOCK_Q: u32 = 64u;
-const ROWS: u32 = 8u;                          // query rows per thread (8 measured best on lavapipe)
-const THREADS: u32 = BLOCK_Q / ROWS;
+const ROWS: u32 = 16u;                         // query rows per thread (ROWS_PER_THREAD)
+const THREADS: u32 = 8u;                       // one SIMD vector of llvmpipe
+const BLOCK_Q: u32 = ROWS * THREADS;
 const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;      // vec4s per q/k row
 const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;       // vec4s per v row
 
@@ -80,6 +85,26 @@ fn row_elem(base: u32, d: u32, dim: u32) -> f32 {
     return 0.0;
 }
 
+// Scaled scores of keys j .. j + 3 for row i with the mask applied. Only the first `left` of
+// them exist; the others (past Lk, in the last tile) get -f32::MAX, so they weigh exactly 0
+// (a row's max is at least MASKED_SCORE once it has seen one key) without counting as masked.
+fn score_group(scaled: vec4<f32>, b: u32, h: u32, i: u32, j: u32, left: u32) -> vec4<f32> {
+    var sr = scaled;
+    if (p.mask.kind != MASK_NONE) {
+        let last = p.lk - 1u;
+        sr = vec4<f32>(
+            apply_mask(p.mask, sr.x, b, h, i, min(j, last)),
+            apply_mask(p.mask, sr.y, b, h, i, min(j + 1u, last)),
+            apply_mask(p.mask, sr.z, b, h, i, min(j + 2u, last)),
+            apply_mask(p.mask, sr.w, b, h, i, min(j + 3u, last)),
+        );
+    }
+    if (left < 4u) {
+        sr = select(sr, vec4<f32>(-3.402823e38), vec4<u32>(0u, 1u, 2u, 3u) >= vec4<u32>(left));
+    }
+    return sr;
+}
+
 @compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let z = wid.y + p.z_offset;
@@ -93,7 +118,6 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var acc: array<array<vec4<f32>, DV4>, ROWS>;
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
-    var s: array<array<f32, KV_TILE>, ROWS>;
     for (var r = 0u; r < ROWS; r++) {
         let i = i0 + lid.x + THREADS * r;
         row_max[r] = -3.402823e38;
@@ -126,71 +150,103 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
     }
 
+    // Rows r >= live_rows of every thread are past Lq in this block (uniform: small Lq, decode).
+    let live_rows = (i1 - i0 + THREADS - 1u) / THREADS;
     let tiles = min(p.tile_end, tiles_to_visit(b, i0, i1));
     for (var t = p.tile_begin; t < tiles; t++) {
         let j0 = t * KV_TILE;
         let keys = min(KV_TILE, p.lk - j0);
-        // Stage K and V rows j0 .. j0 + keys as vec4s (all threads help).
-        for (var e = lid.x; e < keys * DK4; e += THREADS) {
-            let base = p.k_offset + (z * p.kv_stride + j0 + e / DK4) * HEAD_DIM_QK;
+        // Stage K and V rows j0 .. j0 + keys as vec4s (all threads help); rows past the last
+        // key are zeroed so a padded key's P·V term is exactly 0 even if stale data were NaN.
+        for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
+            let key = e / DK4;
+            let base = p.k_offset + (z * p.kv_stride + j0 + key) * HEAD_DIM_QK;
             let d = 4u * (e % DK4);
-            k_tile[e] = vec4<f32>(
-                row_elem(base, d, HEAD_DIM_QK),
-                row_elem(base, d + 1u, HEAD_DIM_QK),
-                row_elem(base, d + 2u, HEAD_DIM_QK),
-                row_elem(base, d + 3u, HEAD_DIM_QK),
-            );
+            var kv = vec4<f32>(0.0);
+            if (key < keys) {
+                kv = vec4<f32>(
+                    row_elem(base, d, HEAD_DIM_QK),
+                    row_elem(base, d + 1u, HEAD_DIM_QK),
+                    row_elem(base, d + 2u, HEAD_DIM_QK),
+                    row_elem(base, d + 3u, HEAD_DIM_QK),
+                );
+            }
+            k_tile[e] = kv;
         }
-        for (var e = lid.x; e < keys * DV4; e += THREADS) {
-            let base = p.v_offset + (z * p.kv_stride + j0 + e / DV4) * HEAD_DIM_V;
+        for (var e = lid.x; e < KV_TILE * DV4; e += THREADS) {
+            let key = e / DV4;
+            let base = p.v_offset + (z * p.kv_stride + j0 + key) * HEAD_DIM_V;
             let d = 4u * (e % DV4);
-            v_tile[e] = vec4<f32>(
-                row_elem(base, d, HEAD_DIM_V),
-                row_elem(base, d + 1u, HEAD_DIM_V),
-                row_elem(base, d + 2u, HEAD_DIM_V),
-                row_elem(base, d + 3u, HEAD_DIM_V),
-            );
+            var vv = vec4<f32>(0.0);
+            if (key < keys) {
+                vv = vec4<f32>(
+                    row_elem(base, d, HEAD_DIM_V),
+                    row_elem(base, d + 1u, HEAD_DIM_V),
+                    row_elem(base, d + 2u, HEAD_DIM_V),
+                    row_elem(base, d + 3u, HEAD_DIM_V),
+                );
+            }
+            v_tile[e] = vv;
         }
         workgroupBarrier();
-        // Scores of this tile for every owned row: each K vec4 feeds ROWS rows.
-        for (var jj = 0u; jj < keys; jj++) {
-            var dots: array<f32, ROWS>;
+        // Key groups of 8 (see the header): sa/sb hold each owned row's scores of keys
+        // jg .. jg + 3 and jg + 4 .. jg + 7, then their weights exp(s - max).
+        for (var jg = 0u; jg < keys; jg += 8u) {
+            var sa: array<vec4<f32>, ROWS>;
+            var sb: array<vec4<f32>, ROWS>;
             for (var c = 0u; c < DK4; c++) {
-                let kv = k_tile[jj * DK4 + c];
+                let k0 = k_tile[jg * DK4 + c];
+                let k1 = k_tile[(jg + 1u) * DK4 + c];
+                let k2 = k_tile[(jg + 2u) * DK4 + c];
+                let k3 = k_tile[(jg + 3u) * DK4 + c];
+                let k4 = k_tile[(jg + 4u) * DK4 + c];
+                let k5 = k_tile[(jg + 5u) * DK4 + c];
+                let k6 = k_tile[(jg + 6u) * DK4 + c];
+                let k7 = k_tile[(jg + 7u) * DK4 + c];
                 for (var r = 0u; r < ROWS; r++) {
-                    dots[r] += dot(q[r][c], kv);
+                    if (r < live_rows) {
+                        let qc = q[r][c];
+                        sa[r] += vec4<f32>(dot(qc, k0), dot(qc, k1), dot(qc, k2), dot(qc, k3));
+                        sb[r] += vec4<f32>(dot(qc, k4), dot(qc, k5), dot(qc, k6), dot(qc, k7));
+                    }
                 }
             }
+            // Online softmax over the group: rescale what was accumulated under the old max.
+            var correction: array<f32, ROWS>;
             for (var r = 0u; r < ROWS; r++) {
                 // Rows past Lq (results discarded) evaluate the mask at the last row, in range.
                 let i = min(i0 + lid.x + THREADS * r, p.lq - 1u);
-                s[r][jj] = apply_mask(p.mask, p.scale * dots[r], b, h, i, j0 + jj);
+                let left = keys - jg;  // keys of this group that exist (at least 1)
+                let ra = score_group(p.scale * sa[r], b, h, i, j0 + jg, left);
+                let rb = score_group(p.scale * sb[r], b, h, i, j0 + jg + 4u, max(left, 4u) - 4u);
+                let m4 = max(ra, rb);
+                let new_max = max(row_max[r], max(max(m4.x, m4.y), max(m4.z, m4.w)));
+                correction[r] = exp(row_max[r] - new_max);
+                let pa = exp(ra - vec4<f32>(new_max));
+                let pb = exp(rb - vec4<f32>(new_max));
+                row_sum[r] = row_sum[r] * correction[r] + dot(pa + pb, vec4<f32>(1.0));
+                row_max[r] = new_max;
+                sa[r] = pa;
+                sb[r] = pb;
             }
-        }
-        // Online softmax: rescale what was accumulated under the old maximum.
-        for (var r = 0u; r < ROWS; r++) {
-            var tile_max = row_max[r];
-            for (var jj = 0u; jj < keys; jj++) {
-                tile_max = max(tile_max, s[r][jj]);
-            }
-            let correction = exp(row_max[r] - tile_max);
-            row_sum[r] *= correction;
+            // P·V: each V vec4 feeds ROWS rows.
             for (var c = 0u; c < DV4; c++) {
-                acc[r][c] *= correction;
-            }
-            for (var jj = 0u; jj < keys; jj++) {
-                let pj = exp(s[r][jj] - tile_max);
-                s[r][jj] = pj;
-                row_sum[r] += pj;
-            }
-            row_max[r] = tile_max;
-        }
-        // P·V: each V vec4 feeds ROWS rows.
-        for (var jj = 0u; jj < keys; jj++) {
-            for (var c = 0u; c < DV4; c++) {
-                let vv = v_tile[jj * DV4 + c];
+                let v0 = v_tile[jg * DV4 + c];
+                let v1 = v_tile[(jg + 1u) * DV4 + c];
+                let v2 = v_tile[(jg + 2u) * DV4 + c];
+                let v3 = v_tile[(jg + 3u) * DV4 + c];
+                let v4 = v_tile[(jg + 4u) * DV4 + c];
+                let v5 = v_tile[(jg + 5u) * DV4 + c];
+                let v6 = v_tile[(jg + 6u) * DV4 + c];
+                let v7 = v_tile[(jg + 7u) * DV4 + c];
                 for (var r = 0u; r < ROWS; r++) {
-                    acc[r][c] += s[r][jj] * vv;
+                    if (r < live_rows) {
+                        let pa = sa[r];
+                        let pb = sb[r];
+                        acc[r][c] = acc[r][c] * correction[r]
+                            + pa.x * v0 + pa.y * v1 + pa.z * v2 + pa.w * v3
+                            + pb.x * v4 + pb.y * v5 + pb.z * v6 + pb.w * v7;
+                    }
                 }
             }
         }

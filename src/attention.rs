@@ -332,8 +332,12 @@ impl MultiHeadAttention {
     ) -> Result<Self> {
         let config = config.validated()?;
         weights.check(&config)?;
-        let flash_fits =
-            kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim).is_some();
+        let flash_fits = kernels::flash_attention::kv_tile(
+            config.qk_head_dim,
+            config.v_head_dim,
+            gpu.limits().max_compute_workgroup_storage_size,
+        )
+        .is_some();
         let precision = match precision {
             Precision::F32 => Precision::F32,
             Precision::PreferF16 if gpu.has_f16() && flash_fits => Precision::F16,
@@ -400,8 +404,11 @@ impl MultiHeadAttention {
                 b_k_offset: config.qk_width() as u32,
                 b_v_offset: 2 * config.qk_width() as u32,
             };
-            let flash_tile =
-                kernels::flash_attention::kv_tile(config.qk_head_dim, config.v_head_dim);
+            let flash_tile = kernels::flash_attention::kv_tile(
+                config.qk_head_dim,
+                config.v_head_dim,
+                gpu.limits().max_compute_workgroup_storage_size,
+            );
             let flash = flash_tile.map(|tile| {
                 kernels::flash_attention::pass(
                     gpu,

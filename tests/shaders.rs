@@ -79,11 +79,52 @@ fn every_shader_file_validates() {
     assert!(validated >= 5, "validated only {validated} pass files");
 }
 
+/// Workgroup memory of lavapipe, GL llvmpipe and most desktop GPUs.
+const WORKGROUP_BYTES: u32 = 32 * 1024;
+
+/// K/V tiles hold whole key groups and fit the workgroup memory they are sized for.
+#[test]
+fn flash_tiles_are_whole_key_groups_within_workgroup_memory() {
+    use wgpu_mha::kernels::flash_attention::{kv_tile, KEY_GROUP};
+    for bytes in [16 * 1024u32, 32 * 1024, 48 * 1024] {
+        for (dk, dv) in [
+            (1usize, 1usize),
+            (3, 7),
+            (64, 64),
+            (128, 96),
+            (256, 512),
+            (500, 500),
+        ] {
+            let staged = |keys: usize| keys * (dk.div_ceil(4) + dv.div_ceil(4)) * 16;
+            match kv_tile(dk, dv, bytes) {
+                Some(tile) => {
+                    let tile = tile as usize;
+                    assert!(tile % KEY_GROUP == 0, "{dk} {dv} {bytes}: {tile}");
+                    assert!(staged(tile) <= bytes as usize, "{dk} {dv} {bytes}: {tile}");
+                }
+                None => assert!(staged(KEY_GROUP) > bytes as usize, "{dk} {dv} {bytes}"),
+            }
+        }
+    }
+    // One group of 8 keys of 1024 + 1024 floats needs 64 KiB.
+    assert_eq!(kv_tile(1024, 1024, 32 * 1024), None);
+}
+
+/// The host's dispatch geometry is the shader's.
+#[test]
+fn flash_geometry_matches_the_shader() {
+    use wgpu_mha::kernels::flash_attention::{BLOCK_Q, ROWS_PER_THREAD, THREADS, WGSL};
+    assert!(WGSL.contains(&format!("const ROWS: u32 = {ROWS_PER_THREAD}u;")));
+    assert!(WGSL.contains(&format!("const THREADS: u32 = {THREADS}u;")));
+    assert!(WGSL.contains("const BLOCK_Q: u32 = ROWS * THREADS;"));
+    assert_eq!(BLOCK_Q, ROWS_PER_THREAD * THREADS);
+}
+
 #[test]
 fn flash_attention_validates_for_odd_head_sizes() {
     use wgpu_mha::kernels::flash_attention;
     for (dk, dv) in [(1, 1), (24, 24), (16, 24), (64, 64), (256, 512), (3, 7)] {
-        let tile = flash_attention::kv_tile(dk, dv).expect("fits");
+        let tile = flash_attention::kv_tile(dk, dv, WORKGROUP_BYTES).expect("fits");
         let source = flash_attention::source(dk, dv, tile);
         validate(&format!("flash dk={dk} dv={dv}"), &source).unwrap_or_else(|e| panic!("{e}"));
     }
@@ -106,7 +147,7 @@ fn f16_variants_validate() {
         validate(&format!("linear f16 {output:?}"), &source).unwrap_or_else(|e| panic!("{e}"));
     }
     for (dk, dv) in [(1, 1), (7, 7), (24, 24), (6, 24), (64, 64), (256, 512)] {
-        let tile = flash_attention::kv_tile(dk, dv).expect("fits");
+        let tile = flash_attention::kv_tile(dk, dv, WORKGROUP_BYTES).expect("fits");
         let source = flash_attention::source_f16(dk, dv, tile);
         assert!(source.starts_with("enable f16;"));
         assert!(source.contains("qkv: array<f16>"));

@@ -8,11 +8,16 @@ use super::{MaskParams, Pass, Slot, MASK_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 
-/// Query rows per workgroup (`ROWS` per thread in the shader).
-pub const BLOCK_Q: u32 = 64;
+/// Query rows each thread owns (`ROWS` in the shader; 16 measured best on lavapipe, 8 was
+/// 0.8× as fast and 32 no longer fits what the compiler unrolls).
+pub const ROWS_PER_THREAD: u32 = 16;
+/// Threads per workgroup (`THREADS`): one 8-lane SIMD vector on llvmpipe.
+pub const THREADS: u32 = 8;
+/// Query rows per workgroup (`BLOCK_Q`).
+pub const BLOCK_Q: u32 = ROWS_PER_THREAD * THREADS;
 
-/// Workgroup memory budget for one K/V tile; 16 KiB fits every adapter wgpu supports.
-const TILE_BYTES: usize = 16 * 1024;
+/// Most keys per staged K/V tile (more gives no measurable gain and costs workgroup memory).
+const MAX_KV_TILE: usize = 32;
 
 /// Mirrors `FlashParams` in `flash_attention.wgsl`.
 #[repr(C)]
@@ -48,8 +53,8 @@ pub fn carry_stride(v_head_dim: usize) -> usize {
 /// Key tiles per dispatch. A software rasteriser (Mesa's llvmpipe, behind lavapipe and GL here)
 /// stops every loop of a shader invocation once their iterations add up to 65,535 — silently,
 /// with wrong results — so on a CPU adapter a dispatch covers only as many keys as keep one
-/// invocation well under that count (the estimate is conservative: it assumes no loop is
-/// unrolled). On GPUs ranges of 8,192 keys keep each dispatch short enough for driver watchdogs.
+/// invocation under that count, counted as if no loop were unrolled, with half as much again
+/// for safety. On GPUs ranges of 8,192 keys keep each dispatch short enough for driver watchdogs.
 pub fn tiles_per_dispatch(
     qk_head_dim: usize,
     v_head_dim: usize,
@@ -58,11 +63,14 @@ pub fn tiles_per_dispatch(
 ) -> u32 {
     let keys = if software {
         let (dk4, dv4) = (qk_head_dim.div_ceil(4), v_head_dim.div_ceil(4));
-        // Per key: the score loop over dk4, the P·V loop over dv4, and the staging, softmax
-        // and mask loops, three times over for safety; the fixed part loads q and writes out.
-        let per_key = 3 * (dk4 + dv4) + 16;
-        let fixed = 8 * (dk4 + 5 * dv4) + 4096;
-        (65_535usize.saturating_sub(fixed) / per_key).max(kv_tile as usize)
+        let (rows, threads) = (ROWS_PER_THREAD as usize, THREADS as usize);
+        // Per key group: the score loop (dk4 × rows), the softmax loop (rows), the P·V loop
+        // (dv4 × rows) and the group loop itself; per key: the K and V staging loops.
+        let per_group = (dk4 + dv4) * (1 + rows) + rows + 1;
+        let per_key = per_group.div_ceil(KEY_GROUP) + (dk4 + dv4).div_ceil(threads) + 1;
+        // Loading q and the carried state, writing the carry or the output, plus a margin.
+        let fixed = rows * (dk4 + 6 * dv4) + 4096;
+        (65_535usize.saturating_sub(fixed) * 2 / (3 * per_key)).max(kv_tile as usize)
     } else {
         8192
     };
@@ -84,12 +92,17 @@ pub fn key_ranges(lk: usize, kv_tile: u32, tiles_per_dispatch: u32) -> Vec<(u32,
         .collect()
 }
 
-/// Keys per staged tile for these head sizes, or `None` if not even one key fits.
-pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize) -> Option<u32> {
+/// Keys the kernel takes at once: a row's scores for them are two vec4s.
+pub const KEY_GROUP: usize = 8;
+
+/// Keys per staged K/V tile for these head sizes within `workgroup_bytes` of workgroup memory
+/// (the device's `max_compute_workgroup_storage_size`): a multiple of [`KEY_GROUP`], or `None`
+/// if not even one group fits (the fused path is then unavailable; the multi-pass core runs).
+pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize, workgroup_bytes: u32) -> Option<u32> {
     // Rows are staged as whole vec4s (zero-padded).
     let per_key = (qk_head_dim.div_ceil(4) + v_head_dim.div_ceil(4)) * 16;
-    let keys = (TILE_BYTES / per_key).min(32);
-    (keys >= 1).then_some(keys as u32)
+    let keys = (workgroup_bytes as usize / per_key).min(MAX_KV_TILE) / KEY_GROUP * KEY_GROUP;
+    (keys >= KEY_GROUP).then_some(keys as u32)
 }
 
 /// The shader with its head sizes baked in (they are fixed per module, and WGSL needs

@@ -559,8 +559,11 @@ impl Job {
     ) -> Result<Self> {
         check_qkv(gpu, dims, false, q, k, v)?;
         let resolved = mask.resolve(dims.attn())?;
-        let Some(tile) = kernels::flash_attention::kv_tile(dims.qk_head_dim, dims.v_head_dim)
-        else {
+        let Some(tile) = kernels::flash_attention::kv_tile(
+            dims.qk_head_dim,
+            dims.v_head_dim,
+            gpu.limits().max_compute_workgroup_storage_size,
+        ) else {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
                 what: format!(
@@ -574,7 +577,7 @@ impl Job {
             let qkv = upload(gpu, "q|k|v", &pack_qkv(q, k, v));
             let mask_buf = upload(gpu, "mask", bytemuck::cast_slice(&resolved.words));
             let out = output(gpu, "combined", dims.out_len());
-            let p = FlashParams {
+            let base = FlashParams {
                 lq: dims.lq as u32,
                 lk: dims.lk as u32,
                 heads: dims.heads as u32,
@@ -584,27 +587,51 @@ impl Job {
                 v_offset: (dims.q_len() + dims.k_len()) as u32,
                 z_offset: 0,
                 kv_stride: dims.lk as u32,
-                // One dispatch over every key (the module splits long key ranges; this runner
-                // times the kernel alone).
                 tile_begin: 0,
-                tile_end: u32::MAX,
+                tile_end: 0,
                 carry_flags: 0,
                 mask: MaskParams::from_resolved(&resolved),
             };
-            let params = kernels::uniform_buffer(device, "flash params", &p);
-            let no_carry = output(gpu, "unused carry", 4);
+            // Key ranges split over dispatches exactly as a forward splits them (see
+            // `tiles_per_dispatch`), so what is timed is what a forward runs.
+            let software = gpu.info().device_type == wgpu::DeviceType::Cpu;
+            let per_dispatch = kernels::flash_attention::tiles_per_dispatch(
+                dims.qk_head_dim,
+                dims.v_head_dim,
+                tile,
+                software,
+            );
+            let ranges = kernels::flash_attention::key_ranges(dims.lk, tile, per_dispatch);
+            let carry_len = if ranges.len() > 1 {
+                dims.batch
+                    * dims.heads
+                    * dims.lq
+                    * kernels::flash_attention::carry_stride(dims.v_head_dim)
+            } else {
+                1
+            };
+            let carry = output(gpu, "flash carry", carry_len);
             let pass =
                 kernels::flash_attention::pass(gpu, dims.qk_head_dim, dims.v_head_dim, tile, false);
-            let groups = kernels::flash_attention::workgroups(&p, (dims.batch * dims.heads) as u32);
+            let groups =
+                kernels::flash_attention::workgroups(&base, (dims.batch * dims.heads) as u32);
             check_groups(gpu, groups)?;
-            let bind = pass.bind(device, &[&params, &qkv, &out, &no_carry, &mask_buf]);
-            Ok(Job::new(
-                gpu,
-                vec![(pass, bind, groups)],
-                vec![params, qkv, mask_buf],
-                out,
-                dims.out_len(),
-            ))
+            let mut steps = Vec::with_capacity(ranges.len());
+            let mut buffers = Vec::with_capacity(ranges.len() + 3);
+            for (tile_begin, tile_end, carry_flags) in ranges {
+                let p = FlashParams {
+                    tile_begin,
+                    tile_end,
+                    carry_flags,
+                    ..base
+                };
+                let params = kernels::uniform_buffer(device, "flash params", &p);
+                let bind = pass.bind(device, &[&params, &qkv, &out, &carry, &mask_buf]);
+                steps.push((pass.clone(), bind, groups));
+                buffers.push(params);
+            }
+            buffers.extend([qkv, mask_buf, carry]);
+            Ok(Job::new(gpu, steps, buffers, out, dims.out_len()))
         })?
     }
 
