@@ -336,6 +336,8 @@ pub(crate) struct Job {
     staging: wgpu::Buffer,
     /// Re-uploaded before each run when a pass works in place (softmax).
     restore: Option<(wgpu::Buffer, wgpu::Buffer, u64)>,
+    /// The `linear` variant a linear job runs (`None`: another pass, or the naive GEMM).
+    linear_variant: Option<LinearVariant>,
 }
 
 impl Job {
@@ -360,7 +362,13 @@ impl Job {
             result_len,
             staging,
             restore: None,
+            linear_variant: None,
         }
+    }
+
+    /// The `linear` variant this job runs, if it is an optimised linear job.
+    pub fn linear_variant(&self) -> Option<LinearVariant> {
+        self.linear_variant
     }
 
     /// Number of dispatches one run records.
@@ -474,6 +482,7 @@ impl Job {
             let wb = upload(gpu, "w", w);
             let bb = upload(gpu, "bias", bias.unwrap_or(&[]));
             let yb = output(gpu, "y", rows * n);
+            let mut chosen = None;
             let (pass, params, groups) = if kernel == LinearKernel::Naive {
                 let p = NaiveLinearParams {
                     m: rows as u32,
@@ -511,6 +520,7 @@ impl Job {
                     }
                     _ => kernels::linear::variant(&p, &bound),
                 };
+                chosen = Some(variant);
                 let pass = kernels::linear::pass(gpu, variant);
                 (
                     pass,
@@ -520,13 +530,15 @@ impl Job {
             };
             check_groups(gpu, groups)?;
             let bind = pass.bind(device, &[&params, &xb, &wb, &bb, &yb]);
-            Ok(Job::new(
+            let mut job = Job::new(
                 gpu,
                 vec![(pass, bind, groups)],
                 vec![params, xb, wb, bb],
                 yb,
                 rows * n,
-            ))
+            );
+            job.linear_variant = chosen;
+            Ok(job)
         })?
     }
 
