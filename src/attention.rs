@@ -1354,7 +1354,7 @@ impl MultiHeadAttention {
                     let (pass, variant) = match &self.linear_f16 {
                         Some((qkv_f16, _)) => (qkv_f16.clone(), LinearVariant::Scalar),
                         None => {
-                            let variant = kernels::linear::variant(&p, &bound);
+                            let variant = kernels::linear::variant(&self.gpu, &p, &bound);
                             (self.linear_pass(variant), variant)
                         }
                     };
@@ -1491,7 +1491,7 @@ impl MultiHeadAttention {
                 let (pass, variant) = match &self.linear_f16 {
                     Some((_, out_f16)) => (out_f16.clone(), LinearVariant::Scalar),
                     None => {
-                        let variant = kernels::linear::variant(&p, &bound);
+                        let variant = kernels::linear::variant(&self.gpu, &p, &bound);
                         (self.linear_pass(variant), variant)
                     }
                 };

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{gpu, max_err, tolerance};
-use wgpu_mha::kernels::linear::LinearVariant::*;
+use wgpu_mha::kernels::linear::{self, BoundElems, LinearParams, LinearVariant::*, Segment};
 use wgpu_mha::kernels::standalone::{self, CoreDims};
 use wgpu_mha::{Error, Mask, MaskTensor, Tensor};
 
@@ -121,6 +121,43 @@ fn linear_variants_refuse_what_they_cannot_run() {
         let (x, w) = (rand(8 * 4, 3), rand(8 * 4, 4));
         let result = standalone::linear_variant(gpu(), &x, &w, None, 8, 8, 4, Subgroup);
         assert_unsupported(result, "subgroup without SUBGROUP");
+    }
+}
+
+/// The auto choice: `Subgroup` only with SUBGROUP, on the adapters the policy names (CPU
+/// devices with subgroups of 8 or more, where it was measured faster), and only where the vec4
+/// precondition holds, like `Vec4`.
+#[test]
+fn linear_auto_choice_follows_the_policy() {
+    let bound = BoundElems {
+        x: 1 << 20,
+        w: 1 << 20,
+        bias: 1 << 10,
+        y: 1 << 20,
+    };
+    let info = gpu().info();
+    let subgroup_here = gpu().has_subgroups()
+        && info.device_type == wgpu::DeviceType::Cpu
+        && info.subgroup_min_size >= 8;
+    assert_eq!(linear::subgroup_preferred(gpu()), subgroup_here);
+    let fast = if subgroup_here { Subgroup } else { Vec4 };
+    for (m, n, k, want) in [
+        (130, 70, 36, fast),
+        (1, 1, 4, fast),
+        (130, 70, 6, Scalar),
+        (4096, 4096, 4096, Scalar), // past the bound buffers: no in-range proof
+    ] {
+        let segment = Segment {
+            heads: 1,
+            head_dim: n,
+            dst: 0,
+        };
+        let p = LinearParams::new(m, k, m, &[segment]);
+        let got = linear::variant(gpu(), &p, &bound);
+        assert_eq!(got, want, "{m}x{n}x{k} on {}", gpu().describe());
+        if !gpu().has_subgroups() {
+            assert_ne!(got, Subgroup);
+        }
     }
 }
 

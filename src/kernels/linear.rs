@@ -114,14 +114,32 @@ impl LinearParams {
     }
 }
 
-/// The fastest variant valid for these parameters and buffers: `Vec4` when K % 4 == 0, the
-/// offsets are 4-aligned and [`LinearParams::in_bounds`] proves every access in range.
-pub fn variant(p: &LinearParams, bound: &BoundElems) -> LinearVariant {
-    if vec4_ok(p, bound) {
-        LinearVariant::Vec4
-    } else {
+/// The variant a dispatch uses: `Scalar` unless K % 4 == 0, the offsets are 4-aligned and
+/// [`LinearParams::in_bounds`] proves every access in range; then `Subgroup` where
+/// [`subgroup_preferred`], else `Vec4`.
+pub fn variant(gpu: &Gpu, p: &LinearParams, bound: &BoundElems) -> LinearVariant {
+    // Both vec4 variants run without runtime bounds checks; `vec4_ok` is the `in_bounds` proof
+    // that makes that sound, so neither is picked without it.
+    if !vec4_ok(p, bound) {
         LinearVariant::Scalar
+    } else if subgroup_preferred(gpu) {
+        LinearVariant::Subgroup
+    } else {
+        LinearVariant::Vec4
     }
+}
+
+/// Whether [`variant`] picks `Subgroup` over `Vec4` on this adapter: only where it was measured
+/// faster. On lavapipe (a CPU adapter, subgroups of 8) it is about 1.7× faster than `Vec4` at
+/// 4096×512×512 (`bench --only gemm`, same run) and at 128×1536×512 (a fused QKV projection),
+/// because each lane's load is a separate scalar access there and it makes 10 loads per K step
+/// instead of 24. So: CPU adapters with SUBGROUP whose subgroups are at least 8 wide (narrower
+/// ones never take its shared path). Not measured on a GPU, where the 8 threads' identical X
+/// loads likely hit one cached line anyway and the shuffles and layout check are extra work:
+/// GPUs keep `Vec4` until a bench there (it prints both variants) shows otherwise.
+pub fn subgroup_preferred(gpu: &Gpu) -> bool {
+    let info = gpu.info();
+    gpu.has_subgroups() && info.device_type == wgpu::DeviceType::Cpu && info.subgroup_min_size >= 8
 }
 
 /// The precondition of both vec4 variants (`Vec4`, `Subgroup`), which run unchecked.

@@ -518,7 +518,7 @@ impl Job {
                         v.check(gpu, &p, &bound)?;
                         v
                     }
-                    _ => kernels::linear::variant(&p, &bound),
+                    _ => kernels::linear::variant(gpu, &p, &bound),
                 };
                 chosen = Some(variant);
                 let pass = kernels::linear::pass(gpu, variant);
