@@ -877,10 +877,11 @@ impl MultiHeadAttention {
         result?
     }
 
-    fn linear_pass(&self, variant: LinearVariant) -> &Arc<Pass> {
+    fn linear_pass(&self, variant: LinearVariant) -> Arc<Pass> {
         match variant {
-            LinearVariant::Scalar => &self.linear,
-            LinearVariant::Vec4 => &self.linear_vec4,
+            LinearVariant::Scalar => self.linear.clone(),
+            LinearVariant::Vec4 => self.linear_vec4.clone(),
+            LinearVariant::Subgroup => kernels::linear::pass(&self.gpu, variant),
         }
     }
 
@@ -1360,8 +1361,8 @@ impl MultiHeadAttention {
                     let (pass, variant) = match &self.linear_f16 {
                         Some((qkv_f16, _)) => (qkv_f16.clone(), LinearVariant::Scalar),
                         None => {
-                            let variant = kernels::linear::variant(&p, &bound);
-                            (self.linear_pass(variant).clone(), variant)
+                            let variant = kernels::linear::variant(&self.gpu, &p, &bound);
+                            (self.linear_pass(variant), variant)
                         }
                     };
                     let bind = pass.bind(
@@ -1497,8 +1498,8 @@ impl MultiHeadAttention {
                 let (pass, variant) = match &self.linear_f16 {
                     Some((_, out_f16)) => (out_f16.clone(), LinearVariant::Scalar),
                     None => {
-                        let variant = kernels::linear::variant(&p, &bound);
-                        (self.linear_pass(variant).clone(), variant)
+                        let variant = kernels::linear::variant(&self.gpu, &p, &bound);
+                        (self.linear_pass(variant), variant)
                     }
                 };
                 let bind = pass.bind(device, &[&params, &combined, w_o, bias, output]);

@@ -11,7 +11,8 @@ use std::time::Instant;
 use crate::config::AttentionConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::standalone::{CoreDims, Job};
+use crate::kernels::linear::LinearVariant;
+use crate::kernels::standalone::{CoreDims, Job, LinearKernel};
 use crate::mask::Mask;
 use crate::profile::PassTimer;
 use crate::tensor::Tensor;
@@ -253,6 +254,8 @@ pub struct BenchResult {
     /// Pass name → median GPU ms, in dispatch order.
     pub passes: Vec<(String, f64)>,
     pub speedups: Vec<Speedup>,
+    /// Measurements this adapter could not make, each with its reason.
+    pub skipped: Vec<String>,
     pub peak_buffer_bytes: u64,
 }
 
@@ -282,6 +285,7 @@ impl BenchResult {
             "gpu_gflops": if self.gpu_ms > 0.0 { self.gflop / self.gpu_ms * 1e3 } else { 0.0 },
             "passes": passes,
             "speedups": self.speedups.iter().map(Speedup::json).collect::<Vec<_>>(),
+            "skipped": self.skipped,
             "peak_buffer_bytes": self.peak_buffer_bytes,
             "adapter": {
                 "name": gpu.info().name,
@@ -332,6 +336,23 @@ pub fn time_linear(
     time_job(gpu, &job, iters)
 }
 
+/// Median GPU ms of one `linear` variant at `m×n×k` (`Err` when it cannot run here).
+pub fn time_linear_variant(
+    gpu: &Gpu,
+    m: usize,
+    n: usize,
+    k: usize,
+    variant: LinearVariant,
+    iters: usize,
+) -> Result<f64> {
+    let x = random(m * k, 1);
+    let w = random(n * k, 2);
+    let b = random(n, 3);
+    let kernel = LinearKernel::Variant(variant);
+    let job = Job::linear_split(gpu, &x, &w, Some(&b), m, k, m, &[(1, n)], kernel)?;
+    time_job(gpu, &job, iters)
+}
+
 /// The linear pass at `m×n×k` against the naive GEMM.
 pub fn gemm_speedup(
     gpu: &Gpu,
@@ -355,6 +376,54 @@ pub fn gemm_speedup(
         naive_ms,
         gflop: 2.0 * (m * n * k) as f64 / 1e9,
     })
+}
+
+/// The `linear` GEMM at `m×n×k` as a forward picks it (`linear MxNxK`), the vec4 variant when
+/// that is not the pick (`linear vec4 MxNxK`), and where the adapter has SUBGROUP the subgroup
+/// variant (`linear subgroup MxNxK`), each against one naive timing taken in the same run. The
+/// second list says what was skipped and why.
+pub fn gemm_variants(
+    gpu: &Gpu,
+    m: usize,
+    n: usize,
+    k: usize,
+    iters: usize,
+) -> Result<(Vec<Speedup>, Vec<String>)> {
+    let x = random(m * k, 1);
+    let w = random(n * k, 2);
+    let b = random(n, 3);
+    let job = |kernel| Job::linear_split(gpu, &x, &w, Some(&b), m, k, m, &[(1, n)], kernel);
+    let shape = format!("{m}x{n}x{k}");
+    let auto = job(LinearKernel::Auto)?;
+    let mut timed = vec![(format!("linear {shape}"), time_job(gpu, &auto, iters)?)];
+    let mut wanted = Vec::new();
+    if auto.linear_variant() != Some(LinearVariant::Vec4) {
+        wanted.push(("vec4", LinearVariant::Vec4));
+    }
+    drop(auto);
+    let mut skipped = Vec::new();
+    if gpu.has_subgroups() {
+        wanted.push(("subgroup", LinearVariant::Subgroup));
+    } else {
+        skipped.push(format!(
+            "linear subgroup {shape}: skipped, the adapter has no SUBGROUP feature"
+        ));
+    }
+    for (name, variant) in wanted {
+        let ms = time_job(gpu, &job(LinearKernel::Variant(variant))?, iters)?;
+        timed.push((format!("linear {name} {shape}"), ms));
+    }
+    let naive_ms = time_job(gpu, &job(LinearKernel::Naive)?, iters)?;
+    let rows = timed
+        .into_iter()
+        .map(|(name, optimised_ms)| Speedup {
+            name,
+            optimised_ms,
+            naive_ms,
+            gflop: 2.0 * (m * n * k) as f64 / 1e9,
+        })
+        .collect();
+    Ok((rows, skipped))
 }
 
 /// An attention core (fused or multi-pass) against the naive multi-pass core.
@@ -429,10 +498,12 @@ pub fn fused_vs_multipass(gpu: &Gpu, dims: CoreDims, iters: usize) -> Result<Spe
     })
 }
 
-/// The `gemm` micro-benchmark: linear at 4096×512×512 vs naive; fused vs multi-pass (and vs
-/// naive) attention core at B1 H8 L1024 d64.
+/// The `gemm` micro-benchmark: linear at 4096×512×512 (the forward's pick, and the vec4 and
+/// subgroup variants, see [`gemm_variants`]) vs naive; fused vs multi-pass (and vs naive)
+/// attention core at B1 H8 L1024 d64.
 pub fn run_micro(gpu: &Gpu, iters: usize) -> Result<BenchResult> {
-    let gemm = gemm_speedup(gpu, "linear 4096x512x512", 4096, 512, 512, iters)?;
+    let (gemms, skipped) = gemm_variants(gpu, 4096, 512, 512, iters)?;
+    let gemm = gemms[0].clone();
     let dims = CoreDims {
         batch: 1,
         heads: 8,
@@ -449,13 +520,19 @@ pub fn run_micro(gpu: &Gpu, iters: usize) -> Result<BenchResult> {
         true,
         iters,
     )?;
-    let passes = vec![
-        ("linear_4096x512x512".to_string(), gemm.optimised_ms),
+    let mut passes = vec![("linear_4096x512x512".to_string(), gemm.optimised_ms)];
+    for g in &gemms[1..] {
+        // "linear subgroup 4096x512x512" -> "linear_subgroup_4096x512x512"
+        passes.push((g.name.replace(' ', "_"), g.optimised_ms));
+    }
+    passes.extend([
         ("linear_naive_4096x512x512".to_string(), gemm.naive_ms),
         ("flash_attention_l1024".to_string(), fused.optimised_ms),
         ("multipass_core_l1024".to_string(), fused.naive_ms),
         ("naive_core_l1024".to_string(), naive_core.naive_ms),
-    ];
+    ]);
+    let mut speedups = gemms;
+    speedups.extend([fused, naive_core]);
     Ok(BenchResult {
         name: GEMM_MICRO.into(),
         variant: "micro",
@@ -469,7 +546,8 @@ pub fn run_micro(gpu: &Gpu, iters: usize) -> Result<BenchResult> {
         gpu_ms: gemm.optimised_ms,
         gflop: gemm.gflop,
         passes,
-        speedups: vec![gemm, fused, naive_core],
+        speedups,
+        skipped,
         peak_buffer_bytes: 0,
     })
 }
@@ -562,6 +640,7 @@ pub fn run_config(
         gflop: c.flops(bc.batch, bc.lq, bc.lk) / 1e9,
         passes: per_pass.into_iter().map(|(n, v)| (n, median(v))).collect(),
         speedups,
+        skipped: Vec::new(),
         peak_buffer_bytes,
     })
 }
@@ -651,6 +730,9 @@ pub fn format_result(r: &BenchResult) -> String {
             sp.gflop / sp.optimised_ms * 1e3,
             sp.gflop / sp.naive_ms * 1e3
         );
+    }
+    for why in &r.skipped {
+        s += &format!("  {why}\n");
     }
     s
 }

@@ -156,6 +156,28 @@ fn f16_variants_validate() {
     }
 }
 
+/// The subgroup GEMM validates with just the subgroup operations wgpu's SUBGROUP feature gives
+/// (vote, ballot, shuffle) in compute, and is rejected without the capability: it does use it.
+#[test]
+fn linear_subgroup_validates_with_subgroup_capability_only() {
+    use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet as Ops, ValidationFlags};
+    use wgpu_mha::kernels::linear::{self, LinearVariant};
+    let source = linear::source(LinearVariant::Subgroup);
+    let module = naga::front::wgsl::parse_str(&source)
+        .unwrap_or_else(|e| panic!("parse: {}", e.emit_to_string(&source)));
+    naga::valid::Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP)
+        .subgroup_stages(ShaderStages::COMPUTE)
+        .subgroup_operations(Ops::VOTE | Ops::BALLOT | Ops::SHUFFLE)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("validation: {}", e.emit_to_string(&source)));
+    let without = naga::valid::Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module);
+    assert!(
+        without.is_err(),
+        "validated without the SUBGROUP capability"
+    );
+}
+
 #[test]
 fn a_broken_shader_is_rejected() {
     // The validator is not a no-op: an undefined identifier must fail.

@@ -1,13 +1,14 @@
 //! The standalone per-pass runners (`wgpu_mha::kernels::standalone`) against plain f64 math,
-//! including sizes that hit every edge of the tiles and both `linear` variants (K % 4 == 0
-//! selects the vec4 one), and every mask kind through `scores`, `flash_attention` and the
+//! including sizes that hit every edge of the tiles and every `linear` variant (scalar, vec4,
+//! subgroup; into plain and head-split outputs), the auto choice between them, and every mask kind through `scores`, `flash_attention` and the
 //! multi-pass core.
 
 mod common;
 
 use common::{gpu, max_err, tolerance};
+use wgpu_mha::kernels::linear::{self, BoundElems, LinearParams, LinearVariant::*, Segment};
 use wgpu_mha::kernels::standalone::{self, CoreDims};
-use wgpu_mha::{Mask, MaskTensor, Tensor};
+use wgpu_mha::{Error, Mask, MaskTensor, Tensor};
 
 fn rand(len: usize, seed: u64) -> Vec<f32> {
     Tensor::random([len], seed).into_data()
@@ -58,6 +59,174 @@ fn linear_matches_f64_on_edge_sizes() {
             let naive = standalone::linear_naive(gpu(), &x, &w, bias, m, n, k).expect("naive");
             let err = max_err(&naive, &want);
             assert!(err <= tol, "linear_naive {m}x{n}x{k}: {err:.3e}");
+        }
+    }
+}
+
+/// Vec4-eligible shapes (K % 4 == 0) whose M and N are off the 128×64 tile, or smaller.
+const VEC4_SHAPES: [(usize, usize, usize); 6] = [
+    (1, 1, 4),
+    (17, 9, 4),
+    (129, 65, 8),
+    (130, 70, 36),
+    (200, 136, 20),
+    (257, 193, 64),
+];
+
+/// `Err(Unsupported)` naming the subgroup feature: what an adapter without SUBGROUP must say.
+fn assert_unsupported(result: wgpu_mha::Result<Vec<f32>>, label: &str) {
+    match result {
+        Err(Error::Unsupported { what, .. }) => {
+            assert!(what.contains("SUBGROUP"), "{label}: {what}")
+        }
+        other => panic!(
+            "{label}: expected Err(Unsupported), got {:?}",
+            other.map(|v| v.len())
+        ),
+    }
+}
+
+#[test]
+fn linear_subgroup_matches_f64_on_odd_shapes() {
+    for (i, &(m, n, k)) in VEC4_SHAPES.iter().enumerate() {
+        let x = rand(m * k, 110 + i as u64);
+        let w = rand(n * k, 120 + i as u64);
+        let b = rand(n, 130 + i as u64);
+        for bias in [None, Some(b.as_slice())] {
+            let label = format!("subgroup {m}x{n}x{k} bias={}", bias.is_some());
+            let got = standalone::linear_variant(gpu(), &x, &w, bias, m, n, k, Subgroup);
+            if !gpu().has_subgroups() {
+                assert_unsupported(got, &label);
+                continue;
+            }
+            let want = matmul_nt(&x, &w, bias, m, n, k);
+            let err = max_err(&got.expect(&label), &want);
+            assert!(err <= tolerance(&want), "{label}: {err:.3e}");
+        }
+    }
+}
+
+#[test]
+fn linear_variants_refuse_what_they_cannot_run() {
+    // K % 4 != 0: both vec4 variants need whole vec4 rows. A clean Err, not a panic.
+    let (x, w) = (rand(3 * 6, 1), rand(2 * 6, 2));
+    for variant in [Vec4, Subgroup] {
+        let result = standalone::linear_variant(gpu(), &x, &w, None, 3, 2, 6, variant);
+        assert!(result.is_err(), "{variant:?} ran with K = 6");
+    }
+    let scalar = standalone::linear_variant(gpu(), &x, &w, None, 3, 2, 6, Scalar);
+    let err = max_err(&scalar.expect("scalar"), &matmul_nt(&x, &w, None, 3, 2, 6));
+    assert!(err <= 1e-5, "scalar {err:.3e}");
+    if !gpu().has_subgroups() {
+        let (x, w) = (rand(8 * 4, 3), rand(8 * 4, 4));
+        let result = standalone::linear_variant(gpu(), &x, &w, None, 8, 8, 4, Subgroup);
+        assert_unsupported(result, "subgroup without SUBGROUP");
+    }
+}
+
+/// The auto choice: `Subgroup` only with SUBGROUP, on the adapters the policy names (CPU
+/// devices with subgroups of 8 or more, where it was measured faster), and only where the vec4
+/// precondition holds, like `Vec4`.
+#[test]
+fn linear_auto_choice_follows_the_policy() {
+    let bound = BoundElems {
+        x: 1 << 20,
+        w: 1 << 20,
+        bias: 1 << 10,
+        y: 1 << 20,
+    };
+    let info = gpu().info();
+    let subgroup_here = gpu().has_subgroups()
+        && info.device_type == wgpu::DeviceType::Cpu
+        && info.subgroup_min_size >= 8;
+    assert_eq!(linear::subgroup_preferred(gpu()), subgroup_here);
+    let fast = if subgroup_here { Subgroup } else { Vec4 };
+    for (m, n, k, want) in [
+        (130, 70, 36, fast),
+        (1, 1, 4, fast),
+        (130, 70, 6, Scalar),
+        (4096, 4096, 4096, Scalar), // past the bound buffers: no in-range proof
+    ] {
+        let segment = Segment {
+            heads: 1,
+            head_dim: n,
+            dst: 0,
+        };
+        let p = LinearParams::new(m, k, m, &[segment]);
+        let got = linear::variant(gpu(), &p, &bound);
+        assert_eq!(got, want, "{m}x{n}x{k} on {}", gpu().describe());
+        if !gpu().has_subgroups() {
+            assert_ne!(got, Subgroup);
+        }
+    }
+}
+
+/// f64 `x·wᵀ + b` scattered into head-split segments, one after another, each `[B, H, L, d]`.
+fn head_split_f64(
+    y: &[f64],
+    batch: usize,
+    seq_len: usize,
+    segments: &[(usize, usize)],
+) -> Vec<f64> {
+    let rows = batch * seq_len;
+    let n: usize = segments.iter().map(|&(h, d)| h * d).sum();
+    let mut out = vec![f64::NAN; rows * n];
+    let (mut col, mut dst) = (0, 0);
+    for &(heads, d) in segments {
+        for r in 0..rows {
+            let (b, l) = (r / seq_len, r % seq_len);
+            for c in 0..heads * d {
+                let (head, e) = (c / d, c % d);
+                out[dst + ((b * heads + head) * seq_len + l) * d + e] = y[r * n + col + c];
+            }
+        }
+        col += heads * d;
+        dst += rows * heads * d;
+    }
+    out
+}
+
+#[test]
+fn linear_head_split_matches_f64_for_every_variant() {
+    // Q | K | V segments of different widths (n = 68, off the 64-column tile), rows off the
+    // 128-row tile, as a fused QKV projection writes them.
+    for (batch, seq_len, k, segments) in [
+        (2, 37, 24, vec![(3, 8), (2, 12), (1, 20)]),
+        (3, 50, 16, vec![(4, 16), (4, 16)]),
+        (1, 5, 8, vec![(2, 3)]),
+    ] {
+        let rows = batch * seq_len;
+        let n: usize = segments.iter().map(|&(h, d)| h * d).sum();
+        let x = rand(rows * k, 140);
+        let w = rand(n * k, 150);
+        let b = rand(n, 160);
+        for bias in [None, Some(b.as_slice())] {
+            let plain = matmul_nt(&x, &w, bias, rows, n, k);
+            let want = head_split_f64(&plain, batch, seq_len, &segments);
+            let tol = tolerance(&want);
+            for variant in [None, Some(Scalar), Some(Vec4), Some(Subgroup)] {
+                let label = format!(
+                    "{variant:?} B{batch} L{seq_len} K{k} {segments:?} bias={}",
+                    bias.is_some()
+                );
+                let got = standalone::linear_head_split(
+                    gpu(),
+                    &x,
+                    &w,
+                    bias,
+                    batch,
+                    seq_len,
+                    k,
+                    &segments,
+                    variant,
+                );
+                if variant == Some(Subgroup) && !gpu().has_subgroups() {
+                    assert_unsupported(got, &label);
+                    continue;
+                }
+                let err = max_err(&got.expect(&label), &want);
+                assert!(err <= tol, "{label}: {err:.3e}");
+            }
         }
     }
 }

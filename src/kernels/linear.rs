@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
 use super::{Checks, Pass, Slot, GEMM_TILE_WGSL};
@@ -9,6 +10,8 @@ use super::{Checks, Pass, Slot, GEMM_TILE_WGSL};
 pub const WGSL: &str = include_str!("../../shaders/linear.wgsl");
 /// The vec4 variant (K % 4 == 0, offsets aligned); self-contained.
 pub const WGSL_VEC4: &str = include_str!("../../shaders/linear_vec4.wgsl");
+/// The vec4 variant with X loads shared across a subgroup; needs `Features::SUBGROUP`.
+pub const WGSL_SUBGROUP: &str = include_str!("../../shaders/linear_subgroup.wgsl");
 
 /// Which `linear` shader a dispatch uses; chosen on the host from its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -17,6 +20,30 @@ pub enum LinearVariant {
     Scalar,
     /// X and W read as vec4 along K: needs K % 4 == 0 and 4-aligned `x_offset`, `w_offset`.
     Vec4,
+    /// `Vec4` with each X vec4 loaded by one lane and shared through subgroup shuffles: the
+    /// same preconditions as `Vec4`, plus an adapter with `Features::SUBGROUP`.
+    Subgroup,
+}
+
+impl LinearVariant {
+    /// Whether this variant can run these parameters on `gpu`: `Ok` or the reason it cannot
+    /// (`Unsupported` without SUBGROUP, `Config` when the vec4 preconditions do not hold).
+    pub fn check(self, gpu: &Gpu, p: &LinearParams, bound: &BoundElems) -> Result<()> {
+        if self == LinearVariant::Subgroup && !gpu.has_subgroups() {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: "the subgroup linear variant needs the SUBGROUP feature".into(),
+            });
+        }
+        if self != LinearVariant::Scalar && !vec4_ok(p, bound) {
+            return Err(Error::Config(format!(
+                "the {self:?} linear variant needs K % 4 == 0, 4-aligned offsets and every \
+                 index in range (K {}, x_offset {}, w_offset {})",
+                p.k, p.x_offset, p.w_offset
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Elements held by the buffers one linear dispatch binds (x, w, bias, y).
@@ -87,14 +114,40 @@ impl LinearParams {
     }
 }
 
-/// The fastest variant valid for these parameters and buffers: `Vec4` when K % 4 == 0, the
-/// offsets are 4-aligned and [`LinearParams::in_bounds`] proves every access in range.
-pub fn variant(p: &LinearParams, bound: &BoundElems) -> LinearVariant {
-    if p.k % 4 == 0 && p.x_offset % 4 == 0 && p.w_offset % 4 == 0 && p.in_bounds(bound) {
-        LinearVariant::Vec4
-    } else {
+/// The variant a dispatch uses: `Scalar` unless K % 4 == 0, the offsets are 4-aligned and
+/// [`LinearParams::in_bounds`] proves every access in range; then `Subgroup` where
+/// [`subgroup_preferred`], else `Vec4`.
+pub fn variant(gpu: &Gpu, p: &LinearParams, bound: &BoundElems) -> LinearVariant {
+    // Both vec4 variants run without runtime bounds checks; `vec4_ok` is the `in_bounds` proof
+    // that makes that sound, so neither is picked without it.
+    if !vec4_ok(p, bound) {
         LinearVariant::Scalar
+    } else if subgroup_preferred(gpu) {
+        LinearVariant::Subgroup
+    } else {
+        LinearVariant::Vec4
     }
+}
+
+/// Whether [`variant`] picks `Subgroup` over `Vec4` on this adapter: only where it was measured
+/// faster. On lavapipe (a CPU adapter, subgroups of 8) it is about 1.7× faster than `Vec4` at
+/// 4096×512×512 (`bench --only gemm`, same run) and at 128×1536×512 (a fused QKV projection),
+/// because each lane's load is a separate scalar access there and it makes 10 loads per K step
+/// instead of 24. So: CPU adapters with SUBGROUP whose subgroups are at least 8 wide (narrower
+/// ones never take its shared path). Not measured on a GPU, where the 8 threads' identical X
+/// loads likely hit one cached line anyway and the shuffles and layout check are extra work:
+/// GPUs keep `Vec4` until a bench there (it prints both variants) shows otherwise.
+pub fn subgroup_preferred(gpu: &Gpu) -> bool {
+    let info = gpu.info();
+    gpu.has_subgroups() && info.device_type == wgpu::DeviceType::Cpu && info.subgroup_min_size >= 8
+}
+
+/// The precondition of both vec4 variants (`Vec4`, `Subgroup`), which run unchecked.
+fn vec4_ok(p: &LinearParams, bound: &BoundElems) -> bool {
+    p.k.is_multiple_of(4)
+        && p.x_offset.is_multiple_of(4)
+        && p.w_offset.is_multiple_of(4)
+        && p.in_bounds(bound)
 }
 
 /// Mirrors `LinearParams` in `linear.wgsl`.
@@ -162,6 +215,7 @@ pub fn source(variant: LinearVariant) -> String {
     match variant {
         LinearVariant::Scalar => format!("{GEMM_TILE_WGSL}\n{WGSL}"),
         LinearVariant::Vec4 => WGSL_VEC4.to_string(),
+        LinearVariant::Subgroup => WGSL_SUBGROUP.to_string(),
     }
 }
 
@@ -179,17 +233,18 @@ pub(crate) fn pass(gpu: &Gpu, variant: LinearVariant) -> Arc<Pass> {
     let key = match variant {
         LinearVariant::Scalar => "linear",
         LinearVariant::Vec4 => "linear_vec4",
+        LinearVariant::Subgroup => "linear_subgroup",
     };
     gpu.pass(key, || build(gpu.device(), variant))
 }
 
 fn build(device: &wgpu::Device, variant: LinearVariant) -> Pass {
-    // The vec4 variant runs without wgpu's runtime bounds checks (about 1.8× faster on
-    // lavapipe): `variant()` selects it only for dispatches whose every index
-    // `LinearParams::in_bounds` proves in range. The scalar variant keeps the checks.
+    // The vec4 variants run without wgpu's runtime bounds checks (about 1.8× faster on
+    // lavapipe): `variant()` and `LinearVariant::check` let them run only dispatches whose every
+    // index `LinearParams::in_bounds` proves in range. The scalar variant keeps the checks.
     let checks = match variant {
         LinearVariant::Scalar => Checks::Checked,
-        LinearVariant::Vec4 => Checks::Unchecked,
+        LinearVariant::Vec4 | LinearVariant::Subgroup => Checks::Unchecked,
     };
     Pass::build(device, "linear", &source(variant), "main", checks, SLOTS)
 }
@@ -252,11 +307,12 @@ pub(crate) fn pass_f16(gpu: &Gpu, output: F16Output) -> Arc<Pass> {
 pub fn tile(variant: LinearVariant) -> (u32, u32) {
     match variant {
         LinearVariant::Scalar => (64, 64),
-        LinearVariant::Vec4 => (8 * VEC4_ROWS, 8 * VEC4_COLS),
+        LinearVariant::Vec4 | LinearVariant::Subgroup => (8 * VEC4_ROWS, 8 * VEC4_COLS),
     }
 }
 
-/// Rows and columns per thread of `linear_vec4.wgsl` (`RB`, `CB` there; 8×8 threads).
+/// Rows and columns per thread of `linear_vec4.wgsl` and `linear_subgroup.wgsl` (`RB`, `CB`
+/// there; 64 threads as 8×8).
 const VEC4_ROWS: u32 = 16;
 const VEC4_COLS: u32 = 8;
 

@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{
     self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
-    linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, Checks, MaskParams, Pass, Slot,
+    linear::LinearVariant, linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, Checks,
+    MaskParams, Pass, Slot,
 };
 use crate::mask::{AttnDims, Mask};
 use crate::profile::PassTimer;
@@ -93,6 +94,76 @@ pub fn linear(
     k: usize,
 ) -> Result<Vec<f32>> {
     Job::linear(gpu, x, w, bias, m, n, k, false)?.run_and_read(None)
+}
+
+/// [`linear`] with a chosen variant instead of the one a forward would pick. `Err` when the
+/// variant cannot run here: `Unsupported` (e.g. `Subgroup` without SUBGROUP), or `Config`
+/// when its preconditions fail (the vec4 variants need K % 4 == 0).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_variant(
+    gpu: &Gpu,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    m: usize,
+    n: usize,
+    k: usize,
+    variant: LinearVariant,
+) -> Result<Vec<f32>> {
+    Job::linear_split(
+        gpu,
+        x,
+        w,
+        bias,
+        m,
+        k,
+        m,
+        &[(1, n)],
+        LinearKernel::Variant(variant),
+    )?
+    .run_and_read(None)
+}
+
+/// `linear` into head-split layout, as the Q/K/V projections write: `x [batch·seq_len, k]`,
+/// `w [n, k]` with `n = Σ heads·head_dim` over `segments` `(heads, head_dim)` (one to three),
+/// output the segments one after another, each `[batch, heads, seq_len, head_dim]`.
+/// `variant: None` picks as a forward does.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_head_split(
+    gpu: &Gpu,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    batch: usize,
+    seq_len: usize,
+    k: usize,
+    segments: &[(usize, usize)],
+    variant: Option<LinearVariant>,
+) -> Result<Vec<f32>> {
+    let kernel = variant.map_or(LinearKernel::Auto, LinearKernel::Variant);
+    Job::linear_split(
+        gpu,
+        x,
+        w,
+        bias,
+        batch * seq_len,
+        k,
+        seq_len,
+        segments,
+        kernel,
+    )?
+    .run_and_read(None)
+}
+
+/// Which kernel a standalone `linear` job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinearKernel {
+    /// The variant a forward would pick ([`kernels::linear::variant`]).
+    Auto,
+    /// This variant, or an error when it cannot run the problem here.
+    Variant(LinearVariant),
+    /// The naive baseline (`shaders/baseline/linear_naive.wgsl`).
+    Naive,
 }
 
 /// The baseline of [`linear`]: one thread per output element, no tiling (same layouts).
@@ -265,6 +336,8 @@ pub(crate) struct Job {
     staging: wgpu::Buffer,
     /// Re-uploaded before each run when a pass works in place (softmax).
     restore: Option<(wgpu::Buffer, wgpu::Buffer, u64)>,
+    /// The `linear` variant a linear job runs (`None`: another pass, or the naive GEMM).
+    linear_variant: Option<LinearVariant>,
 }
 
 impl Job {
@@ -289,7 +362,13 @@ impl Job {
             result_len,
             staging,
             restore: None,
+            linear_variant: None,
         }
+    }
+
+    /// The `linear` variant this job runs, if it is an optimised linear job.
+    pub fn linear_variant(&self) -> Option<LinearVariant> {
+        self.linear_variant
     }
 
     /// Number of dispatches one run records.
@@ -349,17 +428,52 @@ impl Job {
         k: usize,
         naive: bool,
     ) -> Result<Self> {
-        if m == 0 || n == 0 || k == 0 {
+        let kernel = if naive {
+            LinearKernel::Naive
+        } else {
+            LinearKernel::Auto
+        };
+        Self::linear_split(gpu, x, w, bias, m, k, m, &[(1, n)], kernel)
+    }
+
+    /// `linear` over `rows = batch·seq_len` rows into head-split segments `(heads, head_dim)`,
+    /// laid one after another, each `[batch, heads, seq_len, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_split(
+        gpu: &Gpu,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        rows: usize,
+        k: usize,
+        seq_len: usize,
+        segments: &[(usize, usize)],
+        kernel: LinearKernel,
+    ) -> Result<Self> {
+        let n: usize = segments.iter().map(|&(h, d)| h * d).sum();
+        if rows == 0 || n == 0 || k == 0 || seq_len == 0 || segments.iter().any(|s| s.1 == 0) {
             return Err(Error::Config(format!(
-                "linear sizes must be at least 1: m {m}, n {n}, k {k}"
+                "linear sizes must be at least 1: m {rows}, n {n}, k {k}, seq_len {seq_len}, \
+                 segments {segments:?}"
             )));
         }
-        expect_len("x", x.len(), m * k)?;
+        if !rows.is_multiple_of(seq_len) || !(1..=3).contains(&segments.len()) {
+            return Err(Error::Config(format!(
+                "linear: {rows} rows are not whole sequences of {seq_len}, or not 1 to 3 \
+                 segments ({segments:?})"
+            )));
+        }
+        if kernel == LinearKernel::Naive && (segments != [(1, n)] || seq_len != rows) {
+            return Err(Error::Config(
+                "the naive linear writes a plain [m, n] output only".into(),
+            ));
+        }
+        expect_len("x", x.len(), rows * k)?;
         expect_len("w", w.len(), n * k)?;
         if let Some(b) = bias {
             expect_len("bias", b.len(), n)?;
         }
-        for (what, elems) in [("x", m * k), ("w", n * k), ("y", m * n)] {
+        for (what, elems) in [("x", rows * k), ("w", n * k), ("y", rows * n)] {
             check_buffer(gpu, what, elems)?;
         }
         gpu.scoped("standalone linear", || {
@@ -367,10 +481,11 @@ impl Job {
             let xb = upload(gpu, "x", x);
             let wb = upload(gpu, "w", w);
             let bb = upload(gpu, "bias", bias.unwrap_or(&[]));
-            let yb = output(gpu, "y", m * n);
-            let (pass, params, groups) = if naive {
+            let yb = output(gpu, "y", rows * n);
+            let mut chosen = None;
+            let (pass, params, groups) = if kernel == LinearKernel::Naive {
                 let p = NaiveLinearParams {
-                    m: m as u32,
+                    m: rows as u32,
                     n: n as u32,
                     k: k as u32,
                     has_bias: bias.is_some() as u32,
@@ -379,24 +494,33 @@ impl Job {
                 (
                     pass,
                     kernels::uniform_buffer(device, "naive linear params", &p),
-                    [n.div_ceil(16) as u32, m.div_ceil(16) as u32, 1],
+                    [n.div_ceil(16) as u32, rows.div_ceil(16) as u32, 1],
                 )
             } else {
-                let mut p = LinearParams::new(
-                    m as u32,
-                    k as u32,
-                    m as u32,
-                    &[Segment {
-                        heads: 1,
-                        head_dim: n as u32,
-                        dst: 0,
-                    }],
-                );
+                let mut dst = 0;
+                let segs: Vec<Segment> = segments
+                    .iter()
+                    .map(|&(heads, head_dim)| {
+                        let seg = Segment {
+                            heads: heads as u32,
+                            head_dim: head_dim as u32,
+                            dst: dst as u32,
+                        };
+                        dst += rows * heads * head_dim;
+                        seg
+                    })
+                    .collect();
+                let mut p = LinearParams::new(rows as u32, k as u32, seq_len as u32, &segs);
                 p.has_bias = bias.is_some() as u32;
-                let variant = kernels::linear::variant(
-                    &p,
-                    &kernels::linear::BoundElems::of(&xb, &wb, &bb, &yb),
-                );
+                let bound = kernels::linear::BoundElems::of(&xb, &wb, &bb, &yb);
+                let variant = match kernel {
+                    LinearKernel::Variant(v) => {
+                        v.check(gpu, &p, &bound)?;
+                        v
+                    }
+                    _ => kernels::linear::variant(gpu, &p, &bound),
+                };
+                chosen = Some(variant);
                 let pass = kernels::linear::pass(gpu, variant);
                 (
                     pass,
@@ -406,13 +530,15 @@ impl Job {
             };
             check_groups(gpu, groups)?;
             let bind = pass.bind(device, &[&params, &xb, &wb, &bb, &yb]);
-            Ok(Job::new(
+            let mut job = Job::new(
                 gpu,
                 vec![(pass, bind, groups)],
                 vec![params, xb, wb, bb],
                 yb,
-                m * n,
-            ))
+                rows * n,
+            );
+            job.linear_variant = chosen;
+            Ok(job)
         })?
     }
 

@@ -1,0 +1,153 @@
+// linear_subgroup: linear_vec4.wgsl with the X loads shared across a subgroup. Same parameters,
+// bindings, preconditions (K % 4 == 0, x_offset and w_offset multiples of 4, every index proven
+// in range by the host) and dispatch: (ceil(N / 64), ceil(M / 128), 1) workgroups of 64 threads;
+// thread (tx, ty) = (index % 8, index / 8) owns rows ty + 8·i (i < 16) and columns tx + 8·j
+// (j < 8) of the 128×64 tile, as in linear_vec4.
+//
+// The 8 threads of a workgroup row (same ty) read the same 16 X rows. Where they are 8
+// consecutive lanes of one subgroup, thread tx loads only X rows tx and tx + 8 and the others
+// get them by subgroupShuffle: 2 X loads per K step instead of 16 (W is distinct per thread).
+// Loads are what costs on a CPU device, where each lane's load is a separate scalar access.
+//
+// Which invocations form a subgroup, and its size, are up to the device (8 on lavapipe, 32 or
+// 64 on most GPUs, possibly 4 or 128), so the shader checks the layout it needs at run time and
+// a subgroup that does not have it runs the vec4 loop unchanged.
+//
+// Needs the device feature SUBGROUP. No `enable subgroups;`: naga 30 rejects that directive as
+// not yet implemented (gfx-rs/wgpu#5555) and gates the subgroup builtins on the feature alone.
+
+struct LinearParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    seq_len: u32,
+    x_offset: u32,
+    w_offset: u32,
+    bias_offset: u32,
+    has_bias: u32,
+    dst_seq_len: u32,
+    dst_pos: u32,
+    _pad0: u32,
+    _pad1: u32,
+    seg_start: vec4<u32>,
+    seg_head_dim: vec4<u32>,
+    seg_heads: vec4<u32>,
+    seg_dst: vec4<u32>,
+}
+
+@group(0) @binding(0) var<uniform> p: LinearParams;
+@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+const RB: u32 = 16u;
+const CB: u32 = 8u;
+
+fn sg_dst_index(row: u32, col: u32) -> u32 {
+    let s = select(0u, 1u, col >= p.seg_start.y) + select(0u, 1u, col >= p.seg_start.z);
+    let local = col - p.seg_start[s];
+    let d = p.seg_head_dim[s];
+    let head = local / d;
+    let b = row / p.seq_len;
+    let l = row % p.seq_len;
+    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.dst_seq_len + p.dst_pos + l) * d + local % d;
+}
+
+// vec4 index of the start of X row ty + 8·i of this tile (rows past the edge read row 0).
+fn x_base(row0: u32, i: u32, k4: u32) -> u32 {
+    let row = row0 + 8u * i;
+    return p.x_offset / 4u + select(0u, row * k4, row < p.m);
+}
+
+// Whether this lane's aligned group of 8 lanes is the 8 threads of one workgroup row, all
+// active, in tx order: then lane (lane & ~7) + c is thread (c, ty).
+fn row_group_ok(lidx: u32, lane: u32, sg_size: u32) -> bool {
+    let offset = lidx - lane; // the same on every lane when lanes follow the invocation index
+    let group = lane & ~7u;
+    let live = subgroupBallot(true); // 128 bits: subgroups have at most 128 lanes
+    let group_bits = (live[min(group / 32u, 3u)] >> (group % 32u)) & 0xffu;
+    return sg_size % 8u == 0u && sg_size <= 128u && offset % 8u == 0u
+        && offset == subgroupBroadcastFirst(offset) && group_bits == 0xffu;
+}
+
+// One-dimensional: naga allows subgroup_invocation_id only with a 1-D workgroup size.
+@compute @workgroup_size(64, 1, 1)
+fn main(
+    @builtin(local_invocation_index) lidx: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+) {
+    let tx = lidx % 8u;
+    let ty = lidx / 8u;
+    let row0 = wid.y * 8u * RB + ty;
+    let col0 = wid.x * 8u * CB + tx;
+    let k4 = p.k / 4u;
+    var wb: array<u32, CB>;
+    for (var j = 0u; j < CB; j++) {
+        wb[j] = p.w_offset / 4u + select(0u, (col0 + 8u * j) * k4, col0 + 8u * j < p.n);
+    }
+    var acc: array<array<f32, CB>, RB>;
+    // Subgroup-uniform, so every lane of a subgroup takes the same loop and shuffles read
+    // only lanes that run it.
+    if (subgroupAll(row_group_ok(lidx, lane, sg_size))) {
+        let group = lane & ~7u;
+        // Thread tx loads X rows ty + 8·tx and ty + 8·(tx + 8): acc rows tx and tx + 8.
+        let xa = x_base(row0, tx, k4);
+        let xc = x_base(row0, tx + 8u, k4);
+        for (var kq = 0u; kq < k4; kq++) {
+            var b: array<vec4<f32>, CB>;
+            for (var j = 0u; j < CB; j++) {
+                b[j] = w4[wb[j] + kq];
+            }
+            let va = x4[xa + kq];
+            let vc = x4[xc + kq];
+            // Two loops rather than one with both rows: Mesa unrolls only small loop bodies,
+            // and an un-unrolled loop leaves acc indexed dynamically (1.7× slower on lavapipe).
+            for (var c = 0u; c < 8u; c++) {
+                let a = subgroupShuffle(va, group + c);
+                for (var j = 0u; j < CB; j++) {
+                    acc[c][j] += dot(a, b[j]);
+                }
+            }
+            for (var c = 0u; c < 8u; c++) {
+                let a = subgroupShuffle(vc, group + c);
+                for (var j = 0u; j < CB; j++) {
+                    acc[c + 8u][j] += dot(a, b[j]);
+                }
+            }
+        }
+    } else {
+        // The vec4 loop: every thread loads its own 16 X rows.
+        var xb: array<u32, RB>;
+        for (var i = 0u; i < RB; i++) {
+            xb[i] = x_base(row0, i, k4);
+        }
+        for (var kq = 0u; kq < k4; kq++) {
+            var b: array<vec4<f32>, CB>;
+            for (var j = 0u; j < CB; j++) {
+                b[j] = w4[wb[j] + kq];
+            }
+            for (var i = 0u; i < RB; i++) {
+                let a = x4[xb[i] + kq];
+                for (var j = 0u; j < CB; j++) {
+                    acc[i][j] += dot(a, b[j]);
+                }
+            }
+        }
+    }
+    for (var i = 0u; i < RB; i++) {
+        let row = row0 + 8u * i;
+        for (var j = 0u; j < CB; j++) {
+            let col = col0 + 8u * j;
+            if (row < p.m && col < p.n) {
+                var v = acc[i][j];
+                if (p.has_bias != 0u) {
+                    v += bias[p.bias_offset + col];
+                }
+                y[sg_dst_index(row, col)] = v;
+            }
+        }
+    }
+}
