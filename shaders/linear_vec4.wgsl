@@ -1,13 +1,14 @@
 // linear_vec4: linear.wgsl (Y = X · Wᵀ + b into head-split segments) for the common case the host
 // selects it for: K % 4 == 0 and x_offset, w_offset multiples of 4, so every row of X and W is a
 // run of whole vec4s. X and W are bound as vec4 arrays and read along K four floats at a time.
-// Self-contained (needs no prefix); same bindings, parameters and dispatch as linear.wgsl:
-// (ceil(N / 64), ceil(M / 64), 1) workgroups of 16×16, each thread a 4×4 register block.
+// Self-contained (needs no prefix); same bindings and parameters as linear.wgsl.
+// Dispatch: (ceil(N / 64), ceil(M / 128), 1) workgroups of 8×8 threads; thread (tx, ty) owns
+// rows ty + 8·i (i < RB = 16) and columns tx + 8·j (j < CB = 8) of the 128×64 tile, so stores
+// of neighbouring threads hit neighbouring columns.
 //
-// Tiles: 64 rows of X and 64 rows of W, KQ vec4s (4·KQ floats of K) deep, staged in workgroup
-// memory with a padded row stride (KQ + 1 vec4s) so threads of a row of the workgroup read
-// different banks. Thread (tx, ty) owns rows ty + 16·i and columns tx + 16·j (i, j < 4), so
-// stores of neighbouring threads hit neighbouring columns.
+// No workgroup memory: each thread reads its X and W vec4s straight from storage and uses
+// every X vec4 for CB outputs and every W vec4 for RB outputs (a 16×8 register block);
+// the reuse comes from registers, not from staged tiles.
 
 struct LinearParams {
     m: u32,
