@@ -38,7 +38,7 @@ impl AttentionConfig {
                 "num_heads is 0; it must be at least 1".into(),
             ));
         }
-        if d_model % num_heads != 0 {
+        if !d_model.is_multiple_of(num_heads) {
             return Err(Error::Config(format!(
                 "d_model {d_model} is not divisible by num_heads {num_heads}"
             )));

@@ -49,7 +49,7 @@ fn bits(len: usize, seed: u64) -> Vec<bool> {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
-            s % 3 == 0
+            s.is_multiple_of(3)
         })
         .collect()
 }

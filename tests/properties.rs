@@ -160,7 +160,7 @@ fn random_valid_problems_match_the_reference() {
                     },
                 )
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let want = reference::forward(&c, &weights, &q, &kv, &kv, &p.mask)
+            let want = reference::forward(&c, weights, &q, &kv, &kv, &p.mask)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let err = common::max_err(got.output.data(), &want.output);
             prop_assert!(

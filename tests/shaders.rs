@@ -99,7 +99,7 @@ fn flash_tiles_are_whole_key_groups_within_workgroup_memory() {
             match kv_tile(dk, dv, bytes) {
                 Some(tile) => {
                     let tile = tile as usize;
-                    assert!(tile % KEY_GROUP == 0, "{dk} {dv} {bytes}: {tile}");
+                    assert!(tile.is_multiple_of(KEY_GROUP), "{dk} {dv} {bytes}: {tile}");
                     assert!(staged(tile) <= bytes as usize, "{dk} {dv} {bytes}: {tile}");
                 }
                 None => assert!(staged(KEY_GROUP) > bytes as usize, "{dk} {dv} {bytes}"),

@@ -438,8 +438,11 @@ fn inputs(d: &CoreDims) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     )
 }
 
+/// Whether key j is visible to query i of (batch b, head h) under a mask.
+type KeepRule = Box<dyn Fn(usize, usize, usize, usize) -> bool>;
+
 /// Causal (bottom-right) and a random [B, Lq, Lk] block mask with its keep rule.
-fn masks(d: &CoreDims) -> Vec<(Mask, Box<dyn Fn(usize, usize, usize, usize) -> bool>)> {
+fn masks(d: &CoreDims) -> Vec<(Mask, KeepRule)> {
     let (lq, lk) = (d.lq, d.lk);
     let bytes: Vec<u8> = rand(d.batch * lq * lk, 7)
         .iter()
