@@ -1,8 +1,9 @@
 // flash_attention: scores + mask + online softmax + P·V in one pass, no [Lq, Lk] buffer.
-// One workgroup takes BLOCK_Q = 128 query rows of one (batch, head); each of its THREADS = 8
-// threads owns ROWS = 16 query rows (q and the output accumulators in registers, as vec4s),
-// so every K/V value read from workgroup memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys
-// (a multiple of 8) are staged in workgroup memory, zero-padded to whole vec4s and whole tiles.
+// One workgroup takes BLOCK_Q = 8·ROWS query rows of one (batch, head); each of its THREADS = 8
+// threads owns ROWS query rows (16 on lavapipe, 4 elsewhere; see `rows_per_thread`), with q
+// and the output accumulators in registers as vec4s, so every K/V value read from workgroup
+// memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys (a multiple of 8) are staged
+// in workgroup memory, zero-padded to whole vec4s and whole tiles.
 // Keys are consumed 8 at a time: a row's 8 scores are two vec4s and the online softmax
 // rescales once per 8 keys. Every loop inside a key group has a constant trip count, so the
 // compiler unrolls it and q, the scores and acc are indexed by constants only; a runtime index
@@ -17,14 +18,15 @@
 // dispatch that is not the last stores each row's running max, sum and accumulator in
 // `carry`, and the next one resumes from it. That bounds the work of one invocation (software
 // rasterisers cap a shader's loop iterations; desktop drivers reset long-running dispatches).
-// Dispatch: (ceil(Lq / 128), B·H, 1) per key range; z offset as in scores.
+// Dispatch: (ceil(Lq / BLOCK_Q), B·H, 1) per key range; z offset as in scores.
 //
-// The host rewrites the next three constants for each module (head sizes are fixed per module).
+// The host rewrites the next three constants for each module (head sizes are fixed per module),
+// and ROWS for each device.
 const HEAD_DIM_QK: u32 = 64u;
 const HEAD_DIM_V: u32 = 64u;
 const KV_TILE: u32 = 32u;
 
-const ROWS: u32 = 16u;                         // query rows per thread (ROWS_PER_THREAD)
+const ROWS: u32 = 16u;                         // rows per thread (host: rows_per_thread)
 const THREADS: u32 = 8u;                       // one SIMD vector of llvmpipe
 const BLOCK_Q: u32 = ROWS * THREADS;
 const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;      // vec4s per q/k row

@@ -352,8 +352,11 @@ impl MultiHeadAttention {
                 return Err(Error::Unsupported {
                     adapter: gpu.describe(),
                     what: format!(
-                        "f16 precision with head sizes q/k {} + v {} (f16 runs only the fused kernel, whose K/V row must fit 16 KiB of workgroup memory)",
-                        config.qk_head_dim, config.v_head_dim
+                        "f16 precision with head sizes q/k {} + v {} (f16 runs only the fused kernel, whose tile of {} K/V rows must fit the {} bytes of workgroup memory)",
+                        config.qk_head_dim,
+                        config.v_head_dim,
+                        kernels::flash_attention::KEY_GROUP,
+                        gpu.limits().max_compute_workgroup_storage_size
                     ),
                 })
             }
@@ -431,6 +434,7 @@ impl MultiHeadAttention {
                 config.qk_head_dim,
                 config.v_head_dim,
                 flash_tile,
+                kernels::flash_attention::rows_per_thread(gpu),
                 software,
             );
             MultiHeadAttention {
@@ -982,8 +986,11 @@ impl MultiHeadAttention {
             AttentionPath::Fused if !fused_ok => Err(Error::Unsupported {
                 adapter: self.gpu.describe(),
                 what: format!(
-                    "fused attention with head sizes q/k {} + v {} (a K/V row must fit 16 KiB of workgroup memory)",
-                    self.config.qk_head_dim, self.config.v_head_dim
+                    "fused attention with head sizes q/k {} + v {} (a tile of {} K/V rows must fit the {} bytes of workgroup memory)",
+                    self.config.qk_head_dim,
+                    self.config.v_head_dim,
+                    kernels::flash_attention::KEY_GROUP,
+                    self.gpu.limits().max_compute_workgroup_storage_size
                 ),
             }),
             AttentionPath::Fused => Ok(true),
@@ -1424,7 +1431,11 @@ impl MultiHeadAttention {
                 let (params, workgroups) = if key.fused {
                     (
                         kernels::uniform_buffer(device, "flash params", &flash),
-                        kernels::flash_attention::workgroups(&flash, bh),
+                        kernels::flash_attention::workgroups(
+                            &flash,
+                            bh,
+                            kernels::flash_attention::rows_per_thread(&self.gpu),
+                        ),
                     )
                 } else {
                     (

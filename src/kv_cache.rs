@@ -533,7 +533,11 @@ impl MultiHeadAttention {
                 flash.dispatch(
                     encoder,
                     &cache.attn_bind,
-                    kernels::flash_attention::workgroups(&fp, bh),
+                    kernels::flash_attention::workgroups(
+                        &fp,
+                        bh,
+                        kernels::flash_attention::rows_per_thread(&self.gpu),
+                    ),
                     None,
                 );
             }

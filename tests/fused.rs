@@ -362,3 +362,38 @@ fn long_keys_with_large_heads_match_the_reference() {
         );
     }
 }
+
+/// Heads too wide for one 8-key K/V tile in workgroup memory: `Auto` runs the multi-pass core
+/// and matches the reference; forcing `Fused` is `Err(Unsupported)` naming the head sizes.
+#[test]
+fn heads_too_wide_for_a_fused_tile_use_the_multi_pass_core() {
+    let bytes = gpu().limits().max_compute_workgroup_storage_size as usize;
+    // Smallest per-head width (q/k = v) whose 8-key tile overflows this device's workgroup memory.
+    let width = (bytes / (8 * 2 * 4) + 1).next_multiple_of(4);
+    let config = AttentionConfig::per_head(8, width, width, 1).expect("config");
+    let weights = AttentionWeights::random(&config, 3);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).expect("module");
+    let (q, kv) = (Tensor::random([2, 3, 8], 1), Tensor::random([2, 5, 8], 2));
+    let mask = Mask::Causal;
+
+    let auto = mha
+        .forward_with(&q, &kv, &kv, &mask, &ForwardOptions::default())
+        .expect("auto forward");
+    assert_eq!(auto.path, AttentionPath::MultiPass);
+    let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).expect("reference");
+    let err = max_err(auto.output.data(), &want.output);
+    assert!(err <= tolerance(&want.output), "error {err:.3e}");
+
+    let forced = ForwardOptions {
+        path: AttentionPath::Fused,
+        ..Default::default()
+    };
+    let err = mha
+        .forward_with(&q, &kv, &kv, &mask, &forced)
+        .expect_err("fused must be refused");
+    assert!(
+        matches!(err, wgpu_mha::Error::Unsupported { .. })
+            && err.to_string().contains(&format!("{width}")),
+        "{err}"
+    );
+}

@@ -110,14 +110,15 @@ fn flash_tiles_are_whole_key_groups_within_workgroup_memory() {
     assert_eq!(kv_tile(1024, 1024, 32 * 1024), None);
 }
 
-/// The host's dispatch geometry is the shader's.
+/// The host's dispatch geometry is the shader's: THREADS as written, ROWS as rewritten.
 #[test]
 fn flash_geometry_matches_the_shader() {
-    use wgpu_mha::kernels::flash_attention::{BLOCK_Q, ROWS_PER_THREAD, THREADS, WGSL};
-    assert!(WGSL.contains(&format!("const ROWS: u32 = {ROWS_PER_THREAD}u;")));
+    use wgpu_mha::kernels::flash_attention::{source, THREADS, WGSL};
     assert!(WGSL.contains(&format!("const THREADS: u32 = {THREADS}u;")));
     assert!(WGSL.contains("const BLOCK_Q: u32 = ROWS * THREADS;"));
-    assert_eq!(BLOCK_Q, ROWS_PER_THREAD * THREADS);
+    for rows in [4, 16] {
+        assert!(source(64, 64, 32, rows).contains(&format!("const ROWS: u32 = {rows}u;")));
+    }
 }
 
 #[test]
@@ -125,8 +126,11 @@ fn flash_attention_validates_for_odd_head_sizes() {
     use wgpu_mha::kernels::flash_attention;
     for (dk, dv) in [(1, 1), (24, 24), (16, 24), (64, 64), (256, 512), (3, 7)] {
         let tile = flash_attention::kv_tile(dk, dv, WORKGROUP_BYTES).expect("fits");
-        let source = flash_attention::source(dk, dv, tile);
-        validate(&format!("flash dk={dk} dv={dv}"), &source).unwrap_or_else(|e| panic!("{e}"));
+        for rows in [4, 16] {
+            let source = flash_attention::source(dk, dv, tile, rows);
+            let label = format!("flash dk={dk} dv={dv} rows={rows}");
+            validate(&label, &source).unwrap_or_else(|e| panic!("{e}"));
+        }
     }
 }
 
@@ -148,7 +152,7 @@ fn f16_variants_validate() {
     }
     for (dk, dv) in [(1, 1), (7, 7), (24, 24), (6, 24), (64, 64), (256, 512)] {
         let tile = flash_attention::kv_tile(dk, dv, WORKGROUP_BYTES).expect("fits");
-        let source = flash_attention::source_f16(dk, dv, tile);
+        let source = flash_attention::source_f16(dk, dv, tile, 4);
         assert!(source.starts_with("enable f16;"));
         assert!(source.contains("qkv: array<f16>"));
         assert!(source.contains("return f32(qkv[base + d]);"));

@@ -8,13 +8,25 @@ use super::{MaskParams, Pass, Slot, MASK_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 
-/// Query rows each thread owns (`ROWS` in the shader; 16 measured best on lavapipe, 8 was
-/// 0.8× as fast and 32 no longer fits what the compiler unrolls).
-pub const ROWS_PER_THREAD: u32 = 16;
-/// Threads per workgroup (`THREADS`): one 8-lane SIMD vector on llvmpipe.
+/// Threads per workgroup (`THREADS` in the shader): one 8-lane SIMD vector on llvmpipe.
 pub const THREADS: u32 = 8;
-/// Query rows per workgroup (`BLOCK_Q`).
-pub const BLOCK_Q: u32 = ROWS_PER_THREAD * THREADS;
+
+/// Query rows each thread owns (`ROWS` in the shader, rewritten per device); a workgroup takes
+/// `rows · THREADS` query rows.
+/// * Vulkan on a CPU (lavapipe): 16. Measured at L=1024 d64 against the multi-pass core in one
+///   run: 16 rows 2.5×, 8 rows 2.1×, 4 rows 1.6×; at 32 the loops no longer unroll.
+/// * Everything else: 4. On GL's llvmpipe the GLSL route compiles the unrolled kernel very
+///   slowly (first use at d64, cold cache: 362 s at 16 rows, 140 s at 8, 65 s at 4); on GPUs
+///   fewer rows keep q and the accumulators (2 · rows · head size floats) in registers. Not
+///   measured on a GPU: this task had none.
+pub fn rows_per_thread(gpu: &Gpu) -> u32 {
+    let info = gpu.info();
+    if info.backend == wgpu::Backend::Vulkan && info.device_type == wgpu::DeviceType::Cpu {
+        16
+    } else {
+        4
+    }
+}
 
 /// Most keys per staged K/V tile (more gives no measurable gain and costs workgroup memory).
 const MAX_KV_TILE: usize = 32;
@@ -59,11 +71,12 @@ pub fn tiles_per_dispatch(
     qk_head_dim: usize,
     v_head_dim: usize,
     kv_tile: u32,
+    rows: u32,
     software: bool,
 ) -> u32 {
     let keys = if software {
         let (dk4, dv4) = (qk_head_dim.div_ceil(4), v_head_dim.div_ceil(4));
-        let (rows, threads) = (ROWS_PER_THREAD as usize, THREADS as usize);
+        let (rows, threads) = (rows as usize, THREADS as usize);
         // Per key group: the score loop (dk4 × rows), the softmax loop (rows), the P·V loop
         // (dv4 × rows) and the group loop itself; per key: the K and V staging loops.
         let per_group = (dk4 + dv4) * (1 + rows) + rows + 1;
@@ -107,7 +120,7 @@ pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize, workgroup_bytes: u32) -> O
 
 /// The shader with its head sizes baked in (they are fixed per module, and WGSL needs
 /// constant sizes for the per-thread q and accumulator arrays).
-pub fn source(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String {
+pub fn source(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32, rows: u32) -> String {
     let body = WGSL
         .replace(
             "const HEAD_DIM_QK: u32 = 64u;",
@@ -120,14 +133,18 @@ pub fn source(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String {
         .replace(
             "const KV_TILE: u32 = 32u;",
             &format!("const KV_TILE: u32 = {kv_tile}u;"),
+        )
+        .replace(
+            "const ROWS: u32 = 16u;",
+            &format!("const ROWS: u32 = {rows}u;"),
         );
     format!("{MASK_WGSL}\n{body}")
 }
 
 /// [`source`] reading f16 Q/K/V (`array<f16>`, widened to f32 in `row_elem`); scores,
 /// softmax statistics, the accumulator and the output stay f32. Needs `SHADER_F16`.
-pub fn source_f16(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32) -> String {
-    let body = source(qk_head_dim, v_head_dim, kv_tile)
+pub fn source_f16(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32, rows: u32) -> String {
+    let body = source(qk_head_dim, v_head_dim, kv_tile, rows)
         .replace(
             "var<storage, read> qkv: array<f32>;",
             "var<storage, read> qkv: array<f16>;",
@@ -155,20 +172,23 @@ pub(crate) fn pass(
     f16: bool,
 ) -> Arc<Pass> {
     let (dk, dv) = (qk_head_dim, v_head_dim);
+    let rows = rows_per_thread(gpu);
     let precision = if f16 { "f16" } else { "f32" };
     gpu.pass(
-        &format!("flash_attention {precision} dk={dk} dv={dv} tile={kv_tile}"),
+        &format!("flash_attention {precision} dk={dk} dv={dv} tile={kv_tile} rows={rows}"),
         || {
             let source = if f16 {
-                source_f16(dk, dv, kv_tile)
+                source_f16(dk, dv, kv_tile, rows)
             } else {
-                source(dk, dv, kv_tile)
+                source(dk, dv, kv_tile, rows)
             };
             Pass::new(gpu.device(), "flash_attention", &source, SLOTS)
         },
     )
 }
 
-pub fn workgroups(p: &FlashParams, batch_heads: u32) -> [u32; 3] {
-    [p.lq.div_ceil(BLOCK_Q), batch_heads, 1]
+/// One workgroup per `rows · THREADS` query rows (`rows` = [`rows_per_thread`] of the device
+/// the pass was built for) per (batch, head) of the dispatch.
+pub fn workgroups(p: &FlashParams, batch_heads: u32, rows: u32) -> [u32; 3] {
+    [p.lq.div_ceil(rows * THREADS), batch_heads, 1]
 }

@@ -725,6 +725,7 @@ impl Job {
                 dims.qk_head_dim,
                 dims.v_head_dim,
                 tile,
+                kernels::flash_attention::rows_per_thread(gpu),
                 software,
             );
             let ranges = kernels::flash_attention::key_ranges(dims.lk, tile, per_dispatch);
@@ -739,8 +740,11 @@ impl Job {
             let carry = output(gpu, "flash carry", carry_len);
             let pass =
                 kernels::flash_attention::pass(gpu, dims.qk_head_dim, dims.v_head_dim, tile, false);
-            let groups =
-                kernels::flash_attention::workgroups(&base, (dims.batch * dims.heads) as u32);
+            let groups = kernels::flash_attention::workgroups(
+                &base,
+                (dims.batch * dims.heads) as u32,
+                kernels::flash_attention::rows_per_thread(gpu),
+            );
             check_groups(gpu, groups)?;
             let mut steps = Vec::with_capacity(ranges.len());
             let mut buffers = Vec::with_capacity(ranges.len() + 3);
