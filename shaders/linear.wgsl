@@ -5,26 +5,6 @@
 // one segment with a single head of width N.
 // Dispatch: (ceil(N / 64), ceil(M / 64), 1) workgroups of 16×16.
 
-struct LinearParams {
-    m: u32,            // rows of X (= batch · seq_len)
-    n: u32,            // output features
-    k: u32,            // input features
-    seq_len: u32,      // L, to split a row index into (batch, position)
-    x_offset: u32,     // element offsets into the bound buffers
-    w_offset: u32,
-    bias_offset: u32,
-    has_bias: u32,
-    dst_seq_len: u32,  // rows per (batch, head) in the destination (a KV cache's capacity, else L)
-    dst_pos: u32,      // position of input row 0 in the destination (cache length before append)
-    _pad0: u32,
-    _pad1: u32,
-    seg_start: vec4<u32>,    // first column of each segment (.x = 0)
-    seg_head_dim: vec4<u32>, // d of each segment
-    seg_heads: vec4<u32>,    // H of each segment
-    seg_dst: vec4<u32>,      // element offset of each segment in y
-}
-
-@group(0) @binding(0) var<uniform> p: LinearParams;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -36,17 +16,6 @@ fn load_a(batch: u32, row: u32, k: u32) -> f32 {
 
 fn load_b(batch: u32, k: u32, col: u32) -> f32 {
     return w[p.w_offset + col * p.k + k];
-}
-
-// Where output (row, col) lives: segment, then head-split [B, H, L, d] inside it.
-fn dst_index(row: u32, col: u32) -> u32 {
-    let s = select(0u, 1u, col >= p.seg_start.y) + select(0u, 1u, col >= p.seg_start.z);
-    let local = col - p.seg_start[s];
-    let d = p.seg_head_dim[s];
-    let head = local / d;
-    let b = row / p.seq_len;
-    let l = row % p.seq_len;
-    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.dst_seq_len + p.dst_pos + l) * d + local % d;
 }
 
 @compute @workgroup_size(16, 16, 1)

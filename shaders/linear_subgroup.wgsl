@@ -16,26 +16,6 @@
 // Needs the device feature SUBGROUP. No `enable subgroups;`: naga 30 rejects that directive as
 // not yet implemented (gfx-rs/wgpu#5555) and gates the subgroup builtins on the feature alone.
 
-struct LinearParams {
-    m: u32,
-    n: u32,
-    k: u32,
-    seq_len: u32,
-    x_offset: u32,
-    w_offset: u32,
-    bias_offset: u32,
-    has_bias: u32,
-    dst_seq_len: u32,
-    dst_pos: u32,
-    _pad0: u32,
-    _pad1: u32,
-    seg_start: vec4<u32>,
-    seg_head_dim: vec4<u32>,
-    seg_heads: vec4<u32>,
-    seg_dst: vec4<u32>,
-}
-
-@group(0) @binding(0) var<uniform> p: LinearParams;
 @group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w4: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -43,16 +23,6 @@ struct LinearParams {
 
 const RB: u32 = 16u;
 const CB: u32 = 8u;
-
-fn sg_dst_index(row: u32, col: u32) -> u32 {
-    let s = select(0u, 1u, col >= p.seg_start.y) + select(0u, 1u, col >= p.seg_start.z);
-    let local = col - p.seg_start[s];
-    let d = p.seg_head_dim[s];
-    let head = local / d;
-    let b = row / p.seq_len;
-    let l = row % p.seq_len;
-    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.dst_seq_len + p.dst_pos + l) * d + local % d;
-}
 
 // vec4 index of the start of X row ty + 8·i of this tile (rows past the edge read row 0).
 fn x_base(row0: u32, i: u32, k4: u32) -> u32 {
@@ -146,7 +116,7 @@ fn main(
                 if (p.has_bias != 0u) {
                     v += bias[p.bias_offset + col];
                 }
-                y[sg_dst_index(row, col)] = v;
+                y[dst_index(row, col)] = v;
             }
         }
     }

@@ -1,7 +1,7 @@
 // linear_vec4: linear.wgsl (Y = X · Wᵀ + b into head-split segments) for the common case the host
 // selects it for: K % 4 == 0 and x_offset, w_offset multiples of 4, so every row of X and W is a
 // run of whole vec4s. X and W are bound as vec4 arrays and read along K four floats at a time.
-// Self-contained (needs no prefix); same bindings and parameters as linear.wgsl.
+// Same bindings and parameters as linear.wgsl; the host prepends linear_params.wgsl.
 // Dispatch: (ceil(N / 64), ceil(M / 128), 1) workgroups of 8×8 threads; thread (tx, ty) owns
 // rows ty + 8·i (i < RB = 16) and columns tx + 8·j (j < CB = 8) of the 128×64 tile, so stores
 // of neighbouring threads hit neighbouring columns.
@@ -10,26 +10,6 @@
 // every X vec4 for CB outputs and every W vec4 for RB outputs (a 16×8 register block);
 // the reuse comes from registers, not from staged tiles.
 
-struct LinearParams {
-    m: u32,
-    n: u32,
-    k: u32,
-    seq_len: u32,
-    x_offset: u32,
-    w_offset: u32,
-    bias_offset: u32,
-    has_bias: u32,
-    dst_seq_len: u32,
-    dst_pos: u32,
-    _pad0: u32,
-    _pad1: u32,
-    seg_start: vec4<u32>,
-    seg_head_dim: vec4<u32>,
-    seg_heads: vec4<u32>,
-    seg_dst: vec4<u32>,
-}
-
-@group(0) @binding(0) var<uniform> p: LinearParams;
 @group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w4: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -37,16 +17,6 @@ struct LinearParams {
 
 const RB: u32 = 16u;
 const CB: u32 = 8u;
-
-fn v4_dst_index(row: u32, col: u32) -> u32 {
-    let s = select(0u, 1u, col >= p.seg_start.y) + select(0u, 1u, col >= p.seg_start.z);
-    let local = col - p.seg_start[s];
-    let d = p.seg_head_dim[s];
-    let head = local / d;
-    let b = row / p.seq_len;
-    let l = row % p.seq_len;
-    return p.seg_dst[s] + ((b * p.seg_heads[s] + head) * p.dst_seq_len + p.dst_pos + l) * d + local % d;
-}
 
 @compute @workgroup_size(8, 8, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -83,7 +53,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 if (p.has_bias != 0u) {
                     v += bias[p.bias_offset + col];
                 }
-                y[v4_dst_index(row, col)] = v;
+                y[dst_index(row, col)] = v;
             }
         }
     }

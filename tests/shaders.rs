@@ -21,6 +21,10 @@ fn with_snippets(source: &str, shaders: &Path) -> String {
     if source.contains("gemm_tile(") && !source.contains("fn gemm_tile(") {
         prefix += &std::fs::read_to_string(shaders.join("gemm_tile.wgsl")).expect("gemm_tile.wgsl");
     }
+    if source.contains("dst_index(") && !source.contains("fn dst_index(") {
+        prefix += &std::fs::read_to_string(shaders.join("linear_params.wgsl"))
+            .expect("linear_params.wgsl");
+    }
     if source.contains("apply_mask(") && !source.contains("fn apply_mask(") {
         prefix += &std::fs::read_to_string(shaders.join("mask.wgsl")).expect("mask.wgsl");
     }

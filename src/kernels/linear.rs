@@ -8,7 +8,9 @@ use crate::gpu::Gpu;
 use super::{Checks, Pass, Slot, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/linear.wgsl");
-/// The vec4 variant (K % 4 == 0, offsets aligned); self-contained.
+/// `LinearParams`, its uniform binding and `dst_index`: prepended to every variant.
+pub const PARAMS_WGSL: &str = include_str!("../../shaders/linear_params.wgsl");
+/// The vec4 variant (K % 4 == 0, offsets aligned).
 pub const WGSL_VEC4: &str = include_str!("../../shaders/linear_vec4.wgsl");
 /// The vec4 variant with X loads shared across a subgroup; needs `Features::SUBGROUP`.
 pub const WGSL_SUBGROUP: &str = include_str!("../../shaders/linear_subgroup.wgsl");
@@ -150,7 +152,7 @@ fn vec4_ok(p: &LinearParams, bound: &BoundElems) -> bool {
         && p.in_bounds(bound)
 }
 
-/// Mirrors `LinearParams` in `linear.wgsl`.
+/// Mirrors `LinearParams` in `linear_params.wgsl`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct LinearParams {
@@ -213,9 +215,9 @@ impl LinearParams {
 /// The full source of one variant (the scalar one needs the shared GEMM tile prepended).
 pub fn source(variant: LinearVariant) -> String {
     match variant {
-        LinearVariant::Scalar => format!("{GEMM_TILE_WGSL}\n{WGSL}"),
-        LinearVariant::Vec4 => WGSL_VEC4.to_string(),
-        LinearVariant::Subgroup => WGSL_SUBGROUP.to_string(),
+        LinearVariant::Scalar => format!("{PARAMS_WGSL}\n{GEMM_TILE_WGSL}\n{WGSL}"),
+        LinearVariant::Vec4 => format!("{PARAMS_WGSL}\n{WGSL_VEC4}"),
+        LinearVariant::Subgroup => format!("{PARAMS_WGSL}\n{WGSL_SUBGROUP}"),
     }
 }
 
@@ -282,7 +284,7 @@ pub fn source_f16(output: F16Output) -> String {
                 "y[dst_index(row, col)] = f16(v);",
             );
     }
-    format!("enable f16;\n{GEMM_TILE_WGSL}\n{body}")
+    format!("enable f16;\n{PARAMS_WGSL}\n{GEMM_TILE_WGSL}\n{body}")
 }
 
 /// The f16 scalar `linear` pass (runtime bounds checks on, like the f32 scalar one).
