@@ -11,24 +11,11 @@
 //
 // Which invocations form a subgroup, and its size, are up to the device (8 on lavapipe, 32 or
 // 64 on most GPUs, possibly 4 or 128), so the shader checks the layout it needs at run time and
-// a subgroup that does not have it runs the vec4 loop unchanged.
+// a subgroup that does not have it runs the vec4 loop unchanged (`vec4_block`, the same
+// function linear_vec4 runs; the host prepends linear_params.wgsl and linear_vec4_block.wgsl).
 //
 // Needs the device feature SUBGROUP. No `enable subgroups;`: naga 30 rejects that directive as
 // not yet implemented (gfx-rs/wgpu#5555) and gates the subgroup builtins on the feature alone.
-
-@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> w4: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-const RB: u32 = 16u;
-const CB: u32 = 8u;
-
-// vec4 index of the start of X row ty + 8·i of this tile (rows past the edge read row 0).
-fn x_base(row0: u32, i: u32, k4: u32) -> u32 {
-    let row = row0 + 8u * i;
-    return p.x_offset / 4u + select(0u, row * k4, row < p.m);
-}
 
 // Whether this lane's aligned group of 8 lanes is the 8 threads of one workgroup row, all
 // active, in tx order: then lane (lane & ~7) + c is thread (c, ty).
@@ -53,15 +40,15 @@ fn main(
     let ty = lidx / 8u;
     let row0 = wid.y * 8u * RB + ty;
     let col0 = wid.x * 8u * CB + tx;
-    let k4 = p.k / 4u;
-    var wb: array<u32, CB>;
-    for (var j = 0u; j < CB; j++) {
-        wb[j] = p.w_offset / 4u + select(0u, (col0 + 8u * j) * k4, col0 + 8u * j < p.n);
-    }
     var acc: array<array<f32, CB>, RB>;
     // Subgroup-uniform, so every lane of a subgroup takes the same loop and shuffles read
     // only lanes that run it.
     if (subgroupAll(row_group_ok(lidx, lane, sg_size))) {
+        let k4 = p.k / 4u;
+        var wb: array<u32, CB>;
+        for (var j = 0u; j < CB; j++) {
+            wb[j] = w_base(col0, j, k4);
+        }
         let group = lane & ~7u;
         // Thread tx loads X rows ty + 8·tx and ty + 8·(tx + 8): acc rows tx and tx + 8.
         let xa = x_base(row0, tx, k4);
@@ -90,34 +77,7 @@ fn main(
         }
     } else {
         // The vec4 loop: every thread loads its own 16 X rows.
-        var xb: array<u32, RB>;
-        for (var i = 0u; i < RB; i++) {
-            xb[i] = x_base(row0, i, k4);
-        }
-        for (var kq = 0u; kq < k4; kq++) {
-            var b: array<vec4<f32>, CB>;
-            for (var j = 0u; j < CB; j++) {
-                b[j] = w4[wb[j] + kq];
-            }
-            for (var i = 0u; i < RB; i++) {
-                let a = x4[xb[i] + kq];
-                for (var j = 0u; j < CB; j++) {
-                    acc[i][j] += dot(a, b[j]);
-                }
-            }
-        }
+        acc = vec4_block(row0, col0);
     }
-    for (var i = 0u; i < RB; i++) {
-        let row = row0 + 8u * i;
-        for (var j = 0u; j < CB; j++) {
-            let col = col0 + 8u * j;
-            if (row < p.m && col < p.n) {
-                var v = acc[i][j];
-                if (p.has_bias != 0u) {
-                    v += bias[p.bias_offset + col];
-                }
-                y[dst_index(row, col)] = v;
-            }
-        }
-    }
+    store_block(row0, col0, acc);
 }

@@ -320,6 +320,11 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
     Tensor::random([len], seed).into_data()
 }
 
+/// Random X `[m, k]`, W `[n, k]` and bias `[n]` for timing a linear pass.
+fn linear_inputs(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (random(m * k, 1), random(n * k, 2), random(n, 3))
+}
+
 /// Median GPU ms of the linear pass (or the naive GEMM) at `m×n×k`.
 pub fn time_linear(
     gpu: &Gpu,
@@ -329,9 +334,7 @@ pub fn time_linear(
     naive: bool,
     iters: usize,
 ) -> Result<f64> {
-    let x = random(m * k, 1);
-    let w = random(n * k, 2);
-    let b = random(n, 3);
+    let (x, w, b) = linear_inputs(m, n, k);
     let job = Job::linear(gpu, &x, &w, Some(&b), m, n, k, naive)?;
     time_job(gpu, &job, iters)
 }
@@ -345,9 +348,7 @@ pub fn time_linear_variant(
     variant: LinearVariant,
     iters: usize,
 ) -> Result<f64> {
-    let x = random(m * k, 1);
-    let w = random(n * k, 2);
-    let b = random(n, 3);
+    let (x, w, b) = linear_inputs(m, n, k);
     let kernel = LinearKernel::Variant(variant);
     let job = Job::linear_split(gpu, &x, &w, Some(&b), m, k, m, &[(1, n)], kernel)?;
     time_job(gpu, &job, iters)
@@ -362,9 +363,7 @@ pub fn gemm_speedup(
     k: usize,
     iters: usize,
 ) -> Result<Speedup> {
-    let x = random(m * k, 1);
-    let w = random(n * k, 2);
-    let b = random(n, 3);
+    let (x, w, b) = linear_inputs(m, n, k);
     let fast = Job::linear(gpu, &x, &w, Some(&b), m, n, k, false)?;
     let optimised_ms = time_job(gpu, &fast, iters)?;
     drop(fast);
@@ -389,9 +388,7 @@ pub fn gemm_variants(
     k: usize,
     iters: usize,
 ) -> Result<(Vec<Speedup>, Vec<String>)> {
-    let x = random(m * k, 1);
-    let w = random(n * k, 2);
-    let b = random(n, 3);
+    let (x, w, b) = linear_inputs(m, n, k);
     let job = |kernel| Job::linear_split(gpu, &x, &w, Some(&b), m, k, m, &[(1, n)], kernel);
     let shape = format!("{m}x{n}x{k}");
     let auto = job(LinearKernel::Auto)?;

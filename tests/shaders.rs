@@ -21,7 +21,12 @@ fn with_snippets(source: &str, shaders: &Path) -> String {
     if source.contains("gemm_tile(") && !source.contains("fn gemm_tile(") {
         prefix += &std::fs::read_to_string(shaders.join("gemm_tile.wgsl")).expect("gemm_tile.wgsl");
     }
-    if source.contains("dst_index(") && !source.contains("fn dst_index(") {
+    if source.contains("vec4_block(") && !source.contains("fn vec4_block(") {
+        prefix += &std::fs::read_to_string(shaders.join("linear_vec4_block.wgsl"))
+            .expect("linear_vec4_block.wgsl");
+    }
+    let uses_params = source.contains("dst_index(") || prefix.contains("dst_index(");
+    if uses_params && !source.contains("fn dst_index(") {
         prefix += &std::fs::read_to_string(shaders.join("linear_params.wgsl"))
             .expect("linear_params.wgsl");
     }

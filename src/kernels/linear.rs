@@ -10,6 +10,8 @@ use super::{Checks, Pass, Slot, GEMM_TILE_WGSL};
 pub const WGSL: &str = include_str!("../../shaders/linear.wgsl");
 /// `LinearParams`, its uniform binding and `dst_index`: prepended to every variant.
 pub const PARAMS_WGSL: &str = include_str!("../../shaders/linear_params.wgsl");
+/// Bindings, register block, plain vec4 loop and store shared by `Vec4` and `Subgroup`.
+pub const VEC4_BLOCK_WGSL: &str = include_str!("../../shaders/linear_vec4_block.wgsl");
 /// The vec4 variant (K % 4 == 0, offsets aligned).
 pub const WGSL_VEC4: &str = include_str!("../../shaders/linear_vec4.wgsl");
 /// The vec4 variant with X loads shared across a subgroup; needs `Features::SUBGROUP`.
@@ -216,8 +218,10 @@ impl LinearParams {
 pub fn source(variant: LinearVariant) -> String {
     match variant {
         LinearVariant::Scalar => format!("{PARAMS_WGSL}\n{GEMM_TILE_WGSL}\n{WGSL}"),
-        LinearVariant::Vec4 => format!("{PARAMS_WGSL}\n{WGSL_VEC4}"),
-        LinearVariant::Subgroup => format!("{PARAMS_WGSL}\n{WGSL_SUBGROUP}"),
+        LinearVariant::Vec4 => format!("{PARAMS_WGSL}\n{VEC4_BLOCK_WGSL}\n{WGSL_VEC4}"),
+        LinearVariant::Subgroup => {
+            format!("{PARAMS_WGSL}\n{VEC4_BLOCK_WGSL}\n{WGSL_SUBGROUP}")
+        }
     }
 }
 
