@@ -29,35 +29,27 @@
 //! returns the mean of V (never NaN), on every path.
 
 pub mod attention;
-pub mod bench;
-pub mod case;
-pub mod config;
 pub mod error;
 pub mod gpu;
-pub mod gpu_tensor;
+pub mod io;
 pub mod kernels;
-pub mod kv_cache;
-pub mod mask;
-pub mod profile;
+pub mod model;
 pub mod reference;
-pub mod safetensors_io;
-pub mod soak;
-pub mod tensor;
-pub mod weights;
 
+pub use attention::gpu_tensor::{GpuTensor, ReadFuture};
+pub use attention::kv_cache::KvCache;
 pub use attention::{
     AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention, Precision,
 };
-pub use case::{Case, CaseResult, CaseVariant};
-pub use config::AttentionConfig;
 pub use error::{Error, Result};
+pub use gpu::timer::PassTimer;
 pub use gpu::{list_adapters, Gpu, GpuOptions, LiveObjects};
-pub use gpu_tensor::{GpuTensor, ReadFuture};
-pub use kv_cache::KvCache;
-pub use mask::{Mask, MaskTensor};
-pub use safetensors_io::{LoadedWeights, SafetensorsFile, WeightLayout};
-pub use tensor::Tensor;
-pub use weights::{AttentionWeights, Linear};
+pub use io::case::{Case, CaseResult, CaseVariant};
+pub use io::safetensors::{LoadedWeights, SafetensorsFile, WeightLayout};
+pub use model::config::AttentionConfig;
+pub use model::mask::{Mask, MaskTensor};
+pub use model::tensor::{max_abs_diff, Tensor};
+pub use model::weights::{AttentionWeights, Linear};
 
 /// The README's examples compile as doctests.
 #[cfg(doctest)]

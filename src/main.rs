@@ -1,14 +1,14 @@
 //! `wgpu-mha`: the command-line tool. With no arguments it runs both seed shapes on an embedded
 //! default problem and checks them against the CPU reference.
 
-mod interop_cli;
+mod cli;
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use wgpu_mha::{
-    bench, reference, AttentionConfig, AttentionWeights, ForwardOptions, Gpu, GpuOptions, Mask,
+    reference, AttentionConfig, AttentionWeights, ForwardOptions, Gpu, GpuOptions, Mask,
     MultiHeadAttention, Tensor,
 };
 
@@ -36,9 +36,9 @@ enum Command {
     /// Run both seed shapes on the embedded default and compare with the CPU reference.
     Demo,
     /// Run case files on the GPU and compare with their `out_f64`; ends with `N passed, N failed`.
-    Check(interop_cli::CheckArgs),
+    Check(cli::interop::CheckArgs),
     /// Run a case file, or weights + inputs, and write the output tensor `out` to safetensors.
-    Run(interop_cli::RunArgs),
+    Run(cli::interop::RunArgs),
     /// Run many small forwards and print process RSS and live GPU objects (leak check).
     Soak {
         /// Number of forwards.
@@ -81,8 +81,8 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Demo) {
         Command::Info => info(&options),
         Command::Demo => demo(&options),
-        Command::Check(args) => interop_cli::check(&options, &args),
-        Command::Run(args) => interop_cli::run(&options, &args),
+        Command::Check(args) => cli::interop::check(&options, &args),
+        Command::Run(args) => cli::interop::run(&options, &args),
         Command::Soak { iters, every } => soak(&options, iters, every),
         Command::Bench {
             only,
@@ -142,21 +142,21 @@ fn bench(
 ) -> Result<ExitCode, wgpu_mha::Error> {
     let config = config
         .as_deref()
-        .map(bench::BenchConfig::parse)
+        .map(cli::bench::BenchConfig::parse)
         .transpose()?;
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
     if !gpu.has_timestamps() {
         println!("(no TIMESTAMP_QUERY: per-pass times unavailable, totals are wall clock)");
     }
-    let bench_options = bench::BenchOptions {
+    let bench_options = cli::bench::BenchOptions {
         only,
         config,
         iters,
         skip_naive,
     };
-    let results = bench::run(&gpu, &bench_options, |r| {
-        print!("{}", bench::format_result(r))
+    let results = cli::bench::run(&gpu, &bench_options, |r| {
+        print!("{}", cli::bench::format_result(r))
     })?;
     if let Some(path) = json {
         let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
@@ -242,7 +242,7 @@ fn soak(options: &GpuOptions, iters: usize, every: usize) -> Result<ExitCode, wg
         "{:>10} {:>12} {:>12} {:>12}",
         "forwards", "rss_kib", "gpu_buffers", "bind_groups"
     );
-    let samples = wgpu_mha::soak::run(&gpu, iters, every)?;
+    let samples = cli::soak::run(&gpu, iters, every)?;
     for s in &samples {
         let rss = s.rss_kib.map_or("-".to_string(), |r| r.to_string());
         println!(

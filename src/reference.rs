@@ -1,11 +1,11 @@
 //! The CPU reference: the seeds' math in f64, written plainly (no tiling, no fusion), so the GPU
 //! passes have something independent to be checked against.
 
-use crate::config::AttentionConfig;
 use crate::error::Result;
-use crate::mask::{Mask, MaskTensor, MASKED_SCORE};
-use crate::tensor::Tensor;
-use crate::weights::{AttentionWeights, Linear};
+use crate::model::config::AttentionConfig;
+use crate::model::mask::{Mask, MaskTensor, MASKED_SCORE};
+use crate::model::tensor::Tensor;
+use crate::model::weights::{AttentionWeights, Linear};
 
 /// The reference result: output `[B, Lq, out]` and probabilities `[B, H, Lq, Lk]`, in f64.
 #[derive(Debug, Clone)]
@@ -37,7 +37,7 @@ pub fn forward(
     crate::attention::check_inputs(config, query, key, value)?;
     let (b, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
     let (h, dk, dv) = (config.heads, config.qk_head_dim, config.v_head_dim);
-    let dims = crate::mask::AttnDims {
+    let dims = crate::model::mask::AttnDims {
         batch: b,
         heads: h,
         lq,

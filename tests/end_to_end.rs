@@ -5,7 +5,8 @@ mod common;
 
 use common::check_against_reference;
 use wgpu_mha::{
-    weights::SplitMix64, AttentionConfig, AttentionPath, ForwardOptions, Mask, MaskTensor, Tensor,
+    model::weights::SplitMix64, AttentionConfig, AttentionPath, ForwardOptions, Mask, MaskTensor,
+    Tensor,
 };
 
 /// How the three inputs relate.

@@ -38,7 +38,7 @@ struct Problem {
 
 /// 32 random configurations: half classic (heads 1–8, d_k 1–8), half per-head (sizes 1–64).
 fn config_pool() -> Vec<AttentionConfig> {
-    let mut rng = wgpu_mha::weights::SplitMix64::new(2026);
+    let mut rng = wgpu_mha::model::weights::SplitMix64::new(2026);
     let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
     (0..32)
         .map(|i| {

@@ -27,7 +27,7 @@ pub struct MaskParams {
 }
 
 impl MaskParams {
-    pub(crate) fn from_resolved(m: &crate::mask::ResolvedMask) -> Self {
+    pub(crate) fn from_resolved(m: &crate::model::mask::ResolvedMask) -> Self {
         MaskParams {
             kind: m.kind as u32,
             causal_offset: m.causal_offset.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
@@ -164,7 +164,7 @@ impl Pass {
         encoder: &mut wgpu::CommandEncoder,
         bind_group: &wgpu::BindGroup,
         workgroups: [u32; 3],
-        timer: Option<&mut crate::profile::PassTimer>,
+        timer: Option<&mut crate::gpu::timer::PassTimer>,
     ) {
         let timestamp_writes = timer.and_then(|t| t.next(self.label));
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {

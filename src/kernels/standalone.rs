@@ -2,7 +2,7 @@
 //!
 //! Each function uploads its inputs, builds the pass's pipeline, records one dispatch, submits,
 //! waits and returns the pass's output as a host `Vec<f32>`. They exist for per-pass tests and
-//! for the benchmark (which times the same jobs repeatedly through [`crate::profile::PassTimer`]);
+//! for the benchmark (which times the same jobs repeatedly through [`crate::gpu::timer::PassTimer`]);
 //! a forward through [`crate::MultiHeadAttention`] never uses them.
 //!
 //! Layouts (all row-major f32):
@@ -19,14 +19,14 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::gpu::timer::PassTimer;
 use crate::gpu::Gpu;
 use crate::kernels::{
     self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
     linear::LinearVariant, linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, Checks,
     MaskParams, Pass, Slot,
 };
-use crate::mask::{AttnDims, Mask};
-use crate::profile::PassTimer;
+use crate::model::mask::{AttnDims, Mask};
 
 /// Sizes of one attention-core problem on head-split inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +157,7 @@ pub fn linear_head_split(
 
 /// Which kernel a standalone `linear` job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LinearKernel {
+pub enum LinearKernel {
     /// The variant a forward would pick ([`kernels::linear::variant`]).
     Auto,
     /// This variant, or an error when it cannot run the problem here.
@@ -327,7 +327,7 @@ fn pack_qkv(q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
 }
 
 /// One or more dispatches on buffers that stay alive; can be run (and timed) repeatedly.
-pub(crate) struct Job {
+pub struct Job {
     gpu: Gpu,
     steps: Vec<(Arc<Pass>, wgpu::BindGroup, [u32; 3])>,
     _buffers: Vec<wgpu::Buffer>,

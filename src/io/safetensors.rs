@@ -21,11 +21,11 @@ use std::path::Path;
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::config::AttentionConfig;
 use crate::error::{Error, Result};
-use crate::mask::MaskTensor;
-use crate::tensor::Tensor;
-use crate::weights::{AttentionWeights, Linear};
+use crate::model::config::AttentionConfig;
+use crate::model::mask::MaskTensor;
+use crate::model::tensor::Tensor;
+use crate::model::weights::{AttentionWeights, Linear};
 
 /// A safetensors file read into memory and validated (header, offsets, sizes).
 ///
@@ -265,7 +265,7 @@ pub struct LoadedWeights {
 impl AttentionWeights {
     /// Loads attention weights from a safetensors file. `prefix` is prepended to every state-dict
     /// name (`""`, or e.g. `"encoder.layers.0.self_attn."`); `heads` overrides the file's
-    /// `num_heads`/`heads` metadata. See the [module docs](crate::safetensors_io) for the layouts.
+    /// `num_heads`/`heads` metadata. See the [module docs](crate::io::safetensors) for the layouts.
     pub fn from_safetensors(
         path: impl AsRef<Path>,
         prefix: &str,

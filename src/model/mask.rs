@@ -10,7 +10,7 @@
 //! seed 001 does with `unsqueeze(1)`); 2 → `[Lq, Lk]`; 1 → `[Lk]`.
 
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::model::tensor::Tensor;
 
 /// The value a masked score is replaced with (the seeds' `masked_fill(.., -1e9)`).
 pub const MASKED_SCORE: f32 = -1e9;

@@ -8,16 +8,16 @@
 
 use std::time::Instant;
 
-use crate::config::AttentionConfig;
-use crate::error::{Error, Result};
-use crate::gpu::Gpu;
-use crate::kernels::linear::LinearVariant;
-use crate::kernels::standalone::{CoreDims, Job, LinearKernel};
-use crate::mask::Mask;
-use crate::profile::PassTimer;
-use crate::tensor::Tensor;
-use crate::weights::AttentionWeights;
-use crate::{AttentionPath, ForwardOptions, MultiHeadAttention};
+use wgpu_mha::error::{Error, Result};
+use wgpu_mha::gpu::timer::PassTimer;
+use wgpu_mha::gpu::Gpu;
+use wgpu_mha::kernels::linear::LinearVariant;
+use wgpu_mha::kernels::standalone::{CoreDims, Job, LinearKernel};
+use wgpu_mha::model::config::AttentionConfig;
+use wgpu_mha::model::mask::Mask;
+use wgpu_mha::model::tensor::Tensor;
+use wgpu_mha::model::weights::AttentionWeights;
+use wgpu_mha::{AttentionPath, ForwardOptions, MultiHeadAttention};
 
 /// Which seed module a configuration uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,35 +325,6 @@ fn linear_inputs(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>)
     (random(m * k, 1), random(n * k, 2), random(n, 3))
 }
 
-/// Median GPU ms of the linear pass (or the naive GEMM) at `m×n×k`.
-pub fn time_linear(
-    gpu: &Gpu,
-    m: usize,
-    n: usize,
-    k: usize,
-    naive: bool,
-    iters: usize,
-) -> Result<f64> {
-    let (x, w, b) = linear_inputs(m, n, k);
-    let job = Job::linear(gpu, &x, &w, Some(&b), m, n, k, naive)?;
-    time_job(gpu, &job, iters)
-}
-
-/// Median GPU ms of one `linear` variant at `m×n×k` (`Err` when it cannot run here).
-pub fn time_linear_variant(
-    gpu: &Gpu,
-    m: usize,
-    n: usize,
-    k: usize,
-    variant: LinearVariant,
-    iters: usize,
-) -> Result<f64> {
-    let (x, w, b) = linear_inputs(m, n, k);
-    let kernel = LinearKernel::Variant(variant);
-    let job = Job::linear_split(gpu, &x, &w, Some(&b), m, k, m, &[(1, n)], kernel)?;
-    time_job(gpu, &job, iters)
-}
-
 /// The linear pass at `m×n×k` against the naive GEMM.
 pub fn gemm_speedup(
     gpu: &Gpu,
@@ -461,18 +432,6 @@ fn core_inputs(dims: CoreDims) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 
 fn core_gflop(d: CoreDims) -> f64 {
     2.0 * (d.batch * d.heads * d.lq * d.lk) as f64 * (d.qk_head_dim + d.v_head_dim) as f64 / 1e9
-}
-
-/// Median GPU ms of the fused core (or the optimised multi-pass core) on one problem.
-pub fn time_core(gpu: &Gpu, dims: CoreDims, fused: bool, iters: usize) -> Result<f64> {
-    let (q, k, v) = core_inputs(dims);
-    let scale = 1.0 / (dims.qk_head_dim as f32).sqrt();
-    let job = if fused {
-        Job::flash(gpu, &q, &k, &v, dims, scale, &Mask::None)?
-    } else {
-        Job::multipass(gpu, &q, &k, &v, dims, scale, &Mask::None)?
-    };
-    time_job(gpu, &job, iters)
 }
 
 /// The fused pass against the optimised multi-pass core on the same problem.

@@ -2,21 +2,24 @@
 //!
 //! Read `encode_forward` top to bottom: it is the seeds' `forward`, one dispatch per line.
 
+pub mod gpu_tensor;
+pub mod kv_cache;
+
 use std::sync::{Arc, Mutex};
 
-use crate::config::AttentionConfig;
+use crate::attention::gpu_tensor::GpuTensor;
 use crate::error::{Error, Result};
+use crate::gpu::timer::PassTimer;
 use crate::gpu::Gpu;
-use crate::gpu_tensor::GpuTensor;
 use crate::kernels::{
     self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
     linear::LinearVariant, linear::Segment, scores::ScoresParams, softmax::SoftmaxParams,
     MaskParams, Pass,
 };
-use crate::mask::{AttnDims, Mask, ResolvedMask};
-use crate::profile::PassTimer;
-use crate::tensor::Tensor;
-use crate::weights::AttentionWeights;
+use crate::model::config::AttentionConfig;
+use crate::model::mask::{AttnDims, Mask, ResolvedMask};
+use crate::model::tensor::Tensor;
+use crate::model::weights::AttentionWeights;
 
 /// Which attention core runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -389,7 +392,7 @@ impl MultiHeadAttention {
             let mut w_qkv = weights.q.weight.clone();
             w_qkv.extend_from_slice(&weights.k.weight);
             w_qkv.extend_from_slice(&weights.v.weight);
-            let bias_of = |l: &crate::weights::Linear| l.bias.clone().unwrap_or_default();
+            let bias_of = |l: &crate::model::weights::Linear| l.bias.clone().unwrap_or_default();
             let mut b_qkv = bias_of(&weights.q);
             b_qkv.extend(bias_of(&weights.k));
             b_qkv.extend(bias_of(&weights.v));

@@ -17,8 +17,8 @@ use crate::kernels::{
     self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
     linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, MaskParams,
 };
-use crate::mask::{AttnDims, Mask};
-use crate::tensor::Tensor;
+use crate::model::mask::{AttnDims, Mask};
+use crate::model::tensor::Tensor;
 
 /// Projected keys and values of the tokens seen so far, on the GPU, for one module.
 ///

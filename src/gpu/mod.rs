@@ -1,6 +1,8 @@
 //! The GPU context: adapter, device and queue, and the two things every pass needs from them:
 //! errors turned into `Err` (never wgpu's default panic) and blocking readback.
 
+pub mod timer;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -1,7 +1,7 @@
 //! Soak run: many forwards of one small shape, sampling process memory and live GPU objects,
 //! so leaks show as growth after warm-up. Used by `wgpu-mha soak` and the ignored soak test.
 
-use crate::{AttentionConfig, AttentionWeights, Gpu, Mask, MultiHeadAttention, Result, Tensor};
+use wgpu_mha::{AttentionConfig, AttentionWeights, Gpu, Mask, MultiHeadAttention, Result, Tensor};
 
 /// One sample of a soak run.
 #[derive(Debug, Clone, Copy)]
@@ -31,9 +31,9 @@ pub fn run(gpu: &Gpu, iterations: usize, every: usize) -> Result<Vec<SoakSample>
     let every = every.max(1);
     let mut samples = Vec::new();
     for i in 1..=iterations {
-        let options = crate::ForwardOptions {
+        let options = wgpu_mha::ForwardOptions {
             return_probs: i % 2 == 0,
-            path: crate::AttentionPath::Auto,
+            path: wgpu_mha::AttentionPath::Auto,
         };
         mha.forward_with(&x, &x, &x, &masks[i % masks.len()], &options)?;
         if i % every == 0 || i == iterations {

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::tensor::Tensor;
+use crate::model::tensor::Tensor;
 
 /// A row-major `f32` tensor in a GPU storage buffer (`STORAGE | COPY_SRC | COPY_DST`).
 ///

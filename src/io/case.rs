@@ -16,13 +16,13 @@
 use std::path::Path;
 
 use crate::attention::{ForwardOptions, ForwardOutput, MultiHeadAttention};
-use crate::config::AttentionConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::mask::{AttnDims, Mask};
-use crate::safetensors_io::{load_weights, SafetensorsFile, WeightLayout};
-use crate::tensor::Tensor;
-use crate::weights::AttentionWeights;
+use crate::io::safetensors::{load_weights, SafetensorsFile, WeightLayout};
+use crate::model::config::AttentionConfig;
+use crate::model::mask::{AttnDims, Mask};
+use crate::model::tensor::Tensor;
+use crate::model::weights::AttentionWeights;
 
 /// Which seed module a case describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,7 +46,7 @@ impl Tensor {
     pub fn random(shape: impl Into<Vec<usize>>, seed: u64) -> Self {
         let shape = shape.into();
         let n: usize = shape.iter().product();
-        let mut rng = crate::weights::SplitMix64::new(seed);
+        let mut rng = crate::model::weights::SplitMix64::new(seed);
         let data = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
         Tensor { shape, data }
     }

@@ -1,7 +1,7 @@
 //! Host-side weights in PyTorch layout (`weight [out_features, in_features]`, row-major).
 
-use crate::config::AttentionConfig;
 use crate::error::{Error, Result};
+use crate::model::config::AttentionConfig;
 
 /// One `nn.Linear`: `y = x · Wᵀ + b`.
 #[derive(Debug, Clone, PartialEq)]

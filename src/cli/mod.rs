@@ -1,0 +1,5 @@
+//! The command-line tool's subcommands beyond `info` and the demo: case files, benchmarks, soak.
+
+pub mod bench;
+pub mod interop;
+pub mod soak;

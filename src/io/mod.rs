@@ -1,0 +1,4 @@
+//! Files: safetensors in and out, the weight layouts it recognises, and case files.
+
+pub mod case;
+pub mod safetensors;

@@ -1,0 +1,6 @@
+//! What a problem is, with no device: the module's sizes, masks, weights and host tensors.
+
+pub mod config;
+pub mod mask;
+pub mod tensor;
+pub mod weights;
