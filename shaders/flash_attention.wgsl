@@ -20,14 +20,10 @@
 // rasterisers cap a shader's loop iterations; desktop drivers reset long-running dispatches).
 // Dispatch: (ceil(Lq / BLOCK_Q), B·H, 1) per key range; z offset as in scores.
 //
-// The host rewrites the next three constants for each module (head sizes are fixed per module),
-// and ROWS for each device.
-const HEAD_DIM_QK: u32 = 64u;
-const HEAD_DIM_V: u32 = 64u;
-const KV_TILE: u32 = 32u;
-
-const ROWS: u32 = 16u;                         // rows per thread (host: rows_per_thread)
-const THREADS: u32 = 8u;                       // one SIMD vector of llvmpipe
+// The host's prelude (src/kernels/flash_attention.rs) defines the head sizes HEAD_DIM_QK and
+// HEAD_DIM_V (fixed per module), KV_TILE (keys per staged tile), ROWS (rows per thread, per
+// device), THREADS (8: one SIMD vector of llvmpipe), CARRY_IN and CARRY_OUT, and the element
+// type QkvElem of Q/K/V (f32, or f16 in an f16 module; widened to f32 on load).
 const BLOCK_Q: u32 = ROWS * THREADS;
 const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;      // vec4s per q/k row
 const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;       // vec4s per v row
@@ -45,15 +41,12 @@ struct FlashParams {
     tile_begin: u32,  // key tiles this dispatch covers: [tile_begin, tile_end)
     tile_end: u32,
     carry_flags: u32, // CARRY_IN: resume from `carry`; CARRY_OUT: store to `carry`, not `out`
-    mask: MaskParams,
 }
 
-const CARRY_IN: u32 = 1u;
-const CARRY_OUT: u32 = 2u;
 const CARRY_STRIDE: u32 = 2u + 4u * DV4;      // per query row: max, sum, accumulator
 
 @group(0) @binding(0) var<uniform> p: FlashParams;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> qkv: array<QkvElem>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read_write> carry: array<f32>;
 
@@ -63,15 +56,15 @@ var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
 // One past the last tile any row of queries [i0, i1) can see (uniform over the workgroup).
 fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     let all_tiles = (p.lk + KV_TILE - 1u) / KV_TILE;
-    if (p.mask.kind == MASK_CAUSAL) {
+    if (mask.kind == MASK_CAUSAL) {
         // Every row sees a key iff the first row does (i0 + offset >= 0).
-        if (i32(i0) + p.mask.causal_offset >= 0) {
-            let last_key = u32(i32(i1 - 1u) + p.mask.causal_offset);
+        if (i32(i0) + mask.causal_offset >= 0) {
+            let last_key = u32(i32(i1 - 1u) + mask.causal_offset);
             return min(all_tiles, last_key / KV_TILE + 1u);
         }
     }
-    if (p.mask.kind == MASK_KEY_PADDING) {
-        let valid = mask_words[p.mask.batch_base + b];
+    if (mask.kind == MASK_KEY_PADDING) {
+        let valid = mask_words[mask.batch_base + b];
         if (valid > 0u) {
             return min(all_tiles, (valid + KV_TILE - 1u) / KV_TILE);
         }
@@ -82,7 +75,7 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
 // Element e of a K or V row as stored (zero past the head size, for the vec4 padding).
 fn row_elem(base: u32, d: u32, dim: u32) -> f32 {
     if (d < dim) {
-        return qkv[base + d];
+        return f32(qkv[base + d]);
     }
     return 0.0;
 }
@@ -92,13 +85,13 @@ fn row_elem(base: u32, d: u32, dim: u32) -> f32 {
 // (a row's max is at least MASKED_SCORE once it has seen one key) without counting as masked.
 fn score_group(scaled: vec4<f32>, b: u32, h: u32, i: u32, j: u32, left: u32) -> vec4<f32> {
     var sr = scaled;
-    if (p.mask.kind != MASK_NONE) {
+    if (mask.kind != MASK_NONE) {
         let last = p.lk - 1u;
         sr = vec4<f32>(
-            apply_mask(p.mask, sr.x, b, h, i, min(j, last)),
-            apply_mask(p.mask, sr.y, b, h, i, min(j + 1u, last)),
-            apply_mask(p.mask, sr.z, b, h, i, min(j + 2u, last)),
-            apply_mask(p.mask, sr.w, b, h, i, min(j + 3u, last)),
+            apply_mask(sr.x, b, h, i, min(j, last)),
+            apply_mask(sr.y, b, h, i, min(j + 1u, last)),
+            apply_mask(sr.z, b, h, i, min(j + 2u, last)),
+            apply_mask(sr.w, b, h, i, min(j + 3u, last)),
         );
     }
     if (left < 4u) {

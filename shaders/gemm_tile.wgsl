@@ -8,8 +8,8 @@
 // registers, so every value read from workgroup memory is used four times (register blocking).
 // The K dimension is walked in slices of 16, staged through workgroup memory as vec4s.
 
-const TILE_M: u32 = 64u;
-const TILE_N: u32 = 64u;
+// TILE_M and TILE_N (64: the output tile of one workgroup) come from the host's prelude, which
+// also sizes the dispatch with them.
 const TILE_K: u32 = 16u;
 
 // a_tile[k * 16 + g] holds A rows 4g..4g+3 at column k of the slice; b_tile likewise for B cols.

@@ -10,8 +10,7 @@
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-const RB: u32 = 16u;
-const CB: u32 = 8u;
+// RB (rows) and CB (columns) of the register block come from the host's prelude.
 
 // vec4 index of the start of X row row0 + 8·i (row 0 past the edge).
 fn x_base(row0: u32, i: u32, k4: u32) -> u32 {

@@ -16,7 +16,6 @@ struct ScoresParams {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
-    mask: MaskParams,
 }
 
 @group(0) @binding(0) var<uniform> p: ScoresParams;
@@ -44,7 +43,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var c = 0u; c < 4u; c++) {
             let j = col0 + lid.x * 4u + c;
             if (i < p.lq && j < p.lk) {
-                scores[(z * p.lq + i) * p.lk + j] = apply_mask(p.mask, p.scale * acc[r][c], b, h, i, j);
+                scores[(z * p.lq + i) * p.lk + j] = apply_mask(p.scale * acc[r][c], b, h, i, j);
             }
         }
     }

@@ -19,6 +19,12 @@ pub enum Error {
     #[error("invalid attention config: {0}")]
     Config(String),
 
+    /// A call that cannot work as made: an option that contradicts another (the fused path with
+    /// probabilities), a KV cache used with another module, a buffer without the usage it
+    /// needs, an unknown backend or benchmark spec.
+    #[error("invalid use: {0}")]
+    Misuse(String),
+
     /// An input tensor has the wrong shape.
     #[error("{what} has shape {got:?}, expected {expected}")]
     Shape {

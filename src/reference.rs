@@ -34,7 +34,7 @@ pub fn forward(
     value: &Tensor,
     mask: &Mask,
 ) -> Result<ReferenceOutput> {
-    crate::attention::check_inputs(config, query, key, value)?;
+    config.check_inputs(query.shape(), key.shape(), value.shape())?;
     let (b, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
     let (h, dk, dv) = (config.heads, config.qk_head_dim, config.v_head_dim);
     let dims = crate::model::mask::AttnDims {
@@ -43,7 +43,7 @@ pub fn forward(
         lq,
         lk,
     };
-    mask.resolve(dims)?; // same validation as the GPU path
+    mask.check(dims)?; // same validation as the GPU path
     let q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
     let k = linear(&widen(key.data()), b * lk, &weights.k); // [B, Lk, H·dk]
     let v = linear(&widen(value.data()), b * lk, &weights.v); // [B, Lk, H·dv]

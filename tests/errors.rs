@@ -264,7 +264,7 @@ fn fused_path_cannot_return_probabilities() {
     let err = mha
         .forward_with(&x, &x, &x, &Mask::None, &options)
         .expect_err("contradictory options");
-    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(matches!(err, Error::Misuse(_)), "{err}");
     assert_eq!(mha.workspace_bytes(), 0);
 }
 

@@ -1,183 +1,398 @@
-//! Every `.wgsl` file under `shaders/` parses and validates with naga (no GPU needed).
-//! Pass files are validated as the engine builds them: with the shared snippets they call
-//! (`gemm_tile.wgsl`, `mask.wgsl`) prepended, and `enable` directives hoisted to the top.
+//! Every shader the engine builds parses and validates with naga (no GPU needed), built
+//! through the crate's own source functions; host mirrors of shader structs and constants
+//! match what naga reads back.
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeSet;
+use std::path::Path;
 
-fn wgsl_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("shaders/ is readable") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            wgsl_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "wgsl") {
-            out.push(path);
+use naga::valid::{Capabilities, ValidationFlags};
+use wgpu_mha::kernels::flash_attention::{self, FlashShape};
+use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
+use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
+use wgpu_mha::kernels::{av_combine, naive, scores, softmax, GEMM_TILE};
+
+fn parse(name: &str, source: &str) -> Result<naga::Module, String> {
+    naga::front::wgsl::parse_str(source)
+        .map_err(|e| format!("{name}: parse: {}", e.emit_to_string(source)))
+}
+
+fn validate(name: &str, source: &str) -> Result<naga::Module, String> {
+    let module = parse(name, source)?;
+    naga::valid::Validator::new(ValidationFlags::all(), Capabilities::all())
+        .validate(&module)
+        .map_err(|e| format!("{name}: validation: {}", e.emit_to_string(source)))?;
+    Ok(module)
+}
+
+fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> FlashShape {
+    FlashShape {
+        qk_head_dim: dk,
+        v_head_dim: dv,
+        kv_tile: flash_attention::kv_tile(dk, dv, 32 * 1024).expect("fits 32 KiB"),
+        rows,
+        f16,
+    }
+}
+
+/// Every source the crate can build, named.
+fn all_sources() -> Vec<(String, String)> {
+    let mut all = vec![
+        ("scores".to_string(), scores::source()),
+        ("softmax".to_string(), softmax::source()),
+        ("av_combine".to_string(), av_combine::source()),
+        ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
+        (
+            "attention_naive".to_string(),
+            naive::ATTENTION_WGSL.to_string(),
+        ),
+    ];
+    let elems = [
+        LinearElems::F32,
+        LinearElems::F16Weights { f16_out: true },
+        LinearElems::F16Weights { f16_out: false },
+    ];
+    for variant in [
+        LinearVariant::Scalar,
+        LinearVariant::Vec4,
+        LinearVariant::Subgroup,
+    ] {
+        for e in elems {
+            all.push((
+                format!("linear {variant:?} {e:?}"),
+                linear::source(variant, e),
+            ));
         }
     }
-}
-
-/// Prepends the snippets a pass uses but does not define, keeping `enable` lines first.
-fn with_snippets(source: &str, shaders: &Path) -> String {
-    let mut prefix = String::new();
-    if source.contains("gemm_tile(") && !source.contains("fn gemm_tile(") {
-        prefix += &std::fs::read_to_string(shaders.join("gemm_tile.wgsl")).expect("gemm_tile.wgsl");
+    for (dk, dv) in [(1, 1), (3, 7), (16, 24), (64, 64), (256, 512)] {
+        for rows in [4, 16] {
+            for f16 in [false, true] {
+                let s = flash_shape(dk, dv, rows, f16);
+                all.push((format!("flash {s:?}"), flash_attention::source(s)));
+            }
+        }
     }
-    if source.contains("vec4_block(") && !source.contains("fn vec4_block(") {
-        prefix += &std::fs::read_to_string(shaders.join("linear_vec4_block.wgsl"))
-            .expect("linear_vec4_block.wgsl");
-    }
-    let uses_params = source.contains("dst_index(") || prefix.contains("dst_index(");
-    if uses_params && !source.contains("fn dst_index(") {
-        prefix += &std::fs::read_to_string(shaders.join("linear_params.wgsl"))
-            .expect("linear_params.wgsl");
-    }
-    if source.contains("apply_mask(") && !source.contains("fn apply_mask(") {
-        prefix += &std::fs::read_to_string(shaders.join("mask.wgsl")).expect("mask.wgsl");
-    }
-    let full = format!("{prefix}\n{source}");
-    let (enables, rest): (Vec<&str>, Vec<&str>) = full
-        .lines()
-        .partition(|l| l.trim_start().starts_with("enable "));
-    format!("{}\n{}", enables.join("\n"), rest.join("\n"))
-}
-
-fn validate(name: &str, source: &str) -> Result<(), String> {
-    let module = naga::front::wgsl::parse_str(source)
-        .map_err(|e| format!("{name}: parse: {}", e.emit_to_string(source)))?;
-    naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| format!("{name}: validation: {}", e.emit_to_string(source)))?;
-    Ok(())
+    all
 }
 
 #[test]
-fn every_shader_file_validates() {
-    let shaders = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
-    let mut files = Vec::new();
-    wgsl_files(&shaders, &mut files);
-    assert!(
-        files.len() >= 7,
-        "expected the pass shaders, found {files:?}"
-    );
-    let mut failures = Vec::new();
-    let mut validated = 0;
-    for path in &files {
-        let name = path
-            .strip_prefix(&shaders)
-            .unwrap_or(path)
-            .display()
-            .to_string();
-        let source = std::fs::read_to_string(path).expect("readable shader");
-        // Snippets (no entry point, e.g. gemm_tile.wgsl calling the pass's load_a/load_b) are
-        // validated inside the passes that prepend them.
-        if !source.contains("@compute") {
-            continue;
-        }
-        match validate(&name, &with_snippets(&source, &shaders)) {
-            Ok(()) => validated += 1,
-            Err(e) => failures.push(e),
-        }
-    }
+fn every_built_shader_validates() {
+    let failures: Vec<String> = all_sources()
+        .iter()
+        .filter_map(|(name, src)| validate(name, src).err())
+        .collect();
     assert!(
         failures.is_empty(),
         "invalid shaders:\n{}",
         failures.join("\n\n")
     );
-    assert!(validated >= 5, "validated only {validated} pass files");
 }
 
-/// Workgroup memory of lavapipe, GL llvmpipe and most desktop GPUs.
-const WORKGROUP_BYTES: u32 = 32 * 1024;
-
-/// K/V tiles hold whole key groups and fit the workgroup memory they are sized for.
+/// No `.wgsl` file escapes validation: each is part of some source the crate builds.
 #[test]
-fn flash_tiles_are_whole_key_groups_within_workgroup_memory() {
-    use wgpu_mha::kernels::flash_attention::{kv_tile, KEY_GROUP};
-    for bytes in [16 * 1024u32, 32 * 1024, 48 * 1024] {
-        for (dk, dv) in [
-            (1usize, 1usize),
-            (3, 7),
-            (64, 64),
-            (128, 96),
-            (256, 512),
-            (500, 500),
-        ] {
-            let staged = |keys: usize| keys * (dk.div_ceil(4) + dv.div_ceil(4)) * 16;
-            match kv_tile(dk, dv, bytes) {
-                Some(tile) => {
-                    let tile = tile as usize;
-                    assert!(tile.is_multiple_of(KEY_GROUP), "{dk} {dv} {bytes}: {tile}");
-                    assert!(staged(tile) <= bytes as usize, "{dk} {dv} {bytes}: {tile}");
-                }
-                None => assert!(staged(KEY_GROUP) > bytes as usize, "{dk} {dv} {bytes}"),
+fn every_shader_file_is_part_of_a_built_source() {
+    let sources = all_sources();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let mut files = Vec::new();
+    let mut stack = vec![dir];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("readable shaders/") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "wgsl") {
+                files.push(path);
             }
         }
     }
-    // One group of 8 keys of 1024 + 1024 floats needs 64 KiB.
-    assert_eq!(kv_tile(1024, 1024, 32 * 1024), None);
-}
-
-/// The host's dispatch geometry is the shader's: THREADS as written, ROWS as rewritten.
-#[test]
-fn flash_geometry_matches_the_shader() {
-    use wgpu_mha::kernels::flash_attention::{source, THREADS, WGSL};
-    assert!(WGSL.contains(&format!("const THREADS: u32 = {THREADS}u;")));
-    assert!(WGSL.contains("const BLOCK_Q: u32 = ROWS * THREADS;"));
-    for rows in [4, 16] {
-        assert!(source(64, 64, 32, rows).contains(&format!("const ROWS: u32 = {rows}u;")));
+    assert!(files.len() >= 12, "{files:?}");
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("readable");
+        assert!(
+            sources.iter().any(|(_, s)| s.contains(&text)),
+            "{} is in no built source",
+            f.display()
+        );
     }
 }
 
+/// The f16 sources really read (and, for Q/K/V, write) f16: the prelude's aliases are used.
 #[test]
-fn flash_attention_validates_for_odd_head_sizes() {
-    use wgpu_mha::kernels::flash_attention;
-    for (dk, dv) in [(1, 1), (24, 24), (16, 24), (64, 64), (256, 512), (3, 7)] {
-        let tile = flash_attention::kv_tile(dk, dv, WORKGROUP_BYTES).expect("fits");
-        for rows in [4, 16] {
-            let source = flash_attention::source(dk, dv, tile, rows);
-            let label = format!("flash dk={dk} dv={dv} rows={rows}");
-            validate(&label, &source).unwrap_or_else(|e| panic!("{e}"));
+fn f16_sources_alias_their_element_types() {
+    let q = linear::source(
+        LinearVariant::Scalar,
+        LinearElems::F16Weights { f16_out: true },
+    );
+    assert!(q.starts_with("enable f16;") && q.contains("alias WElem = f16;"));
+    assert!(q.contains("alias YElem = f16;") && q.contains("array<WElem>"));
+    let o = linear::source(
+        LinearVariant::Scalar,
+        LinearElems::F16Weights { f16_out: false },
+    );
+    assert!(o.contains("alias WElem = f16;") && o.contains("alias YElem = f32;"));
+    let f = flash_attention::source(flash_shape(64, 64, 4, true));
+    assert!(f.starts_with("enable f16;") && f.contains("alias QkvElem = f16;"));
+    assert!(!linear::source(LinearVariant::Scalar, LinearElems::F32).contains("enable f16"));
+}
+
+/// Shader bodies never define what the host's prelude defines: without the prelude they do
+/// not even parse, so a missing or misnamed constant is an error, never a silent default.
+#[test]
+fn bodies_without_their_prelude_do_not_parse() {
+    let bodies = [
+        (
+            "flash",
+            format!(
+                "{}\n{}",
+                wgpu_mha::kernels::mask::WGSL,
+                flash_attention::WGSL
+            ),
+        ),
+        (
+            "linear",
+            format!(
+                "{}\n{}\n{}",
+                linear::PARAMS_WGSL,
+                wgpu_mha::kernels::GEMM_TILE_WGSL,
+                linear::WGSL
+            ),
+        ),
+        (
+            "linear_vec4",
+            format!(
+                "{}\n{}\n{}",
+                linear::PARAMS_WGSL,
+                linear::VEC4_BLOCK_WGSL,
+                linear::WGSL_VEC4
+            ),
+        ),
+        (
+            "scores",
+            format!(
+                "{}\n{}\n{}",
+                wgpu_mha::kernels::GEMM_TILE_WGSL,
+                wgpu_mha::kernels::mask::WGSL,
+                scores::WGSL
+            ),
+        ),
+    ];
+    for (name, body) in bodies {
+        assert!(
+            parse(name, &body).is_err(),
+            "{name} parses without its prelude"
+        );
+    }
+}
+
+/// `(name, byte offset)` of each field of a host struct, and its size.
+macro_rules! host_layout {
+    ($t:ty, [$($f:ident),* $(,)?]) => {
+        (
+            stringify!($t),
+            std::mem::size_of::<$t>(),
+            vec![$((stringify!($f), std::mem::offset_of!($t, $f))),*],
+        )
+    };
+}
+
+/// The WGSL struct `name` in `module`: its members' names and offsets, and its size.
+fn wgsl_layout(module: &naga::Module, name: &str) -> Option<(usize, Vec<(String, usize)>)> {
+    module
+        .types
+        .iter()
+        .find_map(|(_, ty)| match (&ty.name, &ty.inner) {
+            (Some(n), naga::TypeInner::Struct { members, span }) if n == name => Some((
+                *span as usize,
+                members
+                    .iter()
+                    .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+                    .collect(),
+            )),
+            _ => None,
+        })
+}
+
+#[test]
+fn uniform_structs_match_their_wgsl_layout() {
+    use flash_attention::FlashParams;
+    use linear::LinearParams;
+    use wgpu_mha::kernels::av_combine::AvParams;
+    use wgpu_mha::kernels::naive::{NaiveAttnParams, NaiveLinearParams};
+    use wgpu_mha::kernels::scores::ScoresParams;
+    use wgpu_mha::kernels::softmax::SoftmaxParams;
+    let flash = flash_attention::source(flash_shape(64, 64, 4, false));
+    let lin = linear::source(LinearVariant::Scalar, LinearElems::F32);
+    let structs = [
+        (
+            flash.clone(),
+            host_layout!(
+                FlashParams,
+                [
+                    lq,
+                    lk,
+                    heads,
+                    scale,
+                    q_offset,
+                    k_offset,
+                    v_offset,
+                    z_offset,
+                    kv_stride,
+                    tile_begin,
+                    tile_end,
+                    carry_flags
+                ]
+            ),
+        ),
+        (
+            flash,
+            host_layout!(MaskParams, [kind, causal_offset, base, batch_base, strides]),
+        ),
+        (
+            lin,
+            host_layout!(
+                LinearParams,
+                [
+                    m,
+                    n,
+                    k,
+                    seq_len,
+                    x_offset,
+                    w_offset,
+                    bias_offset,
+                    has_bias,
+                    dst_seq_len,
+                    dst_pos,
+                    _pad0,
+                    _pad1,
+                    seg_start,
+                    seg_head_dim,
+                    seg_heads,
+                    seg_dst
+                ]
+            ),
+        ),
+        (
+            scores::source(),
+            host_layout!(
+                ScoresParams,
+                [
+                    lq, lk, head_dim, heads, q_offset, k_offset, scale, z_offset, kv_stride, _pad0,
+                    _pad1, _pad2
+                ]
+            ),
+        ),
+        (
+            av_combine::source(),
+            host_layout!(
+                AvParams,
+                [lq, lk, head_dim, heads, v_offset, z_offset, kv_stride, _pad0]
+            ),
+        ),
+        (
+            softmax::source(),
+            host_layout!(SoftmaxParams, [rows, cols, groups_x, _pad]),
+        ),
+        (
+            naive::LINEAR_WGSL.to_string(),
+            host_layout!(NaiveLinearParams, [m, n, k, has_bias]),
+        ),
+        (
+            naive::ATTENTION_WGSL.to_string(),
+            host_layout!(
+                NaiveAttnParams,
+                [lq, lk, dk, dv, heads, rows, q_offset, k_offset, v_offset, scale, _pad0, _pad1]
+            ),
+        ),
+    ];
+    for (source, (name, size, fields)) in structs {
+        let module = validate(name, &source).unwrap_or_else(|e| panic!("{e}"));
+        let (span, members) =
+            wgsl_layout(&module, name).unwrap_or_else(|| panic!("no struct {name}"));
+        let host: Vec<(String, usize)> = fields
+            .into_iter()
+            .map(|(f, o)| (f.to_string(), o))
+            .collect();
+        assert_eq!(members, host, "{name}: WGSL members vs host fields");
+        assert_eq!(span, size, "{name}: WGSL size vs host size");
+    }
+}
+
+/// Every constant of a module whose value is a plain literal, by name.
+fn constants(module: &naga::Module) -> Vec<(String, f64)> {
+    module
+        .constants
+        .iter()
+        .filter_map(|(_, c)| {
+            let value = match module.global_expressions[c.init] {
+                naga::Expression::Literal(naga::Literal::U32(v)) => v as f64,
+                naga::Expression::Literal(naga::Literal::I32(v)) => v as f64,
+                naga::Expression::Literal(naga::Literal::F32(v)) => v as f64,
+                _ => return None,
+            };
+            Some((c.name.clone()?, value))
+        })
+        .collect()
+}
+
+fn constant(module: &naga::Module, name: &str) -> f64 {
+    constants(module)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no constant {name}"))
+        .1
+}
+
+/// Host constants the geometry and buffers depend on equal the shader's.
+#[test]
+fn host_constants_match_the_shaders() {
+    for (dk, dv, rows) in [(64, 64, 16), (3, 7, 4), (256, 512, 16)] {
+        let s = flash_shape(dk, dv, rows, false);
+        let m = validate("flash", &flash_attention::source(s)).unwrap_or_else(|e| panic!("{e}"));
+        let threads = flash_attention::THREADS as f64;
+        assert_eq!(constant(&m, "THREADS"), threads);
+        assert_eq!(
+            constant(&m, "BLOCK_Q"),
+            rows as f64 * threads,
+            "workgroup rows"
+        );
+        assert_eq!(constant(&m, "KV_TILE"), s.kv_tile as f64);
+        assert_eq!(constant(&m, "CARRY_IN"), flash_attention::CARRY_IN as f64);
+        assert_eq!(constant(&m, "CARRY_OUT"), flash_attention::CARRY_OUT as f64);
+        let stride = flash_attention::carry_stride(dv) as f64;
+        assert_eq!(
+            constant(&m, "CARRY_STRIDE"),
+            stride,
+            "carry floats per row, dv {dv}"
+        );
+        assert_eq!(
+            constant(&m, "MASKED_SCORE"),
+            wgpu_mha::model::mask::MASKED_SCORE as f64
+        );
+        for (kind, name) in MaskKind::ALL {
+            assert_eq!(constant(&m, name), kind as u32 as f64, "{name}");
         }
     }
-}
-
-/// The f16 variants the host generates by text substitution: every rewrite took effect and
-/// the result validates (naga with every capability, f16 included).
-#[test]
-fn f16_variants_validate() {
-    use wgpu_mha::kernels::{flash_attention, linear};
-    for (output, out_ty) in [
-        (linear::F16Output::Half, "array<f16>"),
-        (linear::F16Output::Full, "array<f32>"),
-    ] {
-        let source = linear::source_f16(output);
-        assert!(source.starts_with("enable f16;"), "{output:?}");
-        assert!(source.contains("w: array<f16>"), "{output:?}");
-        assert!(source.contains("f32(w["), "{output:?}");
-        assert!(source.contains(&format!("y: {out_ty}")), "{output:?}");
-        validate(&format!("linear f16 {output:?}"), &source).unwrap_or_else(|e| panic!("{e}"));
-    }
-    for (dk, dv) in [(1, 1), (7, 7), (24, 24), (6, 24), (64, 64), (256, 512)] {
-        let tile = flash_attention::kv_tile(dk, dv, WORKGROUP_BYTES).expect("fits");
-        let source = flash_attention::source_f16(dk, dv, tile, 4);
-        assert!(source.starts_with("enable f16;"));
-        assert!(source.contains("qkv: array<f16>"));
-        assert!(source.contains("return f32(qkv[base + d]);"));
-        validate(&format!("flash f16 dk={dk} dv={dv}"), &source).unwrap_or_else(|e| panic!("{e}"));
-    }
+    let s = validate("scores", &scores::source()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(constant(&s, "TILE_M"), GEMM_TILE as f64);
+    assert_eq!(constant(&s, "TILE_N"), GEMM_TILE as f64);
+    let v = linear::source(LinearVariant::Vec4, LinearElems::F32);
+    let v = validate("vec4", &v).unwrap_or_else(|e| panic!("{e}"));
+    let (tm, tn) = linear::tile(LinearVariant::Vec4);
+    assert_eq!(
+        (8.0 * constant(&v, "RB"), 8.0 * constant(&v, "CB")),
+        (tm as f64, tn as f64)
+    );
+    // Every mask kind has its own value.
+    let kinds: BTreeSet<u32> = MaskKind::ALL.iter().map(|(k, _)| *k as u32).collect();
+    assert_eq!(kinds.len(), MaskKind::ALL.len());
 }
 
 /// The subgroup GEMM validates with just the subgroup operations wgpu's SUBGROUP feature gives
 /// (vote, ballot, shuffle) in compute, and is rejected without the capability: it does use it.
 #[test]
 fn linear_subgroup_validates_with_subgroup_capability_only() {
-    use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet as Ops, ValidationFlags};
-    use wgpu_mha::kernels::linear::{self, LinearVariant};
-    let source = linear::source(LinearVariant::Subgroup);
-    let module = naga::front::wgsl::parse_str(&source)
-        .unwrap_or_else(|e| panic!("parse: {}", e.emit_to_string(&source)));
+    use naga::valid::{ShaderStages, SubgroupOperationSet as Ops};
+    let source = linear::source(LinearVariant::Subgroup, LinearElems::F32);
+    let module = parse("subgroup", &source).unwrap_or_else(|e| panic!("{e}"));
     naga::valid::Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP)
         .subgroup_stages(ShaderStages::COMPUTE)
         .subgroup_operations(Ops::VOTE | Ops::BALLOT | Ops::SHUFFLE)

@@ -8,15 +8,16 @@
 //! aligned bottom-right: new token `i` sees cached keys `j ≤ len + i`. Decoding a sequence token by
 //! token therefore gives the same outputs as one causal forward over the whole sequence.
 //!
-//! One step is one command encoder, one submit and one readback of the `[B, n, out]` output.
+//! A step is the forward's own chain of passes (`workspace::dispatches`) over the cache's
+//! buffers, built for its `(len, n)`: one command encoder, one submit and one readback of the
+//! `[B, n, out]` output.
 //! Growing past `capacity` is an [`Error::KvCacheFull`] and leaves the cache unchanged.
 
-use crate::attention::{storage_buffer, AttentionPath, MultiHeadAttention};
+use crate::attention::workspace::{dispatches, Bound, Geometry};
+use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
-use crate::kernels::{
-    self, av_combine::AvParams, flash_attention::FlashParams, linear::LinearParams,
-    linear::Segment, scores::ScoresParams, softmax::SoftmaxParams, MaskParams,
-};
+use crate::kernels::mask::{EncodedMask, MaskBuffers};
+use crate::kernels::QkvLayout;
 use crate::model::mask::{AttnDims, Mask};
 use crate::model::tensor::Tensor;
 
@@ -31,30 +32,19 @@ pub struct KvCache {
     fused: bool,
     /// The owning module's packed weight buffer, to recognise it.
     owner: wgpu::Buffer,
-    /// `[K: B·H·C·dk | V: B·H·C·dv | Q scratch: B·H·C·dk]`.
-    _kv: wgpu::Buffer,
-    k_offset: u32,
-    v_offset: u32,
-    q_offset: u32,
+    /// `[K: B·H·C·dk | V: B·H·C·dv | Q scratch: B·H·C·dk]`, laid out as `layout` says.
+    kv: wgpu::Buffer,
+    layout: QkvLayout,
     /// New tokens' query input `[B, n, model_dim]` and, for cross steps, key/value input.
     x_q: wgpu::Buffer,
     x_kv: wgpu::Buffer,
     combined: wgpu::Buffer,
     output: Option<wgpu::Buffer>,
     staging: wgpu::Buffer,
-    _scores: Option<wgpu::Buffer>,
-    q_params: wgpu::Buffer,
-    q_bind: wgpu::BindGroup,
-    kv_params: wgpu::Buffer,
-    /// The K/V projection reading `x_q` (self-attention steps) or `x_kv` (cross steps).
-    kv_bind_self: wgpu::BindGroup,
-    kv_bind_cross: wgpu::BindGroup,
-    attn_params: wgpu::Buffer,
-    attn_bind: wgpu::BindGroup,
-    softmax: Option<(wgpu::Buffer, wgpu::BindGroup)>,
-    av: Option<(wgpu::Buffer, wgpu::BindGroup)>,
-    out_proj: Option<(wgpu::Buffer, wgpu::BindGroup)>,
-    _mask: wgpu::Buffer,
+    /// `[B, H, C, C]` for the multi-pass core.
+    scores: Option<wgpu::Buffer>,
+    carry: wgpu::Buffer,
+    mask: MaskBuffers,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -87,58 +77,51 @@ impl KvCache {
         path: AttentionPath,
     ) -> Result<Self> {
         let c = mha.config;
-        if mha.precision() == crate::attention::Precision::F16 {
+        let gpu = &mha.gpu;
+        if mha.precision() == Precision::F16 {
             return Err(Error::Unsupported {
-                adapter: mha.gpu().describe(),
+                adapter: gpu.describe(),
                 what: "a KV cache over an f16 module; build the module with Precision::F32".into(),
             });
         }
         if batch == 0 || capacity == 0 {
-            return Err(Error::Config(format!(
+            return Err(Error::Misuse(format!(
                 "a KV cache needs batch ≥ 1 and capacity ≥ 1 (got batch {batch}, capacity {capacity})"
             )));
         }
         if c.key_dim != c.value_dim {
-            return Err(Error::Config(format!(
+            return Err(Error::Misuse(format!(
                 "a KV cache projects keys and values from one input, but key_dim {} ≠ value_dim {}",
                 c.key_dim, c.value_dim
             )));
         }
         // The cache runs the fused kernel as one dispatch over its capacity; where the module
         // would split that many keys (see `tiles_per_dispatch`), it uses the multi-pass core.
-        let one_dispatch = mha.flash_ranges(capacity).len() == 1;
-        let fused = match path {
-            AttentionPath::Auto => mha.flash.is_some() && one_dispatch,
-            AttentionPath::Fused if !one_dispatch => {
+        let one_dispatch = mha
+            .flash
+            .as_ref()
+            .map(|f| f.key_ranges(capacity).len() == 1);
+        let fused = match (path, one_dispatch) {
+            (AttentionPath::Auto, one) => one == Some(true),
+            (AttentionPath::Fused, None) => return Err(mha.no_fused_kernel()),
+            (AttentionPath::Fused, Some(false)) => {
                 return Err(Error::Unsupported {
-                    adapter: mha.gpu.describe(),
+                    adapter: gpu.describe(),
                     what: format!(
                         "a fused KV cache of {capacity} keys in one dispatch (at most {} here); use Auto or MultiPass",
-                        mha.flash_tile * mha.flash_tiles_per_dispatch
+                        mha.flash.as_ref().map_or(0, |f| f.keys_per_dispatch())
                     ),
                 })
             }
-            AttentionPath::Fused if mha.flash.is_none() => {
-                return Err(Error::Unsupported {
-                    adapter: mha.gpu.describe(),
-                    what: format!(
-                        "fused attention with head sizes q/k {} + v {}",
-                        c.qk_head_dim, c.v_head_dim
-                    ),
-                })
-            }
-            AttentionPath::Fused => true,
-            AttentionPath::MultiPass => false,
+            (AttentionPath::Fused, Some(true)) => true,
+            (AttentionPath::MultiPass, _) => false,
         };
         let (b, h, cap, dk, dv) = (batch, c.heads, capacity, c.qk_head_dim, c.v_head_dim);
-        let k_elems = b * h * cap * dk;
-        let v_elems = b * h * cap * dv;
-        let limits = mha.gpu.limits();
-        let limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
         let sizes = [
-            ("the KV cache with its query scratch", 2 * k_elems + v_elems),
+            (
+                "the KV cache with its query scratch",
+                b * h * cap * (2 * dk + dv),
+            ),
             ("the cache's query input", b * cap * c.model_dim),
             ("the cache's combined heads", b * cap * c.v_width()),
             ("the cache's output", b * cap * c.output_dim()),
@@ -148,158 +131,42 @@ impl KvCache {
             ),
         ];
         for (what, elems) in sizes {
-            let needed = 4 * elems as u64;
-            if needed > limit {
-                return Err(Error::TooLarge {
-                    what: what.into(),
-                    needed,
-                    limit,
-                });
-            }
+            gpu.check_fits(what, 4 * elems as u64)?;
         }
-        let max_groups = limits.max_compute_workgroups_per_dimension as usize;
-        if b * h > max_groups || (b * cap).div_ceil(64) > max_groups {
-            return Err(Error::TooLarge {
-                what: format!(
-                    "dispatch over {} (batch, head) pairs and {} rows",
-                    b * h,
-                    b * cap
-                ),
-                needed: (b * h).max((b * cap).div_ceil(64)) as u64,
-                limit: max_groups as u64,
-            });
-        }
-        mha.gpu
-            .scoped("allocating a KV cache", || Self::build(mha, b, cap, fused))?
-    }
-
-    fn build(mha: &MultiHeadAttention, b: usize, cap: usize, fused: bool) -> Result<Self> {
-        let c = mha.config;
-        let device = mha.gpu.device();
-        let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
-        let none = wgpu::BufferUsages::empty();
-        let (k_offset, v_offset) = (0u32, (b * h * cap * dk) as u32);
-        let q_offset = v_offset + (b * h * cap * dv) as u32;
-        let kv = storage_buffer(
-            device,
-            "KV cache",
-            4 * (q_offset as u64 + (b * h * cap * dk) as u64),
-            none,
-        );
-        let x_q = storage_buffer(
-            device,
-            "step query input",
-            4 * (b * cap * c.model_dim) as u64,
-            none,
-        );
-        let x_kv = storage_buffer(
-            device,
-            "step key/value input",
-            4 * (b * cap * c.key_dim) as u64,
-            none,
-        );
-        let combined = storage_buffer(
-            device,
-            "step combined heads",
-            4 * (b * cap * c.v_width()) as u64,
-            wgpu::BufferUsages::COPY_SRC,
-        );
-        let output = c.output_projection.then(|| {
-            storage_buffer(
-                device,
-                "step output",
-                4 * (b * cap * c.output_dim()) as u64,
-                wgpu::BufferUsages::COPY_SRC,
-            )
-        });
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("step readback"),
-            size: (4 * (b * cap * c.output_dim()) as u64).max(16),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let scores = (!fused)
-            .then(|| storage_buffer(device, "step scores", 4 * (b * h * cap * cap) as u64, none));
-        let mask = storage_buffer(device, "mask", 16, none);
-
-        // Parameter buffers are rewritten every step; the bind groups never change.
-        let w = &mha.weights;
-        let bias = if c.bias { &w.b_qkv } else { &mha.empty };
-        let q_params = kernels::uniform_buffer(device, "step Q params", &LinearParams::default());
-        let q_bind = mha
-            .linear
-            .bind(device, &[&q_params, &x_q, &w.w_qkv, bias, &kv]);
-        let kv_params =
-            kernels::uniform_buffer(device, "step K/V params", &LinearParams::default());
-        let kv_bind_self = mha
-            .linear
-            .bind(device, &[&kv_params, &x_q, &w.w_qkv, bias, &kv]);
-        let kv_bind_cross = mha
-            .linear
-            .bind(device, &[&kv_params, &x_kv, &w.w_qkv, bias, &kv]);
-        let (attn_params, attn_bind, softmax, av) = match (&mha.flash, &scores) {
-            (Some(flash), None) => {
-                let p =
-                    kernels::uniform_buffer(device, "step flash params", &FlashParams::default());
-                let bind = flash.bind(device, &[&p, &kv, &combined, &mha.empty, &mask]);
-                (p, bind, None, None)
+        let groups = (b * h).max((b * cap).div_ceil(64));
+        gpu.check_workgroups(
+            "KV cache step",
+            [groups.min(u32::MAX as usize) as u32, 1, 1],
+        )?;
+        gpu.scoped("allocating a KV cache", || {
+            let none = wgpu::BufferUsages::empty();
+            let copy = wgpu::BufferUsages::COPY_SRC;
+            let f32s = |elems: usize| 4 * elems as u64;
+            let (k_elems, v_elems) = (b * h * cap * dk, b * h * cap * dv);
+            KvCache {
+                batch: b,
+                capacity: cap,
+                len: 0,
+                fused,
+                owner: mha.weights.w_qkv.clone(),
+                kv: gpu.storage("KV cache", f32s(2 * k_elems + v_elems), none),
+                layout: QkvLayout {
+                    k_offset: 0,
+                    v_offset: k_elems as u32,
+                    q_offset: (k_elems + v_elems) as u32,
+                    kv_stride: cap as u32,
+                },
+                x_q: gpu.storage("step query input", f32s(b * cap * c.model_dim), none),
+                x_kv: gpu.storage("step key/value input", f32s(b * cap * c.key_dim), none),
+                combined: gpu.storage("step combined heads", f32s(b * cap * c.v_width()), copy),
+                output: c
+                    .output_projection
+                    .then(|| gpu.storage("step output", f32s(b * cap * c.output_dim()), copy)),
+                staging: gpu.staging("step readback", f32s(b * cap * c.output_dim())),
+                scores: (!fused).then(|| gpu.storage("step scores", f32s(b * h * cap * cap), none)),
+                carry: gpu.storage("step carry (unused: one dispatch)", 16, none),
+                mask: MaskBuffers::new(gpu, 0),
             }
-            (_, Some(scores)) => {
-                let p =
-                    kernels::uniform_buffer(device, "step scores params", &ScoresParams::default());
-                let bind = mha.scores.bind(device, &[&p, &kv, scores, &mask]);
-                let sp = kernels::uniform_buffer(
-                    device,
-                    "step softmax params",
-                    &SoftmaxParams::default(),
-                );
-                let softmax_bind = mha.softmax.bind(device, &[&sp, scores]);
-                let ap = kernels::uniform_buffer(device, "step av params", &AvParams::default());
-                let av_bind = mha.av_combine.bind(device, &[&ap, scores, &kv, &combined]);
-                (p, bind, Some((sp, softmax_bind)), Some((ap, av_bind)))
-            }
-            // `with_path` only picks fused when the module has the flash pass.
-            (None, None) => {
-                return Err(Error::Config("fused KV cache without a flash pass".into()))
-            }
-        };
-        let out_proj = match (&w.w_o, &output) {
-            (Some((w_o, b_o)), Some(output)) => {
-                let p =
-                    kernels::uniform_buffer(device, "step W_o params", &LinearParams::default());
-                let bias = if c.bias { b_o } else { &mha.empty };
-                let bind = mha.linear.bind(device, &[&p, &combined, w_o, bias, output]);
-                Some((p, bind))
-            }
-            _ => None,
-        };
-        Ok(KvCache {
-            batch: b,
-            capacity: cap,
-            len: 0,
-            fused,
-            owner: w.w_qkv.clone(),
-            _kv: kv,
-            k_offset,
-            v_offset,
-            q_offset,
-            x_q,
-            x_kv,
-            combined,
-            output,
-            staging,
-            _scores: scores,
-            q_params,
-            q_bind,
-            kv_params,
-            kv_bind_self,
-            kv_bind_cross,
-            attn_params,
-            attn_bind,
-            softmax,
-            av,
-            out_proj,
-            _mask: mask,
         })
     }
 
@@ -365,7 +232,7 @@ impl MultiHeadAttention {
     fn step(&self, cache: &mut KvCache, x_q: &Tensor, x_kv: Option<&Tensor>) -> Result<Tensor> {
         let c = &self.config;
         if cache.owner != self.weights.w_qkv {
-            return Err(Error::Config(
+            return Err(Error::Misuse(
                 "this KV cache was made for another attention module".into(),
             ));
         }
@@ -392,7 +259,7 @@ impl MultiHeadAttention {
             }
             Some(_) => {}
             None if c.model_dim != c.key_dim => {
-                return Err(Error::Config(format!(
+                return Err(Error::Misuse(format!(
                     "a self-attention step projects keys from the query input, but model_dim {} ≠ key_dim {}; \
                      use forward_step_cross",
                     c.model_dim, c.key_dim
@@ -418,13 +285,44 @@ impl MultiHeadAttention {
             if let Some(kv) = x_kv {
                 queue.write_buffer(&cache.x_kv, 0, bytemuck::cast_slice(kv.data()));
             }
-            let mut encoder =
-                self.gpu
-                    .device()
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("forward_step"),
-                    });
-            self.encode_step(cache, &mut encoder, n, len0, lk, x_kv.is_some());
+            // Causal, bottom-right aligned: new token i sees cached keys j ≤ i + (lk − n) = len0 + i.
+            let dims = AttnDims {
+                batch: b,
+                heads: c.heads,
+                lq: n,
+                lk,
+            };
+            let mask = EncodedMask::new(&Mask::Causal, dims)?;
+            cache.mask.write(queue, &mask.words, &mask.params);
+            let geometry = Geometry {
+                batch: b,
+                lq: n,
+                lk,
+                kv_pos: len0,
+                layout: cache.layout,
+                fused: cache.fused,
+            };
+            let kv_input = if x_kv.is_some() {
+                &cache.x_kv
+            } else {
+                &cache.x_q
+            };
+            let bound = Bound {
+                query: &cache.x_q,
+                key: kv_input,
+                value: kv_input,
+                qkv: &cache.kv,
+                scores: cache.scores.as_ref(),
+                combined: &cache.combined,
+                output: cache.output.as_ref(),
+                carry: &cache.carry,
+                mask: &cache.mask,
+            };
+            let chain = dispatches(self, &geometry, &bound)?;
+            let mut encoder = self.gpu.encoder("forward_step");
+            for d in &chain {
+                d.record(&mut encoder, None);
+            }
             let result = cache.output.as_ref().unwrap_or(&cache.combined);
             encoder.copy_buffer_to_buffer(result, 0, &cache.staging, 0, 4 * out_len as u64);
             queue.submit([encoder.finish()]);
@@ -433,184 +331,5 @@ impl MultiHeadAttention {
         // Only now do the appended rows count; after any error the cache is as it was.
         cache.len = lk;
         Tensor::new([b, n, c.output_dim()], values)
-    }
-
-    /// Writes this step's parameters and records its passes: Q and K/V projections, attention
-    /// over `lk = len0 + n` cached rows, and `W_o` when the module has it.
-    fn encode_step(
-        &self,
-        cache: &KvCache,
-        encoder: &mut wgpu::CommandEncoder,
-        n: usize,
-        len0: usize,
-        lk: usize,
-        cross: bool,
-    ) {
-        let c = &self.config;
-        let queue = self.gpu.queue();
-        let (b, h, dk, dv) = (cache.batch, c.heads, c.qk_head_dim, c.v_head_dim);
-        let seg = |head_dim: usize, dst: u32| Segment {
-            heads: h as u32,
-            head_dim: head_dim as u32,
-            dst,
-        };
-        let has_bias = c.bias as u32;
-        let rows = (b * n) as u32;
-
-        // Q = split_heads(W_q(x_q)) into the scratch area, [B, H, n, dk].
-        let mut qp = LinearParams::new(
-            rows,
-            c.model_dim as u32,
-            n as u32,
-            &[seg(dk, cache.q_offset)],
-        );
-        qp.has_bias = has_bias;
-        queue.write_buffer(&cache.q_params, 0, bytemuck::bytes_of(&qp));
-        self.linear.dispatch(
-            encoder,
-            &cache.q_bind,
-            kernels::linear::workgroups(&qp, kernels::linear::LinearVariant::Scalar),
-            None,
-        );
-
-        // K, V = split_heads(W_k(x), W_v(x)) appended at rows len0.. of [B, H, capacity, d].
-        let mut kvp = LinearParams::new(
-            rows,
-            c.key_dim as u32,
-            n as u32,
-            &[seg(dk, cache.k_offset), seg(dv, cache.v_offset)],
-        );
-        kvp.w_offset = self.weights.w_k_offset;
-        kvp.bias_offset = self.weights.b_k_offset;
-        kvp.has_bias = has_bias;
-        kvp.dst_seq_len = cache.capacity as u32;
-        kvp.dst_pos = len0 as u32;
-        queue.write_buffer(&cache.kv_params, 0, bytemuck::bytes_of(&kvp));
-        let kv_bind = if cross {
-            &cache.kv_bind_cross
-        } else {
-            &cache.kv_bind_self
-        };
-        self.linear.dispatch(
-            encoder,
-            kv_bind,
-            kernels::linear::workgroups(&kvp, kernels::linear::LinearVariant::Scalar),
-            None,
-        );
-
-        // Causal, bottom-right aligned: new token i sees cached keys j ≤ i + (lk − n) = len0 + i.
-        let dims = AttnDims {
-            batch: b,
-            heads: h,
-            lq: n,
-            lk,
-        };
-        let mask = Mask::Causal
-            .resolve(dims)
-            .map(|m| MaskParams::from_resolved(&m))
-            .unwrap_or_default();
-        let bh = (b * h) as u32;
-        let (n32, lk32, cap32) = (n as u32, lk as u32, cache.capacity as u32);
-        match (&self.flash, cache.fused) {
-            (Some(flash), true) => {
-                let fp = FlashParams {
-                    lq: n32,
-                    lk: lk32,
-                    heads: h as u32,
-                    scale: c.scale(),
-                    q_offset: cache.q_offset,
-                    k_offset: cache.k_offset,
-                    v_offset: cache.v_offset,
-                    z_offset: 0,
-                    kv_stride: cap32,
-                    // `new` chose the fused path only where one dispatch covers the capacity.
-                    tile_begin: 0,
-                    tile_end: u32::MAX,
-                    carry_flags: 0,
-                    mask,
-                };
-                queue.write_buffer(&cache.attn_params, 0, bytemuck::bytes_of(&fp));
-                flash.dispatch(
-                    encoder,
-                    &cache.attn_bind,
-                    kernels::flash_attention::workgroups(
-                        &fp,
-                        bh,
-                        kernels::flash_attention::rows_per_thread(&self.gpu),
-                    ),
-                    None,
-                );
-            }
-            _ => {
-                let sp = ScoresParams {
-                    lq: n32,
-                    lk: lk32,
-                    head_dim: dk as u32,
-                    heads: h as u32,
-                    q_offset: cache.q_offset,
-                    k_offset: cache.k_offset,
-                    scale: c.scale(),
-                    z_offset: 0,
-                    kv_stride: cap32,
-                    _pad: [0; 3],
-                    mask,
-                };
-                queue.write_buffer(&cache.attn_params, 0, bytemuck::bytes_of(&sp));
-                self.scores.dispatch(
-                    encoder,
-                    &cache.attn_bind,
-                    kernels::scores::workgroups(&sp, bh),
-                    None,
-                );
-                if let Some((params, bind)) = &cache.softmax {
-                    let max_groups = self.gpu.limits().max_compute_workgroups_per_dimension;
-                    let smp = SoftmaxParams::new(bh * n32, lk32, max_groups);
-                    queue.write_buffer(params, 0, bytemuck::bytes_of(&smp));
-                    self.softmax
-                        .dispatch(encoder, bind, kernels::softmax::workgroups(&smp), None);
-                }
-                if let Some((params, bind)) = &cache.av {
-                    let ap = AvParams {
-                        lq: n32,
-                        lk: lk32,
-                        head_dim: dv as u32,
-                        heads: h as u32,
-                        v_offset: cache.v_offset,
-                        z_offset: 0,
-                        kv_stride: cap32,
-                        _pad: 0,
-                    };
-                    queue.write_buffer(params, 0, bytemuck::bytes_of(&ap));
-                    self.av_combine.dispatch(
-                        encoder,
-                        bind,
-                        kernels::av_combine::workgroups(&ap, bh),
-                        None,
-                    );
-                }
-            }
-        }
-
-        // output = W_o(combined) for the classic module.
-        if let Some((params, bind)) = &cache.out_proj {
-            let mut op = LinearParams::new(
-                rows,
-                c.v_width() as u32,
-                n as u32,
-                &[Segment {
-                    heads: 1,
-                    head_dim: c.model_dim as u32,
-                    dst: 0,
-                }],
-            );
-            op.has_bias = has_bias;
-            queue.write_buffer(params, 0, bytemuck::bytes_of(&op));
-            self.linear.dispatch(
-                encoder,
-                bind,
-                kernels::linear::workgroups(&op, kernels::linear::LinearVariant::Scalar),
-                None,
-            );
-        }
     }
 }

@@ -12,7 +12,7 @@ use wgpu_mha::error::{Error, Result};
 use wgpu_mha::gpu::timer::PassTimer;
 use wgpu_mha::gpu::Gpu;
 use wgpu_mha::kernels::linear::LinearVariant;
-use wgpu_mha::kernels::standalone::{CoreDims, Job, LinearKernel};
+use wgpu_mha::kernels::standalone::{Core, CoreDims, Job, LinearKernel};
 use wgpu_mha::model::config::AttentionConfig;
 use wgpu_mha::model::mask::Mask;
 use wgpu_mha::model::tensor::Tensor;
@@ -81,7 +81,7 @@ impl BenchConfig {
     /// `classic:b=1,l=128,d=512,h=8` or `per_head:b=16,l=128,e=128,qk=256,v=512,h=8`;
     /// `lq=`/`lk=` may replace `l=` for different query and key lengths.
     pub fn parse(spec: &str) -> Result<Self> {
-        let bad = |why: String| Error::Config(format!("bad --config `{spec}`: {why}"));
+        let bad = |why: String| Error::Misuse(format!("bad --config `{spec}`: {why}"));
         let (kind, rest) = spec
             .split_once(':')
             .ok_or_else(|| bad("expected `classic:b=..,l=..,d=..,h=..` or `per_head:b=..,l=..,e=..,qk=..,v=..,h=..`".into()))?;
@@ -335,10 +335,10 @@ pub fn gemm_speedup(
     iters: usize,
 ) -> Result<Speedup> {
     let (x, w, b) = linear_inputs(m, n, k);
-    let fast = Job::linear(gpu, &x, &w, Some(&b), m, n, k, false)?;
+    let fast = Job::linear(gpu, &x, &w, Some(&b), (m, n, k), LinearKernel::Auto)?;
     let optimised_ms = time_job(gpu, &fast, iters)?;
     drop(fast);
-    let naive = Job::linear(gpu, &x, &w, Some(&b), m, n, k, true)?;
+    let naive = Job::linear(gpu, &x, &w, Some(&b), (m, n, k), LinearKernel::Naive)?;
     let naive_ms = time_job(gpu, &naive, iters)?;
     Ok(Speedup {
         name: name.into(),
@@ -360,7 +360,7 @@ pub fn gemm_variants(
     iters: usize,
 ) -> Result<(Vec<Speedup>, Vec<String>)> {
     let (x, w, b) = linear_inputs(m, n, k);
-    let job = |kernel| Job::linear_split(gpu, &x, &w, Some(&b), m, k, m, &[(1, n)], kernel);
+    let job = |kernel| Job::linear(gpu, &x, &w, Some(&b), (m, n, k), kernel);
     let shape = format!("{m}x{n}x{k}");
     let auto = job(LinearKernel::Auto)?;
     let mut timed = vec![(format!("linear {shape}"), time_job(gpu, &auto, iters)?)];
@@ -405,13 +405,13 @@ pub fn core_speedup(
     let (q, k, v) = core_inputs(dims);
     let scale = 1.0 / (dims.qk_head_dim as f32).sqrt();
     let fast = if fused {
-        Job::flash(gpu, &q, &k, &v, dims, scale, &Mask::None)?
+        Job::core(gpu, Core::Fused, (&q, &k, &v), dims, scale, &Mask::None)?
     } else {
-        Job::multipass(gpu, &q, &k, &v, dims, scale, &Mask::None)?
+        Job::core(gpu, Core::MultiPass, (&q, &k, &v), dims, scale, &Mask::None)?
     };
     let optimised_ms = time_job(gpu, &fast, iters)?;
     drop(fast);
-    let naive = Job::naive_attention(gpu, &q, &k, &v, dims, scale)?;
+    let naive = Job::core(gpu, Core::Naive, (&q, &k, &v), dims, scale, &Mask::None)?;
     let naive_ms = time_job(gpu, &naive, iters)?;
     Ok(Speedup {
         name: name.into(),
@@ -438,10 +438,10 @@ fn core_gflop(d: CoreDims) -> f64 {
 pub fn fused_vs_multipass(gpu: &Gpu, dims: CoreDims, iters: usize) -> Result<Speedup> {
     let (q, k, v) = core_inputs(dims);
     let scale = 1.0 / (dims.qk_head_dim as f32).sqrt();
-    let fused = Job::flash(gpu, &q, &k, &v, dims, scale, &Mask::None)?;
+    let fused = Job::core(gpu, Core::Fused, (&q, &k, &v), dims, scale, &Mask::None)?;
     let fused_ms = time_job(gpu, &fused, iters)?;
     drop(fused);
-    let multi = Job::multipass(gpu, &q, &k, &v, dims, scale, &Mask::None)?;
+    let multi = Job::core(gpu, Core::MultiPass, (&q, &k, &v), dims, scale, &Mask::None)?;
     let multi_ms = time_job(gpu, &multi, iters)?;
     Ok(Speedup {
         name: format!(
@@ -631,7 +631,7 @@ pub fn run(
         if only != GEMM_MICRO && !named.iter().any(|c| &c.name == only) {
             let mut names: Vec<&str> = named.iter().map(|c| c.name.as_str()).collect();
             names.push(GEMM_MICRO);
-            return Err(Error::Config(format!(
+            return Err(Error::Misuse(format!(
                 "no configuration named `{only}`; known: {}",
                 names.join(", ")
             )));

@@ -129,7 +129,7 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
     } else {
         // clap guarantees --weights and --inputs here; stay defensive without panicking.
         let (Some(weights_path), Some(inputs_path)) = (&args.weights, &args.inputs) else {
-            return Err(Error::Config(
+            return Err(Error::Misuse(
                 "run needs --case FILE, or --weights FILE and --inputs FILE".into(),
             ));
         };

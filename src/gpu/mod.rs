@@ -1,12 +1,14 @@
 //! The GPU context: adapter, device and queue, and the two things every pass needs from them:
 //! errors turned into `Err` (never wgpu's default panic) and blocking readback.
 
+pub mod buffers;
+pub mod pass;
 pub mod timer;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::kernels::Pass;
+use crate::gpu::pass::Pass;
 
 use crate::error::{Error, Result};
 
@@ -105,7 +107,7 @@ impl Gpu {
             .map(|n| n.to_lowercase());
         if let Some(b) = &backend {
             if wgpu::Backends::from_comma_list(b).is_empty() {
-                return Err(Error::Config(format!(
+                return Err(Error::Misuse(format!(
                     "unknown backend `{b}`: use vulkan, metal, dx12 or gl (comma-separated for several)"
                 )));
             }
@@ -284,6 +286,12 @@ impl Gpu {
     /// Holds the device for this thread where the backend needs it (GL; see `serial`).
     pub(crate) fn serialize(&self) -> Option<parking_lot::ReentrantMutexGuard<'_, ()>> {
         self.serial.as_ref().map(|m| m.lock())
+    }
+
+    /// A new command encoder.
+    pub(crate) fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
     }
 
     /// Waits until the queue is idle.

@@ -159,7 +159,7 @@ impl Case {
                 let q = file.tensor_f32("Q")?;
                 let k = file.tensor_f32("K")?;
                 let v = file.tensor_f32("V")?;
-                crate::attention::check_inputs(&config, &q, &k, &v)?;
+                config.check_inputs(q.shape(), k.shape(), v.shape())?;
                 let mask = if file.contains("mask") {
                     Mask::Attend(file.mask_tensor("mask")?)
                 } else {
@@ -170,7 +170,7 @@ impl Case {
             CaseVariant::PerHead => {
                 let x_q = file.tensor_f32("x_q")?;
                 let x_kv = file.tensor_f32("x_k_v")?;
-                crate::attention::check_inputs(&config, &x_q, &x_kv, &x_kv)?;
+                config.check_inputs(x_q.shape(), x_kv.shape(), x_kv.shape())?;
                 let mask = if file.contains("attn_mask") {
                     Mask::Block(file.mask_tensor("attn_mask")?)
                 } else {
@@ -180,7 +180,7 @@ impl Case {
             }
         };
         let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
-        mask.resolve(AttnDims {
+        mask.check(AttnDims {
             batch,
             heads: config.heads,
             lq,

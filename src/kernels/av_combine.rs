@@ -1,10 +1,11 @@
 //! `av_combine`: `P·V` per (batch, head), written into the combined `[B, Lq, H·dv]` layout.
 
-use std::sync::Arc;
-
+use crate::error::Result;
+use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
 use crate::gpu::Gpu;
 
-use super::{Pass, Slot, GEMM_TILE_WGSL};
+use super::source::Prelude;
+use super::{gemm_prelude, CoreProblem, GEMM_TILE, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/av_combine.wgsl");
 
@@ -19,29 +20,67 @@ pub struct AvParams {
     pub v_offset: u32,
     pub z_offset: u32,
     pub kv_stride: u32,
-    pub _pad: u32,
+    pub _pad0: u32,
 }
 
-/// The compiled pass, shared by everything on this device.
-pub(crate) fn pass(gpu: &Gpu) -> Arc<Pass> {
-    gpu.pass("av_combine", || build(gpu.device()))
+impl AvParams {
+    pub fn new(c: &CoreProblem) -> Self {
+        AvParams {
+            lq: c.lq as u32,
+            lk: c.lk as u32,
+            head_dim: c.v_head_dim as u32,
+            heads: c.heads as u32,
+            v_offset: c.layout.v_offset,
+            kv_stride: c.layout.kv_stride,
+            ..Default::default()
+        }
+    }
 }
 
-fn build(device: &wgpu::Device) -> Pass {
-    let source = format!("{GEMM_TILE_WGSL}\n{WGSL}");
-    Pass::new(
-        device,
-        "av_combine",
-        &source,
-        &[
+/// What the pass reads and writes.
+pub struct AvBuffers<'a> {
+    /// Probabilities `[B, H, Lq, Lk]`.
+    pub probs: &'a wgpu::Buffer,
+    /// Head-split V at the problem's `v_offset`.
+    pub qkv: &'a wgpu::Buffer,
+    /// Combined heads `[B, Lq, H·dv]`.
+    pub out: &'a wgpu::Buffer,
+}
+
+/// The full source: prelude, shared GEMM tile, body.
+pub fn source() -> String {
+    gemm_prelude(Prelude::new()).source(&[GEMM_TILE_WGSL, WGSL])
+}
+
+/// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head).
+pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Dispatch> {
+    let p = AvParams::new(c);
+    let pass = gpu.pass("av_combine", || {
+        let slots = [
             Slot::Uniform(0),
             Slot::Read(1),
             Slot::Read(2),
             Slot::Write(4),
-        ],
+        ];
+        Pass::build(
+            gpu.device(),
+            "av_combine",
+            &source(),
+            "main",
+            Checks::Checked,
+            &slots,
+        )
+    });
+    let groups = [
+        p.head_dim.div_ceil(GEMM_TILE),
+        p.lq.div_ceil(GEMM_TILE),
+        c.batch_heads(),
+    ];
+    Dispatch::new(
+        gpu,
+        pass,
+        &p,
+        &[(1, b.probs), (2, b.qkv), (4, b.out)],
+        groups,
     )
-}
-
-pub fn workgroups(p: &AvParams, batch_heads: u32) -> [u32; 3] {
-    [p.head_dim.div_ceil(64), p.lq.div_ceil(64), batch_heads]
 }

@@ -2,16 +2,20 @@
 
 use std::sync::Arc;
 
+use crate::error::Result;
+use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
 use crate::gpu::Gpu;
 
-use super::{MaskParams, Pass, Slot, MASK_WGSL};
+use super::mask::MaskBuffers;
+use super::source::Prelude;
+use super::CoreProblem;
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 
 /// Threads per workgroup (`THREADS` in the shader): one 8-lane SIMD vector on llvmpipe.
 pub const THREADS: u32 = 8;
 
-/// Query rows each thread owns (`ROWS` in the shader, rewritten per device); a workgroup takes
+/// Query rows each thread owns (`ROWS` in the shader's prelude, per device); a workgroup takes
 /// `rows · THREADS` query rows.
 /// * Vulkan on a CPU (lavapipe): 16. Measured at L=1024 d64 against the multi-pass core in one
 ///   run: 16 rows 2.5×, 8 rows 2.1×, 4 rows 1.6×; at 32 the loops no longer unroll.
@@ -49,7 +53,6 @@ pub struct FlashParams {
     pub tile_end: u32,
     /// `CARRY_IN | CARRY_OUT` (see the shader); 0 for a single dispatch over all keys.
     pub carry_flags: u32,
-    pub mask: MaskParams,
 }
 
 /// Resume from the carried state (every key range but the first).
@@ -118,77 +121,207 @@ pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize, workgroup_bytes: u32) -> O
     (keys >= KEY_GROUP).then_some(keys as u32)
 }
 
-/// The shader with its head sizes baked in (they are fixed per module, and WGSL needs
-/// constant sizes for the per-thread q and accumulator arrays).
-pub fn source(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32, rows: u32) -> String {
-    let body = WGSL
-        .replace(
-            "const HEAD_DIM_QK: u32 = 64u;",
-            &format!("const HEAD_DIM_QK: u32 = {qk_head_dim}u;"),
-        )
-        .replace(
-            "const HEAD_DIM_V: u32 = 64u;",
-            &format!("const HEAD_DIM_V: u32 = {v_head_dim}u;"),
-        )
-        .replace(
-            "const KV_TILE: u32 = 32u;",
-            &format!("const KV_TILE: u32 = {kv_tile}u;"),
-        )
-        .replace(
-            "const ROWS: u32 = 16u;",
-            &format!("const ROWS: u32 = {rows}u;"),
-        );
-    format!("{MASK_WGSL}\n{body}")
+/// Everything the shader is specialised on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlashShape {
+    pub qk_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Keys per staged K/V tile ([`kv_tile`]).
+    pub kv_tile: u32,
+    /// Query rows per thread ([`rows_per_thread`]).
+    pub rows: u32,
+    /// Q/K/V stored as f16 (scores, statistics, accumulators and output stay f32).
+    pub f16: bool,
 }
 
-/// [`source`] reading f16 Q/K/V (`array<f16>`, widened to f32 in `row_elem`); scores,
-/// softmax statistics, the accumulator and the output stay f32. Needs `SHADER_F16`.
-pub fn source_f16(qk_head_dim: usize, v_head_dim: usize, kv_tile: u32, rows: u32) -> String {
-    let body = source(qk_head_dim, v_head_dim, kv_tile, rows)
-        .replace(
-            "var<storage, read> qkv: array<f32>;",
-            "var<storage, read> qkv: array<f16>;",
-        )
-        .replace("return qkv[base + d];", "return f32(qkv[base + d]);");
-    format!("enable f16;\n{body}")
+/// The full source: a prelude with this shape's sizes and element type, the mask rule, body.
+pub fn source(s: FlashShape) -> String {
+    let prelude = Prelude::new()
+        .u32("HEAD_DIM_QK", s.qk_head_dim as u32)
+        .u32("HEAD_DIM_V", s.v_head_dim as u32)
+        .u32("KV_TILE", s.kv_tile)
+        .u32("ROWS", s.rows)
+        .u32("THREADS", THREADS)
+        .u32("CARRY_IN", CARRY_IN)
+        .u32("CARRY_OUT", CARRY_OUT)
+        .elem("QkvElem", s.f16);
+    super::mask::prelude(prelude).source(&[super::mask::WGSL, WGSL])
 }
 
-/// Bindings: params, Q|K|V, output, carried state, mask words.
+/// Bindings: params, Q|K|V, output, carried state, mask words, mask params.
 const SLOTS: &[Slot] = &[
     Slot::Uniform(0),
     Slot::Read(1),
     Slot::Write(4),
     Slot::Write(5),
     Slot::Read(6),
+    Slot::Uniform(7),
 ];
 
-/// The pass for these head sizes (f16 Q/K/V when `f16`), compiled once per device.
-/// Runtime bounds checks stay on: measured no faster without them on lavapipe.
-pub(crate) fn pass(
-    gpu: &Gpu,
-    qk_head_dim: usize,
-    v_head_dim: usize,
-    kv_tile: u32,
-    f16: bool,
-) -> Arc<Pass> {
-    let (dk, dv) = (qk_head_dim, v_head_dim);
-    let rows = rows_per_thread(gpu);
-    let precision = if f16 { "f16" } else { "f32" };
-    gpu.pass(
-        &format!("flash_attention {precision} dk={dk} dv={dv} tile={kv_tile} rows={rows}"),
-        || {
-            let source = if f16 {
-                source_f16(dk, dv, kv_tile, rows)
-            } else {
-                source(dk, dv, kv_tile, rows)
-            };
-            Pass::new(gpu.device(), "flash_attention", &source, SLOTS)
-        },
-    )
+/// What the pass reads and writes.
+pub struct FlashBuffers<'a> {
+    /// Head-split Q, K and V at the problem's offsets.
+    pub qkv: &'a wgpu::Buffer,
+    /// Combined heads `[B, Lq, H·dv]`.
+    pub out: &'a wgpu::Buffer,
+    /// Running state between key ranges ([`Flash::carry_len`] floats; any buffer when the
+    /// problem runs as one dispatch).
+    pub carry: &'a wgpu::Buffer,
+    pub mask: &'a MaskBuffers,
 }
 
-/// One workgroup per `rows · THREADS` query rows (`rows` = [`rows_per_thread`] of the device
-/// the pass was built for) per (batch, head) of the dispatch.
-pub fn workgroups(p: &FlashParams, batch_heads: u32, rows: u32) -> [u32; 3] {
-    [p.lq.div_ceil(rows * THREADS), batch_heads, 1]
+/// The fused pass of one module's head sizes on one device: its pipeline, its tile and how
+/// many key tiles one dispatch may cover.
+#[derive(Debug, Clone)]
+pub struct Flash {
+    pass: Arc<Pass>,
+    shape: FlashShape,
+    tiles_per_dispatch: u32,
+}
+
+impl Flash {
+    /// `None` when not even one group of [`KEY_GROUP`] keys fits the device's workgroup memory
+    /// at these head sizes (the multi-pass core runs instead).
+    pub fn new(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize, f16: bool) -> Option<Self> {
+        let workgroup_bytes = gpu.limits().max_compute_workgroup_storage_size;
+        let shape = FlashShape {
+            qk_head_dim,
+            v_head_dim,
+            kv_tile: kv_tile(qk_head_dim, v_head_dim, workgroup_bytes)?,
+            rows: rows_per_thread(gpu),
+            f16,
+        };
+        let software = gpu.info().device_type == wgpu::DeviceType::Cpu;
+        let tiles_per_dispatch =
+            tiles_per_dispatch(qk_head_dim, v_head_dim, shape.kv_tile, shape.rows, software);
+        let key = format!("flash_attention {shape:?}");
+        let pass = gpu.pass(&key, || {
+            // Runtime bounds checks stay on: measured no faster without them on lavapipe.
+            let src = source(shape);
+            Pass::build(
+                gpu.device(),
+                "flash_attention",
+                &src,
+                "main",
+                Checks::Checked,
+                SLOTS,
+            )
+        });
+        Some(Flash {
+            pass,
+            shape,
+            tiles_per_dispatch,
+        })
+    }
+
+    /// The key-tile ranges of the dispatches for `lk` keys.
+    pub fn key_ranges(&self, lk: usize) -> Vec<(u32, u32, u32)> {
+        key_ranges(lk, self.shape.kv_tile, self.tiles_per_dispatch)
+    }
+
+    /// Most keys one dispatch covers.
+    pub fn keys_per_dispatch(&self) -> usize {
+        (self.shape.kv_tile * self.tiles_per_dispatch) as usize
+    }
+
+    /// Floats of carried state a problem needs (0 when it runs as one dispatch).
+    pub fn carry_len(&self, c: &CoreProblem) -> usize {
+        if self.key_ranges(c.lk).len() > 1 {
+            c.batch * c.heads * c.lq * carry_stride(c.v_head_dim)
+        } else {
+            0
+        }
+    }
+
+    /// One dispatch per key range, each of `ceil(Lq / (rows · THREADS))` × (batch·heads)
+    /// workgroups.
+    pub fn dispatches(
+        &self,
+        gpu: &Gpu,
+        c: &CoreProblem,
+        b: &FlashBuffers,
+    ) -> Result<Vec<Dispatch>> {
+        let groups = [
+            (c.lq as u32).div_ceil(self.shape.rows * THREADS),
+            c.batch_heads(),
+            1,
+        ];
+        let [words, mask_params] = b.mask.bindings();
+        let buffers = [(1, b.qkv), (4, b.out), (5, b.carry), words, mask_params];
+        self.key_ranges(c.lk)
+            .into_iter()
+            .map(|(tile_begin, tile_end, carry_flags)| {
+                let p = FlashParams {
+                    lq: c.lq as u32,
+                    lk: c.lk as u32,
+                    heads: c.heads as u32,
+                    scale: c.scale,
+                    q_offset: c.layout.q_offset,
+                    k_offset: c.layout.k_offset,
+                    v_offset: c.layout.v_offset,
+                    z_offset: 0,
+                    kv_stride: c.layout.kv_stride,
+                    tile_begin,
+                    tile_end,
+                    carry_flags,
+                };
+                Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_ranges_cover_every_tile_once_with_carry_flags() {
+        // 100 keys in tiles of 8: 13 tiles, 5 per dispatch.
+        let r = key_ranges(100, 8, 5);
+        assert_eq!(
+            r,
+            vec![
+                (0, 5, CARRY_OUT),
+                (5, 10, CARRY_IN | CARRY_OUT),
+                (10, 13, CARRY_IN)
+            ]
+        );
+        // Exactly one dispatch's worth, and one key past it.
+        assert_eq!(key_ranges(40, 8, 5), vec![(0, 5, 0)]);
+        assert_eq!(key_ranges(41, 8, 5).len(), 2);
+        // No keys still makes one (empty) range.
+        assert_eq!(key_ranges(0, 8, 5), vec![(0, 1, 0)]);
+    }
+
+    #[test]
+    fn tiles_per_dispatch_keeps_software_invocations_under_the_loop_cap() {
+        let software = tiles_per_dispatch(64, 64, 32, 16, true);
+        let gpu = tiles_per_dispatch(64, 64, 32, 16, false);
+        assert_eq!(gpu, 8192 / 32);
+        assert!(software >= 1 && software < gpu, "{software}");
+        // Wider heads and more rows per thread mean fewer keys per dispatch.
+        assert!(tiles_per_dispatch(256, 512, 8, 16, true) * 8 < software * 32);
+        assert!(tiles_per_dispatch(64, 64, 32, 4, true) >= software);
+        // At least one tile, however large the head.
+        assert_eq!(tiles_per_dispatch(100_000, 100_000, 8, 16, true), 1);
+    }
+
+    #[test]
+    fn kv_tile_is_whole_key_groups_within_workgroup_memory() {
+        // d64 + d64 = 32 vec4s = 512 bytes per key: 32 KiB holds 64, capped at 32.
+        assert_eq!(kv_tile(64, 64, 32 * 1024), Some(32));
+        // 1,024 floats per key (4 KiB): 8 keys fit exactly into 32 KiB; one float more does not.
+        assert_eq!(kv_tile(512, 512, 32 * 1024), Some(8));
+        assert_eq!(kv_tile(512, 516, 32 * 1024), None);
+        // Odd head sizes round up to whole vec4s.
+        assert_eq!(kv_tile(3, 5, 8 * 48 - 1), None);
+        assert_eq!(kv_tile(3, 5, 8 * 48), Some(8));
+    }
+
+    #[test]
+    fn carry_stride_is_max_sum_and_a_vec4_padded_accumulator() {
+        assert_eq!(carry_stride(64), 66);
+        assert_eq!(carry_stride(5), 2 + 8);
+    }
 }

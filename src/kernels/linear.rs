@@ -3,9 +3,11 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
 use crate::gpu::Gpu;
 
-use super::{Checks, Pass, Slot, GEMM_TILE_WGSL};
+use super::source::Prelude;
+use super::{gemm_prelude, GEMM_TILE, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/linear.wgsl");
 /// `LinearParams`, its uniform binding and `dst_index`: prepended to every variant.
@@ -31,7 +33,7 @@ pub enum LinearVariant {
 
 impl LinearVariant {
     /// Whether this variant can run these parameters on `gpu`: `Ok` or the reason it cannot
-    /// (`Unsupported` without SUBGROUP, `Config` when the vec4 preconditions do not hold).
+    /// (`Unsupported` without SUBGROUP, `Misuse` when the vec4 preconditions do not hold).
     pub fn check(self, gpu: &Gpu, p: &LinearParams, bound: &BoundElems) -> Result<()> {
         if self == LinearVariant::Subgroup && !gpu.has_subgroups() {
             return Err(Error::Unsupported {
@@ -40,7 +42,7 @@ impl LinearVariant {
             });
         }
         if self != LinearVariant::Scalar && !vec4_ok(p, bound) {
-            return Err(Error::Config(format!(
+            return Err(Error::Misuse(format!(
                 "the {self:?} linear variant needs K % 4 == 0, 4-aligned offsets and every \
                  index in range (K {}, x_offset {}, w_offset {})",
                 p.k, p.x_offset, p.w_offset
@@ -168,7 +170,8 @@ pub struct LinearParams {
     pub has_bias: u32,
     pub dst_seq_len: u32,
     pub dst_pos: u32,
-    pub _pad: [u32; 2],
+    pub _pad0: u32,
+    pub _pad1: u32,
     pub seg_start: [u32; 4],
     pub seg_head_dim: [u32; 4],
     pub seg_heads: [u32; 4],
@@ -212,15 +215,55 @@ impl LinearParams {
         p.n = start;
         p
     }
+
+    /// Reads this GEMM's weight rows and biases from element offsets of the bound buffers
+    /// (W_k's rows after W_q's in one packed buffer, say); `has_bias` turns the bias on.
+    pub fn weights_at(mut self, w_offset: u32, bias_offset: u32, has_bias: bool) -> Self {
+        self.w_offset = w_offset;
+        self.bias_offset = bias_offset;
+        self.has_bias = has_bias as u32;
+        self
+    }
+
+    /// Writes the rows at positions `dst_pos..` of a destination with `dst_seq_len` rows per
+    /// (batch, head): appending to a KV cache of that capacity.
+    pub fn appending(mut self, dst_seq_len: u32, dst_pos: u32) -> Self {
+        self.dst_seq_len = dst_seq_len;
+        self.dst_pos = dst_pos;
+        self
+    }
 }
 
-/// The full source of one variant (the scalar one needs the shared GEMM tile prepended).
-pub fn source(variant: LinearVariant) -> String {
-    match variant {
-        LinearVariant::Scalar => format!("{PARAMS_WGSL}\n{GEMM_TILE_WGSL}\n{WGSL}"),
-        LinearVariant::Vec4 => format!("{PARAMS_WGSL}\n{VEC4_BLOCK_WGSL}\n{WGSL_VEC4}"),
-        LinearVariant::Subgroup => {
-            format!("{PARAMS_WGSL}\n{VEC4_BLOCK_WGSL}\n{WGSL_SUBGROUP}")
+/// Element types of a `linear` dispatch: all f32, or f16 weights (an f16 module) writing f16
+/// head-split Q/K/V or the f32 output. X and the bias stay f32; accumulation is f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinearElems {
+    F32,
+    F16Weights { f16_out: bool },
+}
+
+/// The full source of one variant: a prelude (tile sizes, element types), the shared
+/// parameters and tile loop, the body.
+pub fn source(variant: LinearVariant, elems: LinearElems) -> String {
+    match (variant, elems) {
+        (LinearVariant::Scalar, elems) => {
+            let (w16, y16) = match elems {
+                LinearElems::F32 => (false, false),
+                LinearElems::F16Weights { f16_out } => (true, f16_out),
+            };
+            let prelude = gemm_prelude(Prelude::new())
+                .elem("WElem", w16)
+                .elem("YElem", y16);
+            prelude.source(&[PARAMS_WGSL, GEMM_TILE_WGSL, WGSL])
+        }
+        (vec4, _) => {
+            let prelude = Prelude::new().u32("RB", VEC4_ROWS).u32("CB", VEC4_COLS);
+            let body = if vec4 == LinearVariant::Subgroup {
+                WGSL_SUBGROUP
+            } else {
+                WGSL_VEC4
+            };
+            prelude.source(&[PARAMS_WGSL, VEC4_BLOCK_WGSL, body])
         }
     }
 }
@@ -234,17 +277,8 @@ const SLOTS: &[Slot] = &[
     Slot::Write(4),
 ];
 
-/// The compiled pass of a variant, shared by everything on this device.
-pub(crate) fn pass(gpu: &Gpu, variant: LinearVariant) -> Arc<Pass> {
-    let key = match variant {
-        LinearVariant::Scalar => "linear",
-        LinearVariant::Vec4 => "linear_vec4",
-        LinearVariant::Subgroup => "linear_subgroup",
-    };
-    gpu.pass(key, || build(gpu.device(), variant))
-}
-
-fn build(device: &wgpu::Device, variant: LinearVariant) -> Pass {
+/// The compiled pass, shared by everything on this device.
+fn pass(gpu: &Gpu, variant: LinearVariant, elems: LinearElems) -> Arc<Pass> {
     // The vec4 variants run without wgpu's runtime bounds checks (about 1.8× faster on
     // lavapipe): `variant()` and `LinearVariant::check` let them run only dispatches whose every
     // index `LinearParams::in_bounds` proves in range. The scalar variant keeps the checks.
@@ -252,73 +286,22 @@ fn build(device: &wgpu::Device, variant: LinearVariant) -> Pass {
         LinearVariant::Scalar => Checks::Checked,
         LinearVariant::Vec4 | LinearVariant::Subgroup => Checks::Unchecked,
     };
-    Pass::build(device, "linear", &source(variant), "main", checks, SLOTS)
-}
-
-/// Where an f16 `linear` writes: f16 head-split Q/K/V, or f32 (the output projection).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum F16Output {
-    /// Q/K/V projections: f16 weights in, f16 head-split output.
-    Half,
-    /// `W_o`: f32 combined heads and f16 weights in, f32 output.
-    Full,
-}
-
-/// The scalar `linear` shader rewritten for f16 weights (`array<f16>`, widened to f32 on load,
-/// so accumulation stays f32) and, for [`F16Output::Half`], an f16 output (`f16(v)` on store).
-/// X and the bias stay f32. Needs `SHADER_F16`; `enable f16;` comes first.
-pub fn source_f16(output: F16Output) -> String {
-    let mut body = WGSL
-        .replace(
-            "var<storage, read> w: array<f32>;",
-            "var<storage, read> w: array<f16>;",
-        )
-        .replace(
-            "return w[p.w_offset + col * p.k + k];",
-            "return f32(w[p.w_offset + col * p.k + k]);",
-        );
-    if output == F16Output::Half {
-        body = body
-            .replace(
-                "var<storage, read_write> y: array<f32>;",
-                "var<storage, read_write> y: array<f16>;",
-            )
-            .replace(
-                "y[dst_index(row, col)] = v;",
-                "y[dst_index(row, col)] = f16(v);",
-            );
-    }
-    format!("enable f16;\n{PARAMS_WGSL}\n{GEMM_TILE_WGSL}\n{body}")
-}
-
-/// The f16 scalar `linear` pass (runtime bounds checks on, like the f32 scalar one).
-pub(crate) fn pass_f16(gpu: &Gpu, output: F16Output) -> Arc<Pass> {
-    let key = match output {
-        F16Output::Half => "linear f16 out=f16",
-        F16Output::Full => "linear f16 out=f32",
-    };
-    gpu.pass(key, || {
-        Pass::build(
-            gpu.device(),
-            "linear",
-            &source_f16(output),
-            "main",
-            Checks::Checked,
-            SLOTS,
-        )
+    gpu.pass(&format!("linear {variant:?} {elems:?}"), || {
+        let src = source(variant, elems);
+        Pass::build(gpu.device(), "linear", &src, "main", checks, SLOTS)
     })
 }
 
 /// Output tile (rows, columns) of one workgroup of a variant.
 pub fn tile(variant: LinearVariant) -> (u32, u32) {
     match variant {
-        LinearVariant::Scalar => (64, 64),
+        LinearVariant::Scalar => (GEMM_TILE, GEMM_TILE),
         LinearVariant::Vec4 | LinearVariant::Subgroup => (8 * VEC4_ROWS, 8 * VEC4_COLS),
     }
 }
 
 /// Rows and columns per thread of `linear_vec4.wgsl` and `linear_subgroup.wgsl` (`RB`, `CB`
-/// there; 64 threads as 8×8).
+/// in their prelude; 64 threads as 8×8).
 const VEC4_ROWS: u32 = 16;
 const VEC4_COLS: u32 = 8;
 
@@ -326,4 +309,190 @@ const VEC4_COLS: u32 = 8;
 pub fn workgroups(p: &LinearParams, variant: LinearVariant) -> [u32; 3] {
     let (tm, tn) = tile(variant);
     [p.n.div_ceil(tn), p.m.div_ceil(tm), 1]
+}
+
+/// What a `linear` dispatch reads and writes.
+pub struct LinearBuffers<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub w: &'a wgpu::Buffer,
+    /// Read only where the parameters say `has_bias`; `None` binds a zero buffer.
+    pub bias: Option<&'a wgpu::Buffer>,
+    pub y: &'a wgpu::Buffer,
+}
+
+/// A ready `linear` dispatch and the variant it runs. `request: None` picks as a forward does
+/// ([`variant`]; f16 weights always run the scalar kernel); `Some(v)` runs `v` or returns the
+/// reason it cannot ([`LinearVariant::check`]).
+pub fn dispatch(
+    gpu: &Gpu,
+    elems: LinearElems,
+    request: Option<LinearVariant>,
+    p: &LinearParams,
+    b: LinearBuffers,
+) -> Result<(Dispatch, LinearVariant)> {
+    let zeros;
+    let bias = match b.bias {
+        Some(bias) => bias,
+        None => {
+            zeros = gpu.storage("no bias", 16, wgpu::BufferUsages::empty());
+            &zeros
+        }
+    };
+    // Sizes as f32 elements: an f16 weight buffer holds twice as many, so this undercounts
+    // it, which only makes the proof stricter.
+    let bound = BoundElems::of(b.x, b.w, bias, b.y);
+    let variant = match (request, elems) {
+        (Some(v), LinearElems::F32) => {
+            v.check(gpu, p, &bound)?;
+            v
+        }
+        (Some(LinearVariant::Scalar) | None, LinearElems::F16Weights { .. }) => {
+            LinearVariant::Scalar
+        }
+        (Some(v), LinearElems::F16Weights { .. }) => {
+            return Err(Error::Misuse(format!(
+                "the {v:?} linear variant reads f32 weights; f16 weights run the scalar kernel"
+            )))
+        }
+        (None, LinearElems::F32) => variant(gpu, p, &bound),
+    };
+    let d = Dispatch::new(
+        gpu,
+        pass(gpu, variant, elems),
+        p,
+        &[(1, b.x), (2, b.w), (3, bias), (4, b.y)],
+        workgroups(p, variant),
+    )?;
+    Ok((d, variant))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(m: u32, n: u32, k: u32) -> LinearParams {
+        LinearParams::new(
+            m,
+            k,
+            m,
+            &[Segment {
+                heads: 1,
+                head_dim: n,
+                dst: 0,
+            }],
+        )
+    }
+
+    fn exact(m: u64, n: u64, k: u64) -> BoundElems {
+        BoundElems {
+            x: m * k,
+            w: n * k,
+            bias: n,
+            y: m * n,
+        }
+    }
+
+    #[test]
+    fn in_bounds_holds_exactly_at_the_buffer_sizes() {
+        let p = plain(8, 12, 16).weights_at(0, 0, true);
+        assert!(p.in_bounds(&exact(8, 12, 16)));
+        let short = |f: fn(&mut BoundElems)| {
+            let mut b = exact(8, 12, 16);
+            f(&mut b);
+            p.in_bounds(&b)
+        };
+        assert!(!short(|b| b.x -= 1));
+        assert!(!short(|b| b.w -= 1));
+        assert!(!short(|b| b.bias -= 1));
+        assert!(!short(|b| b.y -= 1));
+        // Without a bias its buffer is never read.
+        assert!(plain(8, 12, 16).in_bounds(&BoundElems {
+            bias: 0,
+            ..exact(8, 12, 16)
+        }));
+    }
+
+    #[test]
+    fn in_bounds_counts_offsets_and_cache_positions() {
+        let p = plain(4, 8, 8).weights_at(64, 8, true);
+        assert!(p.in_bounds(&BoundElems {
+            w: 64 + 64,
+            bias: 16,
+            ..exact(4, 8, 8)
+        }));
+        assert!(!p.in_bounds(&BoundElems {
+            w: 64 + 63,
+            bias: 16,
+            ..exact(4, 8, 8)
+        }));
+        // Two sequences of 2 rows appended at position 3 of a 5-row cache, 2 heads of 4.
+        let kv = LinearParams::new(
+            4,
+            8,
+            2,
+            &[Segment {
+                heads: 2,
+                head_dim: 4,
+                dst: 0,
+            }],
+        )
+        .appending(5, 3);
+        let needed = 2 * 2 * 5 * 4; // [B, H, capacity, d]
+        assert!(kv.in_bounds(&BoundElems {
+            y: needed,
+            ..exact(4, 8, 8)
+        }));
+        assert!(!kv.in_bounds(&BoundElems {
+            y: needed - 1,
+            ..exact(4, 8, 8)
+        }));
+        // Past the capacity (position 4 + 2 rows > 5) the last row does not fit.
+        let over = LinearParams::new(
+            4,
+            8,
+            2,
+            &[Segment {
+                heads: 2,
+                head_dim: 4,
+                dst: 0,
+            }],
+        )
+        .appending(5, 4);
+        assert!(!over.in_bounds(&BoundElems {
+            y: needed,
+            ..exact(4, 8, 8)
+        }));
+    }
+
+    #[test]
+    fn in_bounds_refuses_empty_problems_and_gapped_segments() {
+        assert!(!plain(0, 4, 4).in_bounds(&exact(1, 4, 4)));
+        let mut gapped = LinearParams::new(
+            2,
+            4,
+            2,
+            &[
+                Segment {
+                    heads: 1,
+                    head_dim: 2,
+                    dst: 0,
+                },
+                Segment {
+                    heads: 1,
+                    head_dim: 2,
+                    dst: 4,
+                },
+            ],
+        );
+        assert!(gapped.in_bounds(&exact(2, 4, 4)));
+        gapped.seg_start[1] = 3;
+        assert!(!gapped.in_bounds(&exact(2, 4, 4)));
+    }
+
+    #[test]
+    fn workgroups_cover_the_output_with_each_variant_tile() {
+        let p = plain(129, 65, 4);
+        assert_eq!(workgroups(&p, LinearVariant::Scalar), [2, 3, 1]);
+        assert_eq!(workgroups(&p, LinearVariant::Vec4), [2, 2, 1]);
+    }
 }

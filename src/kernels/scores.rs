@@ -2,9 +2,13 @@
 
 use std::sync::Arc;
 
+use crate::error::Result;
+use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
 use crate::gpu::Gpu;
 
-use super::{MaskParams, Pass, Slot, GEMM_TILE_WGSL, MASK_WGSL};
+use super::mask::MaskBuffers;
+use super::source::Prelude;
+use super::{gemm_prelude, CoreProblem, GEMM_TILE, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/scores.wgsl");
 
@@ -21,31 +25,77 @@ pub struct ScoresParams {
     pub scale: f32,
     pub z_offset: u32,
     pub kv_stride: u32,
-    pub _pad: [u32; 3],
-    pub mask: MaskParams,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
-/// The compiled pass, shared by everything on this device.
-pub(crate) fn pass(gpu: &Gpu) -> Arc<Pass> {
-    gpu.pass("scores", || build(gpu.device()))
+impl ScoresParams {
+    pub fn new(c: &CoreProblem) -> Self {
+        ScoresParams {
+            lq: c.lq as u32,
+            lk: c.lk as u32,
+            head_dim: c.qk_head_dim as u32,
+            heads: c.heads as u32,
+            q_offset: c.layout.q_offset,
+            k_offset: c.layout.k_offset,
+            scale: c.scale,
+            kv_stride: c.layout.kv_stride,
+            ..Default::default()
+        }
+    }
 }
 
-fn build(device: &wgpu::Device) -> Pass {
-    let source = format!("{GEMM_TILE_WGSL}\n{MASK_WGSL}\n{WGSL}");
-    Pass::new(
-        device,
-        "scores",
-        &source,
-        &[
-            Slot::Uniform(0),
-            Slot::Read(1),
-            Slot::Write(4),
-            Slot::Read(6),
-        ],
+/// What the pass reads and writes.
+pub struct ScoresBuffers<'a> {
+    /// Head-split Q and K (and V) at the problem's offsets.
+    pub qkv: &'a wgpu::Buffer,
+    /// `[B, H, Lq, Lk]`.
+    pub scores: &'a wgpu::Buffer,
+    pub mask: &'a MaskBuffers,
+}
+
+/// The full source: prelude, shared GEMM tile and mask rule, body.
+pub fn source() -> String {
+    let prelude = super::mask::prelude(gemm_prelude(Prelude::new()));
+    prelude.source(&[GEMM_TILE_WGSL, super::mask::WGSL, WGSL])
+}
+
+const SLOTS: &[Slot] = &[
+    Slot::Uniform(0),
+    Slot::Read(1),
+    Slot::Write(4),
+    Slot::Read(6),
+    Slot::Uniform(7),
+];
+
+fn pass(gpu: &Gpu) -> Arc<Pass> {
+    gpu.pass("scores", || {
+        Pass::build(
+            gpu.device(),
+            "scores",
+            &source(),
+            "main",
+            Checks::Checked,
+            SLOTS,
+        )
+    })
+}
+
+/// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head).
+pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Dispatch> {
+    let p = ScoresParams::new(c);
+    let groups = [
+        p.lk.div_ceil(GEMM_TILE),
+        p.lq.div_ceil(GEMM_TILE),
+        c.batch_heads(),
+    ];
+    let [words, params] = b.mask.bindings();
+    Dispatch::new(
+        gpu,
+        pass(gpu),
+        &p,
+        &[(1, b.qkv), (4, b.scores), words, params],
+        groups,
     )
-}
-
-/// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head) in this chunk.
-pub fn workgroups(p: &ScoresParams, batch_heads: u32) -> [u32; 3] {
-    [p.lk.div_ceil(64), p.lq.div_ceil(64), batch_heads]
 }

@@ -1,10 +1,8 @@
 //! `softmax`: row-wise, max-subtracted, in place; one workgroup per row.
 
-use std::sync::Arc;
-
+use crate::error::Result;
+use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
 use crate::gpu::Gpu;
-
-use super::{Pass, Slot};
 
 pub const WGSL: &str = include_str!("../../shaders/softmax.wgsl");
 
@@ -28,17 +26,52 @@ impl SoftmaxParams {
             _pad: 0,
         }
     }
+
+    pub fn workgroups(&self) -> [u32; 3] {
+        [self.groups_x, self.rows.div_ceil(self.groups_x), 1]
+    }
 }
 
-/// The compiled pass, shared by everything on this device.
-pub(crate) fn pass(gpu: &Gpu) -> Arc<Pass> {
-    gpu.pass("softmax", || build(gpu.device()))
+/// The full source (the pass needs no prelude).
+pub fn source() -> String {
+    WGSL.to_string()
 }
 
-fn build(device: &wgpu::Device) -> Pass {
-    Pass::new(device, "softmax", WGSL, &[Slot::Uniform(0), Slot::Write(4)])
+/// Softmax over each of `rows` rows of `cols` values in `scores`, in place.
+pub fn dispatch(gpu: &Gpu, rows: usize, cols: usize, scores: &wgpu::Buffer) -> Result<Dispatch> {
+    let p = SoftmaxParams::new(
+        rows as u32,
+        cols as u32,
+        gpu.limits().max_compute_workgroups_per_dimension,
+    );
+    let pass = gpu.pass("softmax", || {
+        let slots = [Slot::Uniform(0), Slot::Write(4)];
+        Pass::build(
+            gpu.device(),
+            "softmax",
+            &source(),
+            "main",
+            Checks::Checked,
+            &slots,
+        )
+    });
+    Dispatch::new(gpu, pass, &p, &[(4, scores)], p.workgroups())
 }
 
-pub fn workgroups(p: &SoftmaxParams) -> [u32; 3] {
-    [p.groups_x, p.rows.div_ceil(p.groups_x), 1]
+#[cfg(test)]
+mod tests {
+    use super::SoftmaxParams;
+
+    #[test]
+    fn rows_past_one_dimension_spill_into_y() {
+        assert_eq!(SoftmaxParams::new(10, 4, 65535).workgroups(), [10, 1, 1]);
+        assert_eq!(
+            SoftmaxParams::new(65535, 4, 65535).workgroups(),
+            [65535, 1, 1]
+        );
+        assert_eq!(
+            SoftmaxParams::new(65536, 4, 65535).workgroups(),
+            [65535, 2, 1]
+        );
+    }
 }

@@ -146,6 +146,38 @@ impl AttentionConfig {
         }
     }
 
+    /// Checks input shapes against the config: query `[B, Lq, model_dim]`, key
+    /// `[B, Lk, key_dim]`, value `[B, Lk, value_dim]`.
+    pub fn check_inputs(&self, query: &[usize], key: &[usize], value: &[usize]) -> Result<()> {
+        let rank3 = |name: &str, s: &[usize], width: usize, what: &str| -> Result<()> {
+            if s.len() != 3 || s[2] != width {
+                return Err(Error::shape(name, format!("[batch, {what}, {width}]"), s));
+            }
+            Ok(())
+        };
+        rank3("query", query, self.model_dim, "Lq")?;
+        rank3("key", key, self.key_dim, "Lk")?;
+        rank3("value", value, self.value_dim, "Lk")?;
+        if key[0] != query[0] {
+            return Err(Error::shape(
+                "key",
+                format!("batch {} like the query", query[0]),
+                key,
+            ));
+        }
+        if value[0] != query[0] || value[1] != key[1] {
+            return Err(Error::shape(
+                "value",
+                format!(
+                    "[{}, {}, {}] (batch and Lk of the key)",
+                    query[0], key[1], self.value_dim
+                ),
+                value,
+            ));
+        }
+        Ok(())
+    }
+
     /// Floating-point operations of one forward (2·M·N·K per matmul).
     pub fn flops(&self, batch: usize, lq: usize, lk: usize) -> f64 {
         let (b, lq, lk) = (batch as f64, lq as f64, lk as f64);

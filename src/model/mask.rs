@@ -92,19 +92,11 @@ impl Mask {
         }
     }
 
-    /// Checks the mask against a problem and lowers it to what the shaders read.
-    pub(crate) fn resolve(&self, dims: AttnDims) -> Result<ResolvedMask> {
-        let mut r = ResolvedMask {
-            kind: MaskKind::None,
-            strides: [0; 4],
-            causal_offset: dims.lk as i64 - dims.lq as i64,
-            base: 0,
-            batch_base: 0,
-            words: Vec::new(),
-        };
+    /// Checks the mask against a problem: tensor masks must broadcast to `[B, H, Lq, Lk]`,
+    /// key padding needs one length per batch, none longer than `Lk`.
+    pub fn check(&self, dims: AttnDims) -> Result<()> {
         match self {
-            Mask::None => {}
-            Mask::Causal => r.kind = MaskKind::Causal,
+            Mask::None | Mask::Causal => Ok(()),
             Mask::KeyPadding(lengths) => {
                 if lengths.len() != dims.batch {
                     return Err(Error::Mask(format!(
@@ -119,86 +111,27 @@ impl Mask {
                         dims.lk
                     )));
                 }
-                r.kind = MaskKind::KeyPadding;
-                r.words = lengths.iter().map(|&l| l as u32).collect();
-                r.strides = [1, 0, 0, 0];
+                Ok(())
             }
             Mask::Attend(t) | Mask::Block(t) => {
-                let attend = matches!(self, Mask::Attend(_));
-                r.strides = broadcast_strides("mask", t.shape(), dims)?;
-                r.kind = MaskKind::Keep;
-                // One keep-byte per element, four to a u32 word (little-endian).
-                let keep = t.data().iter().map(|&v| ((v != 0) == attend) as u8);
-                r.words = pack_bytes(keep, t.data().len());
+                broadcast_strides("mask", t.shape(), dims).map(drop)
             }
-            Mask::Bias(t) => {
-                r.strides = broadcast_strides("bias mask", t.shape(), dims)?;
-                r.kind = MaskKind::Bias;
-                r.words = t.data().iter().map(|v| v.to_bits()).collect();
-            }
+            Mask::Bias(t) => broadcast_strides("bias mask", t.shape(), dims).map(drop),
         }
-        Ok(r)
     }
 }
 
-/// The sizes a mask is checked against.
+/// The sizes a mask is checked against: batch, heads, query and key lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AttnDims {
+pub struct AttnDims {
     pub batch: usize,
     pub heads: usize,
     pub lq: usize,
     pub lk: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub(crate) enum MaskKind {
-    None = 0,
-    Causal = 1,
-    KeyPadding = 2,
-    Keep = 3,
-    Bias = 4,
-}
-
-/// A mask as the shaders see it: a kind, element strides over `(b, h, i, j)` (0 where
-/// broadcast) and a word buffer (keep bytes, padding lengths or f32 bias bits).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ResolvedMask {
-    pub kind: MaskKind,
-    pub strides: [u32; 4],
-    pub causal_offset: i64,
-    /// Element offset of a chunk's (b = 0, i = 0), and its first batch (see `chunk`).
-    pub base: u32,
-    pub batch_base: u32,
-    pub words: Vec<u32>,
-}
-
-impl ResolvedMask {
-    /// The mask of a sub-problem: batches from `b0`, queries from `i0`. The words stay the
-    /// whole problem's; only offsets move (causal visibility `j <= i + Lk - Lq` keeps the
-    /// whole problem's `i` and `Lq`).
-    pub fn chunk(&self, b0: usize, i0: usize) -> ResolvedMask {
-        ResolvedMask {
-            kind: self.kind,
-            strides: self.strides,
-            causal_offset: self.causal_offset + i0 as i64,
-            base: self.base + b0 as u32 * self.strides[0] + i0 as u32 * self.strides[2],
-            batch_base: self.batch_base + b0 as u32,
-            words: Vec::new(),
-        }
-    }
-}
-
-fn pack_bytes(bytes: impl Iterator<Item = u8>, len: usize) -> Vec<u32> {
-    let mut words = vec![0u32; len.div_ceil(4)];
-    for (i, b) in bytes.enumerate() {
-        words[i / 4] |= (b as u32) << ((i % 4) * 8);
-    }
-    words
-}
-
 /// Element strides of a broadcastable tensor over `(b, h, i, j)`.
-fn broadcast_strides(what: &str, shape: &[usize], d: AttnDims) -> Result<[u32; 4]> {
+pub(crate) fn broadcast_strides(what: &str, shape: &[usize], d: AttnDims) -> Result<[u32; 4]> {
     // Which of (B, H, Lq, Lk) each dimension of the given rank stands for.
     let axes: &[usize] = match shape.len() {
         4 => &[0, 1, 2, 3],

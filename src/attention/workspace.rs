@@ -1,0 +1,368 @@
+//! The dispatch chain of a forward ([`dispatches`], the seeds' `forward` one pass per line)
+//! and the buffers of one problem shape ([`Workspace`]), reused across calls. The KV cache
+//! builds its steps with the same [`dispatches`] over its own buffers.
+
+use crate::error::Result;
+use crate::gpu::pass::Dispatch;
+use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
+use crate::kernels::mask::{MaskBuffers, MaskParams};
+use crate::kernels::{av_combine, flash_attention, scores, softmax, CoreProblem, QkvLayout};
+
+use super::plan::{Shape, Sharing};
+use super::{MultiHeadAttention, Precision};
+
+/// The rows of one chain of passes: `batch` sequences of `lq` queries attending to `lk` keys,
+/// of which the last `lk − kv_pos` are new (projected by this chain) and written at rows
+/// `kv_pos..` of K/V buffers with `layout.kv_stride` rows per (batch, head).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub batch: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub kv_pos: usize,
+    pub layout: QkvLayout,
+    pub fused: bool,
+}
+
+/// The buffers a chain reads and writes. `query`, `key` and `value` may be the same buffer
+/// (self-attention) — the projections are planned from that.
+pub(crate) struct Bound<'a> {
+    pub query: &'a wgpu::Buffer,
+    pub key: &'a wgpu::Buffer,
+    pub value: &'a wgpu::Buffer,
+    /// Head-split Q, K, V at `Geometry::layout`.
+    pub qkv: &'a wgpu::Buffer,
+    /// `[B, H, Lq, Lk]`, for the multi-pass core.
+    pub scores: Option<&'a wgpu::Buffer>,
+    pub combined: &'a wgpu::Buffer,
+    /// The module's output, when it has an output projection.
+    pub output: Option<&'a wgpu::Buffer>,
+    pub carry: &'a wgpu::Buffer,
+    pub mask: &'a MaskBuffers,
+}
+
+/// The seeds' `forward`, one dispatch per step.
+pub(crate) fn dispatches(
+    mha: &MultiHeadAttention,
+    g: &Geometry,
+    b: &Bound,
+) -> Result<Vec<Dispatch>> {
+    let c = &mha.config;
+    let gpu = &mha.gpu;
+    let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
+    let mut chain = Vec::new();
+
+    // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
+    chain.extend(projections(mha, g, b)?);
+
+    let core = CoreProblem {
+        batch: g.batch,
+        heads: h,
+        lq: g.lq,
+        lk: g.lk,
+        qk_head_dim: dk,
+        v_head_dim: dv,
+        scale: c.scale(),
+        layout: g.layout,
+    };
+    match (&mha.flash, b.scores) {
+        (Some(flash), _) if g.fused => {
+            // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V), without a scores buffer
+            // (one dispatch per key range when long key ranges are split)
+            let buffers = flash_attention::FlashBuffers {
+                qkv: b.qkv,
+                out: b.combined,
+                carry: b.carry,
+                mask: b.mask,
+            };
+            chain.extend(flash.dispatches(gpu, &core, &buffers)?);
+        }
+        (_, Some(scores_buf)) if !g.fused => {
+            // scores = mask(Q·Kᵀ·scale)
+            let buffers = scores::ScoresBuffers {
+                qkv: b.qkv,
+                scores: scores_buf,
+                mask: b.mask,
+            };
+            chain.push(scores::dispatch(gpu, &core, buffers)?);
+            // probs = softmax(scores), in place
+            chain.push(softmax::dispatch(
+                gpu,
+                g.batch * h * g.lq,
+                g.lk,
+                scores_buf,
+            )?);
+            // combined = combine_heads(probs · V)
+            let buffers = av_combine::AvBuffers {
+                probs: scores_buf,
+                qkv: b.qkv,
+                out: b.combined,
+            };
+            chain.push(av_combine::dispatch(gpu, &core, buffers)?);
+        }
+        // The plan picks fused only with a flash pass, and allocates scores otherwise.
+        _ => return Err(mha.no_fused_kernel()),
+    }
+
+    // output = W_o(combined), when the module has an output projection
+    if let (Some((w_o, b_o)), Some(output)) = (&mha.weights.w_o, b.output) {
+        let rows = (g.batch * g.lq) as u32;
+        let seg = Segment {
+            heads: 1,
+            head_dim: c.model_dim as u32,
+            dst: 0,
+        };
+        let p = LinearParams::new(rows, c.v_width() as u32, g.lq as u32, &[seg]).weights_at(
+            0,
+            0,
+            b_o.is_some(),
+        );
+        let buffers = LinearBuffers {
+            x: b.combined,
+            w: w_o,
+            bias: b_o.as_ref(),
+            y: output,
+        };
+        chain.push(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
+    }
+    Ok(chain)
+}
+
+/// The projection GEMMs: one per distinct input, each writing its segments of Q | K | V.
+/// W_k's and W_v's rows follow W_q's in the packed weights, so a fused projection is one GEMM
+/// over consecutive rows. New keys go to rows `kv_pos..` of the K/V layout (a KV cache).
+fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<Dispatch>> {
+    let c = &mha.config;
+    let w = &mha.weights;
+    let (h, dk, dv) = (c.heads as u32, c.qk_head_dim as u32, c.v_head_dim as u32);
+    let l = g.layout;
+    let (q_seg, k_seg, v_seg) = (
+        Segment {
+            heads: h,
+            head_dim: dk,
+            dst: l.q_offset,
+        },
+        Segment {
+            heads: h,
+            head_dim: dk,
+            dst: l.k_offset,
+        },
+        Segment {
+            heads: h,
+            head_dim: dv,
+            dst: l.v_offset,
+        },
+    );
+    let new_keys = g.lk - g.kv_pos;
+    let plain_kv = g.kv_pos == 0 && l.kv_stride as usize == g.lk;
+    let sharing = Sharing::of(b.query == b.key, b.key == b.value);
+    let fused_qkv = sharing == Sharing::SelfAttention && plain_kv && g.lq == g.lk;
+    let has_bias = w.b_qkv.is_some();
+    // (input, rows per sequence, input width, first weight row, first bias, segments)
+    type Gemm<'a> = (&'a wgpu::Buffer, usize, usize, u32, u32, Vec<Segment>);
+    let gemms: Vec<Gemm> = if fused_qkv {
+        vec![(b.query, g.lq, c.model_dim, 0, 0, vec![q_seg, k_seg, v_seg])]
+    } else {
+        let mut v = vec![(b.query, g.lq, c.model_dim, 0, 0, vec![q_seg])];
+        if sharing != Sharing::Distinct {
+            v.push((
+                b.key,
+                new_keys,
+                c.key_dim,
+                w.w_k_offset,
+                w.b_k_offset,
+                vec![k_seg, v_seg],
+            ));
+        } else {
+            v.push((
+                b.key,
+                new_keys,
+                c.key_dim,
+                w.w_k_offset,
+                w.b_k_offset,
+                vec![k_seg],
+            ));
+            v.push((
+                b.value,
+                new_keys,
+                c.value_dim,
+                w.w_v_offset,
+                w.b_v_offset,
+                vec![v_seg],
+            ));
+        }
+        v
+    };
+    gemms
+        .into_iter()
+        .enumerate()
+        .map(|(i, (x, seq, width, w_offset, bias_offset, segments))| {
+            let rows = (g.batch * seq) as u32;
+            let mut p = LinearParams::new(rows, width as u32, seq as u32, &segments).weights_at(
+                w_offset,
+                bias_offset,
+                has_bias,
+            );
+            // Every GEMM but the query one writes keys and values.
+            if i > 0 || fused_qkv {
+                p = p.appending(l.kv_stride, g.kv_pos as u32);
+            }
+            let buffers = LinearBuffers {
+                x,
+                w: &w.w_qkv,
+                bias: w.b_qkv.as_ref(),
+                y: b.qkv,
+            };
+            Ok(linear::dispatch(&mha.gpu, mha.linear_elems(true), None, &p, buffers)?.0)
+        })
+        .collect()
+}
+
+impl MultiHeadAttention {
+    /// Element types of this module's GEMMs: `to_qkv` for the projections into Q/K/V (f16 in
+    /// an f16 module), else the output projection (f32 out).
+    fn linear_elems(&self, to_qkv: bool) -> LinearElems {
+        match self.precision {
+            Precision::F16 => LinearElems::F16Weights { f16_out: to_qkv },
+            _ => LinearElems::F32,
+        }
+    }
+}
+
+/// Buffers and dispatches for one problem shape, reused across calls.
+pub(crate) struct Workspace {
+    pub shape: Shape,
+    /// One buffer per distinct input tensor (see [`Sharing::inputs`]).
+    pub inputs: Vec<wgpu::Buffer>,
+    qkv: wgpu::Buffer,
+    pub scores: Option<wgpu::Buffer>,
+    combined: wgpu::Buffer,
+    output: Option<wgpu::Buffer>,
+    carry: wgpu::Buffer,
+    pub staging: wgpu::Buffer,
+    mask: MaskBuffers,
+    pub dispatches: Vec<Dispatch>,
+}
+
+impl Workspace {
+    /// Allocates every buffer of `shape` (which `check_limits` accepted) and builds its chain.
+    pub fn new(mha: &MultiHeadAttention, shape: Shape) -> Result<Self> {
+        let c = &mha.config;
+        let gpu = &mha.gpu;
+        let (b, lq, lk, h) = (shape.batch, shape.lq, shape.lk, c.heads);
+        let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
+        let none = wgpu::BufferUsages::empty();
+        let copy = wgpu::BufferUsages::COPY_SRC;
+        let widths = [
+            ("query input", lq * c.model_dim),
+            ("key input", lk * c.key_dim),
+            ("value input", lk * c.value_dim),
+        ];
+        let inputs = widths[..shape.sharing.inputs()]
+            .iter()
+            .map(|(label, n)| gpu.storage(label, 4 * (b * n) as u64, none))
+            .collect();
+        let (q_elems, k_elems) = (b * h * lq * dk, b * h * lk * dk);
+        let v_elems = b * h * lk * dv;
+        let qkv_bytes = mha.qkv_elem_bytes() * (q_elems + k_elems + v_elems) as u64;
+        let out_len = b * lq * c.output_dim();
+        let probs_len = if shape.probs { b * h * lq * lk } else { 0 };
+        let carry_len = match (&mha.flash, shape.fused) {
+            (Some(f), true) if f.key_ranges(lk).len() > 1 => {
+                b * h * lq * flash_attention::carry_stride(dv)
+            }
+            _ => 0,
+        };
+        let mut ws = Workspace {
+            shape,
+            inputs,
+            qkv: gpu.storage("Q|K|V head-split", qkv_bytes, none),
+            scores: (!shape.fused)
+                .then(|| gpu.storage("scores", 4 * (b * h * lq * lk) as u64, copy)),
+            combined: gpu.storage("combined heads", 4 * (b * lq * c.v_width()) as u64, copy),
+            output: c
+                .output_projection
+                .then(|| gpu.storage("output", 4 * out_len as u64, copy)),
+            carry: gpu.storage("flash carry state", 4 * carry_len as u64, none),
+            staging: gpu.staging("readback", 4 * (out_len + probs_len) as u64),
+            mask: MaskBuffers::new(gpu, 0),
+            dispatches: Vec::new(),
+        };
+        ws.dispatches = ws.chain(mha)?;
+        Ok(ws)
+    }
+
+    fn chain(&self, mha: &MultiHeadAttention) -> Result<Vec<Dispatch>> {
+        let s = self.shape;
+        let (h, dk) = (mha.config.heads, mha.config.qk_head_dim);
+        let q_elems = s.batch * h * s.lq * dk;
+        let k_elems = s.batch * h * s.lk * dk;
+        let geometry = Geometry {
+            batch: s.batch,
+            lq: s.lq,
+            lk: s.lk,
+            kv_pos: 0,
+            layout: QkvLayout {
+                q_offset: 0,
+                k_offset: q_elems as u32,
+                v_offset: (q_elems + k_elems) as u32,
+                kv_stride: s.lk as u32,
+            },
+            fused: s.fused,
+        };
+        let input = |i: usize| &self.inputs[i.min(self.inputs.len() - 1)];
+        let (key, value) = match s.sharing {
+            Sharing::SelfAttention => (input(0), input(0)),
+            Sharing::SharedKeyValue => (input(1), input(1)),
+            Sharing::Distinct => (input(1), input(2)),
+        };
+        let bound = Bound {
+            query: input(0),
+            key,
+            value,
+            qkv: &self.qkv,
+            scores: self.scores.as_ref(),
+            combined: &self.combined,
+            output: self.output.as_ref(),
+            carry: &self.carry,
+            mask: &self.mask,
+        };
+        dispatches(mha, &geometry, &bound)
+    }
+
+    /// Uploads this call's mask; a larger mask than the buffer holds gets a new buffer and the
+    /// chain is rebuilt around it.
+    pub fn write_mask(
+        &mut self,
+        mha: &MultiHeadAttention,
+        words: &[u32],
+        params: &MaskParams,
+    ) -> Result<()> {
+        if !self.mask.holds(words.len()) {
+            self.mask = MaskBuffers::new(&mha.gpu, words.len());
+            self.dispatches = self.chain(mha)?;
+        }
+        self.mask.write(mha.gpu.queue(), words, params);
+        Ok(())
+    }
+
+    /// The buffer holding the module's output: `[B, Lq, output_dim]`.
+    pub fn result(&self) -> &wgpu::Buffer {
+        self.output.as_ref().unwrap_or(&self.combined)
+    }
+
+    /// GPU bytes this workspace holds.
+    pub fn bytes(&self) -> u64 {
+        let optional = [&self.scores, &self.output];
+        self.inputs.iter().map(wgpu::Buffer::size).sum::<u64>()
+            + optional
+                .iter()
+                .filter_map(|b| b.as_ref())
+                .map(wgpu::Buffer::size)
+                .sum::<u64>()
+            + [&self.qkv, &self.combined, &self.carry, &self.staging]
+                .iter()
+                .map(|b| b.size())
+                .sum::<u64>()
+    }
+}

@@ -1,0 +1,200 @@
+//! A compiled compute pass (pipeline + bind-group layout) and one recorded use of it
+//! ([`Dispatch`]: its uniform parameters, its bind group and its workgroup counts).
+//!
+//! Kernel modules (`src/kernels/`) build both; nothing here knows any shader.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::gpu::timer::PassTimer;
+use crate::gpu::Gpu;
+
+/// What a binding slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    Uniform(u32),
+    Read(u32),
+    Write(u32),
+}
+
+impl Slot {
+    pub fn binding(self) -> u32 {
+        match self {
+            Slot::Uniform(b) | Slot::Read(b) | Slot::Write(b) => b,
+        }
+    }
+}
+
+/// Whether wgpu adds its runtime bounds checks to a shader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checks {
+    /// wgpu's default: every storage access is clamped or checked.
+    Checked,
+    /// No runtime checks. Only for a pass whose host code proves every index in range for
+    /// every dispatch it records (the proof is a comment at the call site).
+    Unchecked,
+}
+
+/// A compiled pass: its pipeline and the layout its bind groups must follow.
+#[derive(Debug)]
+pub struct Pass {
+    pub label: &'static str,
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+    slots: Vec<Slot>,
+}
+
+impl Pass {
+    /// Compiles `source` (entry point `entry_point`) and builds a layout with the given slots.
+    pub fn build(
+        device: &wgpu::Device,
+        label: &'static str,
+        source: &str,
+        entry_point: &str,
+        checks: Checks,
+        slots: &[Slot],
+    ) -> Self {
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
+            .iter()
+            .map(|slot| {
+                let ty = match *slot {
+                    Slot::Uniform(_) => wgpu::BufferBindingType::Uniform,
+                    Slot::Read(_) => wgpu::BufferBindingType::Storage { read_only: true },
+                    Slot::Write(_) => wgpu::BufferBindingType::Storage { read_only: false },
+                };
+                wgpu::BindGroupLayoutEntry {
+                    binding: slot.binding(),
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                }
+            })
+            .collect();
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(label),
+            entries: &entries,
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(label),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        let module = match checks {
+            Checks::Checked => device.create_shader_module(desc),
+            // SAFETY: only passes whose every buffer index the host proves in range ask for
+            // this (see `Checks::Unchecked`); the shader is still validated by naga.
+            Checks::Unchecked => unsafe {
+                device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            },
+        };
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(entry_point),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        Pass {
+            label,
+            pipeline,
+            layout,
+            slots: slots.to_vec(),
+        }
+    }
+
+    /// A bind group from `(binding, buffer)` pairs. Every slot of the layout must be given
+    /// exactly once (kernel modules build the pairs from their typed binding structs); a
+    /// mismatch is an `Err` naming the pass, never a silently short group.
+    pub fn bind(
+        &self,
+        device: &wgpu::Device,
+        buffers: &[(u32, &wgpu::Buffer)],
+    ) -> Result<wgpu::BindGroup> {
+        let mut wanted: Vec<u32> = self.slots.iter().map(|s| s.binding()).collect();
+        let mut given: Vec<u32> = buffers.iter().map(|b| b.0).collect();
+        wanted.sort_unstable();
+        given.sort_unstable();
+        if wanted != given {
+            return Err(Error::Gpu {
+                stage: format!("binding the {} pass", self.label),
+                message: format!("bindings {given:?} given, the layout has {wanted:?}"),
+            });
+        }
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .map(|(binding, buffer)| wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: buffer.as_entire_binding(),
+            })
+            .collect();
+        Ok(device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(self.label),
+            layout: &self.layout,
+            entries: &entries,
+        }))
+    }
+}
+
+/// One dispatch of a pass, ready to record: its uniform parameters, bind group and
+/// workgroup counts. Kernel modules make these from a problem description; the modules that
+/// chain passes only record them.
+#[derive(Debug)]
+pub struct Dispatch {
+    pass: Arc<Pass>,
+    /// Bound at 0; held so the parameters live as long as the dispatch.
+    _params: wgpu::Buffer,
+    bind: wgpu::BindGroup,
+    workgroups: [u32; 3],
+}
+
+impl Dispatch {
+    /// `params` goes to binding 0 (a uniform); `buffers` fill the other slots. Checks the
+    /// workgroup counts against the device's limit.
+    pub(crate) fn new<P: bytemuck::Pod>(
+        gpu: &Gpu,
+        pass: Arc<Pass>,
+        params: &P,
+        buffers: &[(u32, &wgpu::Buffer)],
+        workgroups: [u32; 3],
+    ) -> Result<Self> {
+        gpu.check_workgroups(pass.label, workgroups)?;
+        let params = gpu.uniform(pass.label, params);
+        let mut all = vec![(0, &params)];
+        all.extend_from_slice(buffers);
+        let bind = pass.bind(gpu.device(), &all)?;
+        Ok(Dispatch {
+            pass,
+            _params: params,
+            bind,
+            workgroups,
+        })
+    }
+
+    pub fn label(&self) -> &'static str {
+        self.pass.label
+    }
+
+    /// Records the dispatch in its own compute pass (so each can be timed).
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder, timer: Option<&mut PassTimer>) {
+        if self.workgroups.contains(&0) {
+            return;
+        }
+        let timestamp_writes = timer.and_then(|t| t.next(self.pass.label));
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(self.pass.label),
+            timestamp_writes,
+        });
+        pass.set_pipeline(&self.pass.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]);
+    }
+}

@@ -1,0 +1,221 @@
+//! What a [`Mask`] becomes for the shaders (`shaders/mask.wgsl`, prepended to `scores` and
+//! `flash_attention`): a kind, strides over `(b, h, i, j)` and offsets in a uniform
+//! (`MaskParams`, binding 7), and a word buffer (binding 6) holding keep bytes, key padding
+//! lengths or f32 bias bits.
+
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::kernels::source::Prelude;
+use crate::model::mask::{broadcast_strides, AttnDims, Mask, MASKED_SCORE};
+
+/// The shared mask rule, prepended by the host.
+pub const WGSL: &str = include_str!("../../shaders/mask.wgsl");
+
+/// Binding of the mask words (`mask_words`) and of the mask uniform (`mask`).
+pub const WORDS_BINDING: u32 = 6;
+pub const PARAMS_BINDING: u32 = 7;
+
+/// How the shader reads the mask; the values become the `MASK_*` constants of the prelude.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum MaskKind {
+    None = 0,
+    Causal = 1,
+    KeyPadding = 2,
+    Keep = 3,
+    Bias = 4,
+}
+
+impl MaskKind {
+    /// Every kind with its WGSL constant name.
+    pub const ALL: [(MaskKind, &'static str); 5] = [
+        (MaskKind::None, "MASK_NONE"),
+        (MaskKind::Causal, "MASK_CAUSAL"),
+        (MaskKind::KeyPadding, "MASK_KEY_PADDING"),
+        (MaskKind::Keep, "MASK_KEEP"),
+        (MaskKind::Bias, "MASK_BIAS"),
+    ];
+}
+
+/// The mask constants every mask-reading shader gets in its prelude.
+pub fn prelude(p: Prelude) -> Prelude {
+    MaskKind::ALL
+        .iter()
+        .fold(p.f32("MASKED_SCORE", MASKED_SCORE), |p, &(kind, name)| {
+            p.u32(name, kind as u32)
+        })
+}
+
+/// Mirrors `MaskParams` in `mask.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MaskParams {
+    pub kind: u32,
+    /// `Lk − Lq` of the whole problem, shifted by a query block's first row.
+    pub causal_offset: i32,
+    /// Element offset of a chunk's `(b = 0, i = 0)` in the mask.
+    pub base: u32,
+    /// First batch of a chunk (key padding lengths).
+    pub batch_base: u32,
+    /// Element strides over `(b, h, i, j)`; 0 where broadcast.
+    pub strides: [u32; 4],
+}
+
+/// A mask lowered for one problem: its uniform and its words.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedMask {
+    pub params: MaskParams,
+    pub words: Vec<u32>,
+}
+
+impl EncodedMask {
+    /// Checks `mask` against `dims` and lowers it.
+    pub fn new(mask: &Mask, dims: AttnDims) -> Result<Self> {
+        mask.check(dims)?;
+        let causal_offset =
+            (dims.lk as i64 - dims.lq as i64).clamp(i32::MIN as i64, i32::MAX as i64);
+        let mut params = MaskParams {
+            causal_offset: causal_offset as i32,
+            ..MaskParams::default()
+        };
+        let (kind, words) = match mask {
+            Mask::None => (MaskKind::None, Vec::new()),
+            Mask::Causal => (MaskKind::Causal, Vec::new()),
+            Mask::KeyPadding(lengths) => {
+                params.strides = [1, 0, 0, 0];
+                (
+                    MaskKind::KeyPadding,
+                    lengths.iter().map(|&l| l as u32).collect(),
+                )
+            }
+            Mask::Attend(t) | Mask::Block(t) => {
+                let attend = matches!(mask, Mask::Attend(_));
+                params.strides = broadcast_strides("mask", t.shape(), dims)?;
+                // One keep-byte per element, four to a u32 word (little-endian).
+                let keep = t.data().iter().map(|&v| ((v != 0) == attend) as u8);
+                (MaskKind::Keep, pack_bytes(keep, t.data().len()))
+            }
+            Mask::Bias(t) => {
+                params.strides = broadcast_strides("bias mask", t.shape(), dims)?;
+                let bits = t.data().iter().map(|v| v.to_bits()).collect();
+                (MaskKind::Bias, bits)
+            }
+        };
+        params.kind = kind as u32;
+        Ok(EncodedMask { params, words })
+    }
+
+    pub fn kind(&self) -> u32 {
+        self.params.kind
+    }
+
+    /// The uniform of a sub-problem: batches from `b0`, queries from `i0`. The words stay the
+    /// whole problem's; only offsets move (causal visibility `j <= i + Lk - Lq` keeps the
+    /// whole problem's `i` and `Lq`).
+    pub fn chunk(&self, b0: usize, i0: usize) -> MaskParams {
+        let p = self.params;
+        MaskParams {
+            causal_offset: p.causal_offset.saturating_add(i0 as i32),
+            base: p.base + b0 as u32 * p.strides[0] + i0 as u32 * p.strides[2],
+            batch_base: p.batch_base + b0 as u32,
+            ..p
+        }
+    }
+}
+
+/// A mask on the device: its words and its uniform, bound at 6 and 7 by every pass that
+/// reads it. The words buffer grows when a larger mask comes.
+#[derive(Debug)]
+pub struct MaskBuffers {
+    pub words: wgpu::Buffer,
+    pub params: wgpu::Buffer,
+}
+
+impl MaskBuffers {
+    pub fn new(gpu: &Gpu, words: usize) -> Self {
+        MaskBuffers {
+            words: gpu.storage("mask words", 4 * words as u64, wgpu::BufferUsages::empty()),
+            params: gpu.uniform("mask params", &MaskParams::default()),
+        }
+    }
+
+    /// Whether `words` fit the current words buffer (else the caller rebuilds its bindings
+    /// around a new, larger `MaskBuffers`).
+    pub fn holds(&self, words: usize) -> bool {
+        4 * words as u64 <= self.words.size()
+    }
+
+    /// Writes the words (when there are any) and the uniform.
+    pub fn write(&self, queue: &wgpu::Queue, words: &[u32], params: &MaskParams) {
+        if !words.is_empty() {
+            queue.write_buffer(&self.words, 0, bytemuck::cast_slice(words));
+        }
+        queue.write_buffer(&self.params, 0, bytemuck::bytes_of(params));
+    }
+
+    /// The two `(binding, buffer)` pairs of a mask-reading pass.
+    pub fn bindings(&self) -> [(u32, &wgpu::Buffer); 2] {
+        [(WORDS_BINDING, &self.words), (PARAMS_BINDING, &self.params)]
+    }
+}
+
+fn pack_bytes(bytes: impl Iterator<Item = u8>, len: usize) -> Vec<u32> {
+    let mut words = vec![0u32; len.div_ceil(4)];
+    for (i, b) in bytes.enumerate() {
+        words[i / 4] |= (b as u32) << ((i % 4) * 8);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::mask::MaskTensor;
+
+    fn dims(batch: usize, lq: usize, lk: usize) -> AttnDims {
+        AttnDims {
+            batch,
+            heads: 2,
+            lq,
+            lk,
+        }
+    }
+
+    #[test]
+    fn chunks_move_offsets_not_words() {
+        let keep: Vec<u8> = (0..2 * 3 * 5).map(|e| (e % 3 != 0) as u8).collect();
+        let mask = Mask::Attend(MaskTensor::new([2, 3, 5], keep).unwrap());
+        let m = EncodedMask::new(&mask, dims(2, 3, 5)).unwrap();
+        assert_eq!(m.params.strides, [15, 0, 5, 1]);
+        let first = m.chunk(0, 0);
+        assert_eq!((first.base, first.batch_base), (0, 0));
+        // Batch 1, query 2: element 15 + 10.
+        let c = m.chunk(1, 2);
+        assert_eq!((c.base, c.batch_base, c.causal_offset), (25, 1, 2 + 2));
+    }
+
+    #[test]
+    fn causal_offset_is_bottom_right_and_moves_with_the_query_block() {
+        let m = EncodedMask::new(&Mask::Causal, dims(1, 3, 8)).unwrap();
+        assert_eq!(m.params.causal_offset, 5);
+        assert_eq!(m.chunk(0, 1).causal_offset, 6);
+        assert!(m.words.is_empty());
+    }
+
+    #[test]
+    fn keep_bytes_follow_polarity() {
+        let t = MaskTensor::new([5], vec![1, 0, 1, 1, 0]).unwrap();
+        let attend = EncodedMask::new(&Mask::Attend(t.clone()), dims(1, 1, 5)).unwrap();
+        let block = EncodedMask::new(&Mask::Block(t), dims(1, 1, 5)).unwrap();
+        // Little-endian keep bytes, four to a word.
+        assert_eq!(attend.words, vec![0x0101_0001, 0x0000_0000]);
+        assert_eq!(block.words, vec![0x0000_0100, 0x0000_0001]);
+    }
+
+    #[test]
+    fn key_padding_is_checked_against_the_batch_and_lk() {
+        assert!(EncodedMask::new(&Mask::KeyPadding(vec![5, 4]), dims(2, 1, 5)).is_ok());
+        assert!(EncodedMask::new(&Mask::KeyPadding(vec![6, 4]), dims(2, 1, 5)).is_err());
+        assert!(EncodedMask::new(&Mask::KeyPadding(vec![5]), dims(2, 1, 5)).is_err());
+    }
+}
