@@ -35,7 +35,7 @@ fn main() -> Result<ExitCode, wgpu_mha::Error> {
 
     // 2. Weights by state-dict name; the config (sizes, heads from metadata `num_heads`) comes
     //    from the tensors' shapes.
-    let loaded = wgpu_mha::io::safetensors::load_weights(&file, &prefix, None)?;
+    let loaded = wgpu_mha::io::layouts::load_weights(&file, &prefix, None)?;
     let config = loaded.config;
     println!(
         "layout {:?} under prefix {prefix:?}: {config:?}",

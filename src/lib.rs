@@ -45,10 +45,11 @@ pub use error::{Error, Result};
 pub use gpu::timer::PassTimer;
 pub use gpu::{list_adapters, Gpu, GpuOptions, LiveObjects};
 pub use io::case::{Case, CaseResult, CaseVariant};
-pub use io::safetensors::{LoadedWeights, SafetensorsFile, WeightLayout};
+pub use io::layouts::{LoadedWeights, WeightLayout};
+pub use io::safetensors::SafetensorsFile;
 pub use model::config::AttentionConfig;
 pub use model::mask::{Mask, MaskTensor};
-pub use model::tensor::{max_abs_diff, Tensor};
+pub use model::tensor::{max_abs_diff, max_abs_error, Tensor};
 pub use model::weights::{AttentionWeights, Linear};
 
 /// The README's examples compile as doctests.

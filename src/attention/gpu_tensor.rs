@@ -86,7 +86,7 @@ impl GpuTensor {
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
         if !buffer.usage().contains(needed) {
-            return Err(Error::Config(format!(
+            return Err(Error::Misuse(format!(
                 "a GpuTensor buffer needs usage {needed:?}, this one has {:?}",
                 buffer.usage()
             )));

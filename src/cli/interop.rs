@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use wgpu_mha::io::safetensors::{load_weights, write_safetensors};
+use wgpu_mha::io::{layouts::load_weights, safetensors::write_safetensors};
 use wgpu_mha::{
     AttentionPath, Case, Error, ForwardOptions, Gpu, GpuOptions, Mask, MultiHeadAttention,
     SafetensorsFile, Tensor,

@@ -1,5 +1,6 @@
 //! The command-line tool's subcommands beyond `info` and the demo: case files, benchmarks, soak.
 
 pub mod bench;
+pub mod bench_config;
 pub mod interop;
 pub mod soak;

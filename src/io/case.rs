@@ -18,7 +18,8 @@ use std::path::Path;
 use crate::attention::{ForwardOptions, ForwardOutput, MultiHeadAttention};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::io::safetensors::{load_weights, SafetensorsFile, WeightLayout};
+use crate::io::layouts::{load_weights, WeightLayout};
+use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
 use crate::model::mask::{AttnDims, Mask};
 use crate::model::tensor::Tensor;
@@ -249,20 +250,7 @@ impl Case {
 
     /// `max|output − out_f64|`; NaN if the output holds NaN or has the wrong length.
     pub fn max_abs_err(&self, output: &[f32]) -> f64 {
-        if output.len() != self.out_f64.len() {
-            return f64::NAN;
-        }
-        output
-            .iter()
-            .zip(&self.out_f64)
-            .map(|(&g, &w)| (g as f64 - w).abs())
-            .fold(0.0f64, |m, d| {
-                if d.is_nan() || m.is_nan() {
-                    f64::NAN
-                } else {
-                    m.max(d)
-                }
-            })
+        crate::model::tensor::max_abs_error(output, &self.out_f64)
     }
 
     /// `(batch, Lq, Lk)` (0 where a hand-built case has too few dimensions).

@@ -1,4 +1,5 @@
 //! Files: safetensors in and out, the weight layouts it recognises, and case files.
 
 pub mod case;
+pub mod layouts;
 pub mod safetensors;

@@ -82,16 +82,41 @@ impl Tensor {
     }
 }
 
-/// Largest |a − b| over two equally long slices; NaN anywhere makes the result NaN.
+/// Largest |a − b| over two equally long f32 slices, as f32; see [`max_abs_error`].
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    max_abs_error(a, b) as f32
+}
+
+/// Largest |a − b| in f64, the one error measure of the crate: NaN when either side holds NaN
+/// at any position or the lengths differ, so a NaN output never passes a `<=` bound.
+pub fn max_abs_error<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
+    if a.len() != b.len() {
+        return f64::NAN;
+    }
     a.iter()
         .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, |m, d| {
+        .map(|(&x, &y)| (x.into() - y.into()).abs())
+        .fold(0.0f64, |m, d| {
             if d.is_nan() || m.is_nan() {
-                f32::NAN
+                f64::NAN
             } else {
                 m.max(d)
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{max_abs_diff, max_abs_error};
+
+    #[test]
+    fn nan_anywhere_or_a_length_mismatch_is_nan() {
+        assert_eq!(max_abs_error(&[1.0f32, 2.0], &[1.5f64, 1.0]), 1.0);
+        assert!(max_abs_error(&[f32::NAN, 2.0], &[1.0f64, 2.0]).is_nan());
+        assert!(max_abs_error(&[1.0f32, 2.0], &[1.0f64, f64::NAN]).is_nan());
+        // NaN after a larger difference still wins (a plain max would drop it).
+        assert!(max_abs_diff(&[9.0, f32::NAN], &[0.0, 0.0]).is_nan());
+        assert!(max_abs_error(&[1.0f32], &[1.0f64, 2.0]).is_nan());
+        assert_eq!(max_abs_diff(&[], &[]), 0.0);
+    }
 }
