@@ -65,7 +65,7 @@ impl Gpu {
         let elem = std::mem::size_of::<T>();
         let mut padded = data.to_vec();
         padded.resize(
-            padded_size((data.len() * elem) as u64) as usize / elem,
+            padded_size(std::mem::size_of_val(data) as u64) as usize / elem,
             T::default(),
         );
         self.device()
