@@ -7,7 +7,7 @@ mod common;
 
 use common::{gpu, max_err, tolerance};
 use wgpu_mha::kernels::linear::{self, BoundElems, LinearParams, LinearVariant::*, Segment};
-use wgpu_mha::kernels::standalone::{self, CoreDims};
+use wgpu_mha::kernels::standalone::{self, Core, CoreDims, HeadSplit, LinearKernel};
 use wgpu_mha::{Error, Mask, MaskTensor, Tensor};
 
 fn rand(len: usize, seed: u64) -> Vec<f32> {
@@ -49,14 +49,16 @@ fn linear_matches_f64_on_edge_sizes() {
         for bias in [None, Some(b.as_slice())] {
             let want = matmul_nt(&x, &w, bias, m, n, k);
             let tol = tolerance(&want);
-            let got = standalone::linear(gpu(), &x, &w, bias, m, n, k).expect("linear");
+            let got = standalone::linear(gpu(), (&x, &w, bias), (m, n, k), LinearKernel::Auto)
+                .expect("linear");
             let err = max_err(&got, &want);
             assert!(
                 err <= tol,
                 "linear {m}x{n}x{k} bias={}: {err:.3e}",
                 bias.is_some()
             );
-            let naive = standalone::linear_naive(gpu(), &x, &w, bias, m, n, k).expect("naive");
+            let naive = standalone::linear(gpu(), (&x, &w, bias), (m, n, k), LinearKernel::Naive)
+                .expect("naive");
             let err = max_err(&naive, &want);
             assert!(err <= tol, "linear_naive {m}x{n}x{k}: {err:.3e}");
         }
@@ -94,7 +96,12 @@ fn linear_subgroup_matches_f64_on_odd_shapes() {
         let b = rand(n, 130 + i as u64);
         for bias in [None, Some(b.as_slice())] {
             let label = format!("subgroup {m}x{n}x{k} bias={}", bias.is_some());
-            let got = standalone::linear_variant(gpu(), &x, &w, bias, m, n, k, Subgroup);
+            let got = standalone::linear(
+                gpu(),
+                (&x, &w, bias),
+                (m, n, k),
+                LinearKernel::Variant(Subgroup),
+            );
             if !gpu().has_subgroups() {
                 assert_unsupported(got, &label);
                 continue;
@@ -111,15 +118,30 @@ fn linear_variants_refuse_what_they_cannot_run() {
     // K % 4 != 0: both vec4 variants need whole vec4 rows. A clean Err, not a panic.
     let (x, w) = (rand(3 * 6, 1), rand(2 * 6, 2));
     for variant in [Vec4, Subgroup] {
-        let result = standalone::linear_variant(gpu(), &x, &w, None, 3, 2, 6, variant);
+        let result = standalone::linear(
+            gpu(),
+            (&x, &w, None),
+            (3, 2, 6),
+            LinearKernel::Variant(variant),
+        );
         assert!(result.is_err(), "{variant:?} ran with K = 6");
     }
-    let scalar = standalone::linear_variant(gpu(), &x, &w, None, 3, 2, 6, Scalar);
+    let scalar = standalone::linear(
+        gpu(),
+        (&x, &w, None),
+        (3, 2, 6),
+        LinearKernel::Variant(Scalar),
+    );
     let err = max_err(&scalar.expect("scalar"), &matmul_nt(&x, &w, None, 3, 2, 6));
     assert!(err <= 1e-5, "scalar {err:.3e}");
     if !gpu().has_subgroups() {
         let (x, w) = (rand(8 * 4, 3), rand(8 * 4, 4));
-        let result = standalone::linear_variant(gpu(), &x, &w, None, 8, 8, 4, Subgroup);
+        let result = standalone::linear(
+            gpu(),
+            (&x, &w, None),
+            (8, 8, 4),
+            LinearKernel::Variant(Subgroup),
+        );
         assert_unsupported(result, "subgroup without SUBGROUP");
     }
 }
@@ -209,17 +231,13 @@ fn linear_head_split_matches_f64_for_every_variant() {
                     "{variant:?} B{batch} L{seq_len} K{k} {segments:?} bias={}",
                     bias.is_some()
                 );
-                let got = standalone::linear_head_split(
-                    gpu(),
-                    &x,
-                    &w,
-                    bias,
-                    batch,
+                let split = HeadSplit {
                     seq_len,
-                    k,
-                    &segments,
-                    variant,
-                );
+                    segments: &segments,
+                };
+                let kernel = variant.map_or(LinearKernel::Auto, LinearKernel::Variant);
+                let got =
+                    standalone::linear_head_split(gpu(), (&x, &w, bias), (rows, k), split, kernel);
                 if variant == Some(Subgroup) && !gpu().has_subgroups() {
                     assert_unsupported(got, &label);
                     continue;
@@ -233,9 +251,21 @@ fn linear_head_split_matches_f64_for_every_variant() {
 
 #[test]
 fn linear_rejects_bad_lengths() {
-    assert!(standalone::linear(gpu(), &[0.0; 5], &[0.0; 4], None, 2, 2, 2).is_err());
-    assert!(standalone::linear(gpu(), &[0.0; 4], &[0.0; 4], Some(&[0.0; 3]), 2, 2, 2).is_err());
-    assert!(standalone::linear(gpu(), &[], &[], None, 0, 2, 2).is_err());
+    assert!(standalone::linear(
+        gpu(),
+        (&[0.0; 5], &[0.0; 4], None),
+        (2, 2, 2),
+        LinearKernel::Auto
+    )
+    .is_err());
+    assert!(standalone::linear(
+        gpu(),
+        (&[0.0; 4], &[0.0; 4], Some(&[0.0; 3])),
+        (2, 2, 2),
+        LinearKernel::Auto
+    )
+    .is_err());
+    assert!(standalone::linear(gpu(), (&[], &[], None), (0, 2, 2), LinearKernel::Auto).is_err());
 }
 
 /// f64 attention core on head-split inputs: returns (masked scaled scores, probabilities,
@@ -326,7 +356,8 @@ fn attention_passes_match_f64() {
         );
         let scale = 0.3;
         let (s_want, p_want, o_want) = core_f64(&q, &k, &v, dims, scale as f64, &|_, _, _, _| true);
-        let s = standalone::scores(gpu(), &q, &k, dims, scale, &Mask::None).expect("scores");
+        let s = standalone::core(gpu(), Core::Scores, (&q, &k, &[]), dims, scale, &Mask::None)
+            .expect("scores");
         assert!(
             max_err(&s, &s_want) <= tolerance(&s_want),
             "scores {dims:?}"
@@ -334,21 +365,36 @@ fn attention_passes_match_f64() {
         let rows = dims.batch * dims.heads * dims.lq;
         let p = standalone::softmax(gpu(), &s, rows, dims.lk).expect("softmax");
         assert!(max_err(&p, &p_want) <= 1e-5, "softmax {dims:?}");
-        let o = standalone::av_combine(gpu(), &p, &v, dims).expect("av_combine");
+        let o = standalone::core(
+            gpu(),
+            Core::AvCombine,
+            (&p, &[], &v),
+            dims,
+            1.0,
+            &Mask::None,
+        )
+        .expect("av_combine");
         let tol = tolerance(&o_want);
         assert!(max_err(&o, &o_want) <= tol, "av_combine {dims:?}");
         for (name, got) in [
             (
                 "flash",
-                standalone::flash_attention(gpu(), &q, &k, &v, dims, scale, &Mask::None),
+                standalone::core(gpu(), Core::Fused, (&q, &k, &v), dims, scale, &Mask::None),
             ),
             (
                 "multipass",
-                standalone::attention_multipass(gpu(), &q, &k, &v, dims, scale, &Mask::None),
+                standalone::core(
+                    gpu(),
+                    Core::MultiPass,
+                    (&q, &k, &v),
+                    dims,
+                    scale,
+                    &Mask::None,
+                ),
             ),
             (
                 "naive",
-                standalone::attention_naive(gpu(), &q, &k, &v, dims, scale),
+                standalone::core(gpu(), Core::Naive, (&q, &k, &v), dims, scale, &Mask::None),
             ),
         ] {
             let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -372,10 +418,17 @@ fn standalone_masks_follow_forward_semantics() {
     let q = rand(16, 1);
     let k = rand(8, 2);
     let v = rand(8, 3);
-    let fused =
-        standalone::flash_attention(gpu(), &q, &k, &v, dims, 0.5, &Mask::Causal).expect("flash");
-    let multi = standalone::attention_multipass(gpu(), &q, &k, &v, dims, 0.5, &Mask::Causal)
-        .expect("multi");
+    let fused = standalone::core(gpu(), Core::Fused, (&q, &k, &v), dims, 0.5, &Mask::Causal)
+        .expect("flash");
+    let multi = standalone::core(
+        gpu(),
+        Core::MultiPass,
+        (&q, &k, &v),
+        dims,
+        0.5,
+        &Mask::Causal,
+    )
+    .expect("multi");
     let multi64: Vec<f64> = multi.iter().map(|&x| x as f64).collect();
     assert!(max_err(&fused, &multi64) <= 1e-6);
     for e in 0..4 {
@@ -476,7 +529,15 @@ fn scores_matches_f64_with_masks() {
                 scale,
                 &*keep,
             );
-            let got = standalone::scores(common::gpu(), &q, &k, d, scale as f32, &mask).unwrap();
+            let got = standalone::core(
+                common::gpu(),
+                Core::Scores,
+                (&q, &k, &[]),
+                d,
+                scale as f32,
+                &mask,
+            )
+            .unwrap();
             assert_close(&format!("scores {d:?} {}", mask.kind_name()), &got, &want);
         }
     }
@@ -518,13 +579,25 @@ fn flash_and_multipass_cores_match_f64_with_masks() {
         for (mask, keep) in masks(&d) {
             let (_, _, want) = core_f64(&q, &k, &v, d, scale, &*keep);
             let label = format!("{d:?} {}", mask.kind_name());
-            let flash =
-                standalone::flash_attention(common::gpu(), &q, &k, &v, d, scale as f32, &mask)
-                    .unwrap();
+            let flash = standalone::core(
+                common::gpu(),
+                Core::Fused,
+                (&q, &k, &v),
+                d,
+                scale as f32,
+                &mask,
+            )
+            .unwrap();
             assert_close(&format!("flash {label}"), &flash, &want);
-            let multi =
-                standalone::attention_multipass(common::gpu(), &q, &k, &v, d, scale as f32, &mask)
-                    .unwrap();
+            let multi = standalone::core(
+                common::gpu(),
+                Core::MultiPass,
+                (&q, &k, &v),
+                d,
+                scale as f32,
+                &mask,
+            )
+            .unwrap();
             assert_close(&format!("multipass {label}"), &multi, &want);
         }
     }

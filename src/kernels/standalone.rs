@@ -90,136 +90,46 @@ impl CoreDims {
     }
 }
 
-/// `Y = X·Wᵀ (+ b)` with the optimised tiled GEMM: `x [m, k]`, `w [n, k]`, `bias [n]` → `[m, n]`.
+/// `Y = X·Wᵀ (+ b)`: `x [m, k]`, `w [n, k]`, `bias [n]` → `[m, n]`, with the kernel a forward
+/// would pick, a chosen variant (`Err` when it cannot run here: `Unsupported`, e.g. `Subgroup`
+/// without SUBGROUP, or `Misuse` when its preconditions fail), or the naive baseline.
 pub fn linear(
     gpu: &Gpu,
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    m: usize,
-    n: usize,
-    k: usize,
+    (x, w, bias): (&[f32], &[f32], Option<&[f32]>),
+    (m, n, k): (usize, usize, usize),
+    kernel: LinearKernel,
 ) -> Result<Vec<f32>> {
-    Job::linear(gpu, x, w, bias, (m, n, k), LinearKernel::Auto)?.run_and_read()
+    Job::linear(gpu, x, w, bias, (m, n, k), kernel)?.run_and_read()
 }
 
-/// [`linear`] with a chosen variant instead of the one a forward would pick. `Err` when the
-/// variant cannot run here: `Unsupported` (e.g. `Subgroup` without SUBGROUP), or `Misuse`
-/// when its preconditions fail (the vec4 variants need K % 4 == 0).
-#[allow(clippy::too_many_arguments)]
-pub fn linear_variant(
-    gpu: &Gpu,
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    m: usize,
-    n: usize,
-    k: usize,
-    variant: LinearVariant,
-) -> Result<Vec<f32>> {
-    Job::linear(gpu, x, w, bias, (m, n, k), LinearKernel::Variant(variant))?.run_and_read()
-}
-
-/// `linear` into head-split layout, as the Q/K/V projections write: `x [batch·seq_len, k]`,
-/// `w [n, k]` with `n = Σ heads·head_dim` over `segments` `(heads, head_dim)` (one to three),
-/// output the segments one after another, each `[batch, heads, seq_len, head_dim]`.
-/// `variant: None` picks as a forward does.
-#[allow(clippy::too_many_arguments)]
+/// `linear` into head-split layout, as the Q/K/V projections write: `x [rows, k]`,
+/// `w [n, k]` with `n = Σ heads·head_dim` over the segments (see [`HeadSplit`]).
 pub fn linear_head_split(
     gpu: &Gpu,
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    batch: usize,
-    seq_len: usize,
-    k: usize,
-    segments: &[(usize, usize)],
-    variant: Option<LinearVariant>,
+    (x, w, bias): (&[f32], &[f32], Option<&[f32]>),
+    (rows, k): (usize, usize),
+    split: HeadSplit,
+    kernel: LinearKernel,
 ) -> Result<Vec<f32>> {
-    let kernel = variant.map_or(LinearKernel::Auto, LinearKernel::Variant);
-    let split = HeadSplit { seq_len, segments };
-    Job::linear_split(gpu, x, w, bias, (batch * seq_len, k), split, kernel)?.run_and_read()
+    Job::linear_split(gpu, x, w, bias, (rows, k), split, kernel)?.run_and_read()
 }
 
-/// The baseline of [`linear`]: one thread per output element, no tiling (same layouts).
-pub fn linear_naive(
+/// An attention-core job's output (see [`Core`] for what each reads and returns). Masks
+/// follow forward semantics; the naive core ignores them.
+pub fn core(
     gpu: &Gpu,
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<Vec<f32>> {
-    Job::linear(gpu, x, w, bias, (m, n, k), LinearKernel::Naive)?.run_and_read()
-}
-
-/// `scores` pass: `mask(scale · Q·Kᵀ)` → `[B, H, Lq, Lk]`.
-pub fn scores(
-    gpu: &Gpu,
-    q: &[f32],
-    k: &[f32],
+    core: Core,
+    inputs: (&[f32], &[f32], &[f32]),
     dims: CoreDims,
     scale: f32,
     mask: &Mask,
 ) -> Result<Vec<f32>> {
-    Job::core(gpu, Core::Scores, (q, k, &[]), dims, scale, mask)?.run_and_read()
+    Job::core(gpu, core, inputs, dims, scale, mask)?.run_and_read()
 }
 
 /// `softmax` pass over each row of `s [rows, cols]` (max-subtracted) → `[rows, cols]`.
 pub fn softmax(gpu: &Gpu, s: &[f32], rows: usize, cols: usize) -> Result<Vec<f32>> {
     Job::softmax(gpu, s, rows, cols)?.run_and_read()
-}
-
-/// `av_combine` pass: `probs [B, H, Lq, Lk] · v [B, H, Lk, dv]` → combined `[B, Lq, H·dv]`.
-pub fn av_combine(gpu: &Gpu, probs: &[f32], v: &[f32], dims: CoreDims) -> Result<Vec<f32>> {
-    Job::core(
-        gpu,
-        Core::AvCombine,
-        (probs, &[], v),
-        dims,
-        1.0,
-        &Mask::None,
-    )?
-    .run_and_read()
-}
-
-/// `flash_attention` pass (fused scores, mask, softmax and P·V) → combined `[B, Lq, H·dv]`.
-pub fn flash_attention(
-    gpu: &Gpu,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dims: CoreDims,
-    scale: f32,
-    mask: &Mask,
-) -> Result<Vec<f32>> {
-    Job::core(gpu, Core::Fused, (q, k, v), dims, scale, mask)?.run_and_read()
-}
-
-/// The optimised multi-pass core (`scores` → `softmax` → `av_combine`) → `[B, Lq, H·dv]`.
-pub fn attention_multipass(
-    gpu: &Gpu,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dims: CoreDims,
-    scale: f32,
-    mask: &Mask,
-) -> Result<Vec<f32>> {
-    Job::core(gpu, Core::MultiPass, (q, k, v), dims, scale, mask)?.run_and_read()
-}
-
-/// The baseline multi-pass core (one thread per output, no tiling, no mask) → `[B, Lq, H·dv]`.
-pub fn attention_naive(
-    gpu: &Gpu,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dims: CoreDims,
-    scale: f32,
-) -> Result<Vec<f32>> {
-    Job::core(gpu, Core::Naive, (q, k, v), dims, scale, &Mask::None)?.run_and_read()
 }
 
 /// Which kernel a standalone `linear` job runs.
@@ -236,9 +146,10 @@ pub enum LinearKernel {
 /// Which attention-core passes a job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Core {
-    /// `scores` alone: `q`, `k` in, `[B, H, Lq, Lk]` out.
+    /// `scores` alone: `q`, `k` in, `[B, H, Lq, Lk]` (scaled, masked) out.
     Scores,
-    /// `av_combine` alone: probabilities (in the `q` slot) and `v` in.
+    /// `av_combine` alone: probabilities `[B, H, Lq, Lk]` (in the `q` slot) and `v` in.
+    /// It and every core below return combined heads `[B, Lq, H·dv]`.
     AvCombine,
     /// `flash_attention`, its key ranges split as a forward splits them.
     Fused,
