@@ -80,6 +80,20 @@ fn row_elem(base: u32, d: u32, dim: u32) -> f32 {
     return 0.0;
 }
 
+// Elements d .. d + 3 of the row at `base` as a vec4 (zero past the row's end), or zeros for
+// a key past the last one (`live` false).
+fn staged_vec4(base: u32, d: u32, width: u32, live: bool) -> vec4<f32> {
+    if (!live) {
+        return vec4<f32>(0.0);
+    }
+    return vec4<f32>(
+        row_elem(base, d, width),
+        row_elem(base, d + 1u, width),
+        row_elem(base, d + 2u, width),
+        row_elem(base, d + 3u, width),
+    );
+}
+
 // Scaled scores of keys j .. j + 3 for row i with the mask applied. Only the first `left` of
 // them exist; the others (past Lk, in the last tile) get -f32::MAX, so they weigh exactly 0
 // (a row's max is at least MASKED_SCORE once it has seen one key) without counting as masked.
@@ -156,32 +170,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
             let key = e / DK4;
             let base = p.k_offset + (z * p.kv_stride + j0 + key) * HEAD_DIM_QK;
-            let d = 4u * (e % DK4);
-            var kv = vec4<f32>(0.0);
-            if (key < keys) {
-                kv = vec4<f32>(
-                    row_elem(base, d, HEAD_DIM_QK),
-                    row_elem(base, d + 1u, HEAD_DIM_QK),
-                    row_elem(base, d + 2u, HEAD_DIM_QK),
-                    row_elem(base, d + 3u, HEAD_DIM_QK),
-                );
-            }
-            k_tile[e] = kv;
+            k_tile[e] = staged_vec4(base, 4u * (e % DK4), HEAD_DIM_QK, key < keys);
         }
         for (var e = lid.x; e < KV_TILE * DV4; e += THREADS) {
             let key = e / DV4;
             let base = p.v_offset + (z * p.kv_stride + j0 + key) * HEAD_DIM_V;
-            let d = 4u * (e % DV4);
-            var vv = vec4<f32>(0.0);
-            if (key < keys) {
-                vv = vec4<f32>(
-                    row_elem(base, d, HEAD_DIM_V),
-                    row_elem(base, d + 1u, HEAD_DIM_V),
-                    row_elem(base, d + 2u, HEAD_DIM_V),
-                    row_elem(base, d + 3u, HEAD_DIM_V),
-                );
-            }
-            v_tile[e] = vv;
+            v_tile[e] = staged_vec4(base, 4u * (e % DV4), HEAD_DIM_V, key < keys);
         }
         workgroupBarrier();
         // Key groups of 8 (see the header): sa/sb hold each owned row's scores of keys

@@ -6,7 +6,9 @@ use crate::error::Result;
 use crate::gpu::pass::Dispatch;
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
-use crate::kernels::{av_combine, flash_attention, scores, softmax, CoreProblem, QkvLayout};
+use crate::kernels::{
+    av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, QkvLayout,
+};
 
 use super::plan::{Shape, Sharing};
 use super::{MultiHeadAttention, Precision};
@@ -56,12 +58,14 @@ pub(crate) fn dispatches(
     chain.extend(projections(mha, g, b)?);
 
     let core = CoreProblem {
-        batch: g.batch,
-        heads: h,
-        lq: g.lq,
-        lk: g.lk,
-        qk_head_dim: dk,
-        v_head_dim: dv,
+        dims: CoreDims {
+            batch: g.batch,
+            heads: h,
+            lq: g.lq,
+            lk: g.lk,
+            qk_head_dim: dk,
+            v_head_dim: dv,
+        },
         scale: c.scale(),
         layout: g.layout,
     };

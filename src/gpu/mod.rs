@@ -8,7 +8,7 @@ pub mod timer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::pass::Pass;
+use crate::gpu::pass::{Pass, PassSpec};
 
 use crate::error::{Error, Result};
 
@@ -271,12 +271,18 @@ impl Gpu {
         Ok(value)
     }
 
-    /// The compiled pass named `key`, built by `build` the first time on this device.
-    pub(crate) fn pass(&self, key: &str, build: impl FnOnce() -> Pass) -> Arc<Pass> {
+    /// The compiled pass `key`, built from `spec` and `source()` the first time on this device
+    /// and shared by every module after that.
+    pub(crate) fn compile(
+        &self,
+        key: &str,
+        spec: &PassSpec,
+        source: impl FnOnce() -> String,
+    ) -> Arc<Pass> {
         if let Some(pass) = self.passes.lock().ok().and_then(|m| m.get(key).cloned()) {
             return pass;
         }
-        let pass = Arc::new(build());
+        let pass = Arc::new(Pass::build(&self.device, spec, &source()));
         if let Ok(mut m) = self.passes.lock() {
             m.entry(key.to_string()).or_insert_with(|| pass.clone());
         }

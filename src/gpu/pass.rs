@@ -35,6 +35,28 @@ pub enum Checks {
     Unchecked,
 }
 
+/// How to build a pass: its label (in timers and errors), entry point, runtime checks and the
+/// binding slots of its layout.
+#[derive(Debug, Clone, Copy)]
+pub struct PassSpec<'a> {
+    pub label: &'static str,
+    pub entry: &'a str,
+    pub checks: Checks,
+    pub slots: &'a [Slot],
+}
+
+impl<'a> PassSpec<'a> {
+    /// Entry point `main`, wgpu's runtime checks on.
+    pub const fn main(label: &'static str, slots: &'a [Slot]) -> Self {
+        PassSpec {
+            label,
+            entry: "main",
+            checks: Checks::Checked,
+            slots,
+        }
+    }
+}
+
 /// A compiled pass: its pipeline and the layout its bind groups must follow.
 #[derive(Debug)]
 pub struct Pass {
@@ -45,15 +67,14 @@ pub struct Pass {
 }
 
 impl Pass {
-    /// Compiles `source` (entry point `entry_point`) and builds a layout with the given slots.
-    pub fn build(
-        device: &wgpu::Device,
-        label: &'static str,
-        source: &str,
-        entry_point: &str,
-        checks: Checks,
-        slots: &[Slot],
-    ) -> Self {
+    /// Compiles `source` and builds the layout `spec` describes.
+    pub fn build(device: &wgpu::Device, spec: &PassSpec, source: &str) -> Self {
+        let PassSpec {
+            label,
+            entry,
+            checks,
+            slots,
+        } = *spec;
         let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
             .iter()
             .map(|slot| {
@@ -99,7 +120,7 @@ impl Pass {
             label: Some(label),
             layout: Some(&pipeline_layout),
             module: &module,
-            entry_point: Some(entry_point),
+            entry_point: Some(entry),
             compilation_options: Default::default(),
             cache: None,
         });

@@ -1,7 +1,7 @@
 //! `av_combine`: `P·V` per (batch, head), written into the combined `[B, Lq, H·dv]` layout.
 
 use crate::error::Result;
-use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
+use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::source::Prelude;
@@ -55,22 +55,13 @@ pub fn source() -> String {
 /// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head).
 pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Dispatch> {
     let p = AvParams::new(c);
-    let pass = gpu.pass("av_combine", || {
-        let slots = [
-            Slot::Uniform(0),
-            Slot::Read(1),
-            Slot::Read(2),
-            Slot::Write(4),
-        ];
-        Pass::build(
-            gpu.device(),
-            "av_combine",
-            &source(),
-            "main",
-            Checks::Checked,
-            &slots,
-        )
-    });
+    let slots = [
+        Slot::Uniform(0),
+        Slot::Read(1),
+        Slot::Read(2),
+        Slot::Write(4),
+    ];
+    let pass = gpu.compile("av_combine", &PassSpec::main("av_combine", &slots), source);
     let groups = [
         p.head_dim.div_ceil(GEMM_TILE),
         p.lq.div_ceil(GEMM_TILE),

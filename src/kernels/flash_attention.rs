@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
+use crate::gpu::pass::{Dispatch, Pass, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::mask::MaskBuffers;
@@ -195,18 +195,9 @@ impl Flash {
         let tiles_per_dispatch =
             tiles_per_dispatch(qk_head_dim, v_head_dim, shape.kv_tile, shape.rows, software);
         let key = format!("flash_attention {shape:?}");
-        let pass = gpu.pass(&key, || {
-            // Runtime bounds checks stay on: measured no faster without them on lavapipe.
-            let src = source(shape);
-            Pass::build(
-                gpu.device(),
-                "flash_attention",
-                &src,
-                "main",
-                Checks::Checked,
-                SLOTS,
-            )
-        });
+        // Runtime bounds checks stay on: measured no faster without them on lavapipe.
+        let spec = PassSpec::main("flash_attention", SLOTS);
+        let pass = gpu.compile(&key, &spec, || source(shape));
         Some(Flash {
             pass,
             shape,

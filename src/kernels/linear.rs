@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
+use crate::gpu::pass::{Checks, Dispatch, Pass, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::source::Prelude;
@@ -286,9 +286,12 @@ fn pass(gpu: &Gpu, variant: LinearVariant, elems: LinearElems) -> Arc<Pass> {
         LinearVariant::Scalar => Checks::Checked,
         LinearVariant::Vec4 | LinearVariant::Subgroup => Checks::Unchecked,
     };
-    gpu.pass(&format!("linear {variant:?} {elems:?}"), || {
-        let src = source(variant, elems);
-        Pass::build(gpu.device(), "linear", &src, "main", checks, SLOTS)
+    let spec = PassSpec {
+        checks,
+        ..PassSpec::main("linear", SLOTS)
+    };
+    gpu.compile(&format!("linear {variant:?} {elems:?}"), &spec, || {
+        source(variant, elems)
     })
 }
 

@@ -42,21 +42,21 @@ pub struct QkvLayout {
     pub kv_stride: u32,
 }
 
-/// One attention-core problem on head-split inputs: `batch·heads` independent (Lq × Lk)
-/// attentions of head sizes `qk_head_dim`, `v_head_dim`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CoreProblem {
+/// Sizes of one attention-core problem on head-split inputs: `batch·heads` independent
+/// (Lq × Lk) attentions of head sizes `qk_head_dim`, `v_head_dim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoreDims {
     pub batch: usize,
     pub heads: usize,
     pub lq: usize,
     pub lk: usize,
+    /// Per-head width of queries and keys (`dk`).
     pub qk_head_dim: usize,
+    /// Per-head width of values (`dv`).
     pub v_head_dim: usize,
-    pub scale: f32,
-    pub layout: QkvLayout,
 }
 
-impl CoreProblem {
+impl CoreDims {
     /// (batch, head) pairs: the z extent of the attention dispatches.
     pub fn batch_heads(&self) -> u32 {
         (self.batch * self.heads) as u32
@@ -68,5 +68,20 @@ impl CoreProblem {
     /// Elements of the scores / probabilities `[B, H, Lq, Lk]`.
     pub fn scores_len(&self) -> usize {
         self.batch * self.heads * self.lq * self.lk
+    }
+}
+
+/// One attention-core problem: its sizes, its score scale and where Q, K, V lie.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CoreProblem {
+    pub dims: CoreDims,
+    pub scale: f32,
+    pub layout: QkvLayout,
+}
+
+impl std::ops::Deref for CoreProblem {
+    type Target = CoreDims;
+    fn deref(&self) -> &CoreDims {
+        &self.dims
     }
 }

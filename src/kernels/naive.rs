@@ -2,7 +2,7 @@
 //! one thread per output, no tiling, no reuse, no mask. Never used by a forward.
 
 use crate::error::Result;
-use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
+use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::CoreProblem;
@@ -61,23 +61,18 @@ pub fn linear(
         k: k as u32,
         has_bias: has_bias as u32,
     };
-    let pass = gpu.pass("linear_naive", || {
-        let slots = [
-            Slot::Uniform(0),
-            Slot::Read(1),
-            Slot::Read(2),
-            Slot::Read(3),
-            Slot::Write(4),
-        ];
-        Pass::build(
-            gpu.device(),
-            "linear_naive",
-            LINEAR_WGSL,
-            "main",
-            Checks::Checked,
-            &slots,
-        )
-    });
+    let slots = [
+        Slot::Uniform(0),
+        Slot::Read(1),
+        Slot::Read(2),
+        Slot::Read(3),
+        Slot::Write(4),
+    ];
+    let pass = gpu.compile(
+        "linear_naive",
+        &PassSpec::main("linear_naive", &slots),
+        || LINEAR_WGSL.to_string(),
+    );
     let groups = [n.div_ceil(16) as u32, m.div_ceil(16) as u32, 1];
     Dispatch::new(
         gpu,
@@ -136,22 +131,17 @@ pub fn attention(gpu: &Gpu, c: &CoreProblem, b: NaiveAttentionBuffers) -> Result
     steps
         .into_iter()
         .map(|(label, entry, groups)| {
-            let pass = gpu.pass(label, || {
-                let slots = [
-                    Slot::Uniform(0),
-                    Slot::Read(1),
-                    Slot::Write(4),
-                    Slot::Write(5),
-                ];
-                Pass::build(
-                    gpu.device(),
-                    label,
-                    ATTENTION_WGSL,
-                    entry,
-                    Checks::Checked,
-                    &slots,
-                )
-            });
+            let slots = [
+                Slot::Uniform(0),
+                Slot::Read(1),
+                Slot::Write(4),
+                Slot::Write(5),
+            ];
+            let spec = PassSpec {
+                entry,
+                ..PassSpec::main(label, &slots)
+            };
+            let pass = gpu.compile(label, &spec, || ATTENTION_WGSL.to_string());
             let buffers = [(1, b.qkv), (4, b.scores), (5, b.out)];
             Dispatch::new(gpu, pass, &p, &buffers, groups)
         })

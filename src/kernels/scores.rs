@@ -1,9 +1,7 @@
 //! `scores`: `S = mask(scale · Q·Kᵀ)` per (batch, head), `[B, H, Lq, Lk]`.
 
-use std::sync::Arc;
-
 use crate::error::Result;
-use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
+use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::mask::MaskBuffers;
@@ -61,6 +59,7 @@ pub fn source() -> String {
     prelude.source(&[GEMM_TILE_WGSL, super::mask::WGSL, WGSL])
 }
 
+/// Bindings: params, Q|K, scores, mask words, mask params.
 const SLOTS: &[Slot] = &[
     Slot::Uniform(0),
     Slot::Read(1),
@@ -68,19 +67,6 @@ const SLOTS: &[Slot] = &[
     Slot::Read(6),
     Slot::Uniform(7),
 ];
-
-fn pass(gpu: &Gpu) -> Arc<Pass> {
-    gpu.pass("scores", || {
-        Pass::build(
-            gpu.device(),
-            "scores",
-            &source(),
-            "main",
-            Checks::Checked,
-            SLOTS,
-        )
-    })
-}
 
 /// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head).
 pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Dispatch> {
@@ -93,7 +79,7 @@ pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Dispatch
     let [words, params] = b.mask.bindings();
     Dispatch::new(
         gpu,
-        pass(gpu),
+        gpu.compile("scores", &PassSpec::main("scores", SLOTS), source),
         &p,
         &[(1, b.qkv), (4, b.scores), words, params],
         groups,

@@ -1,7 +1,7 @@
 //! `softmax`: row-wise, max-subtracted, in place; one workgroup per row.
 
 use crate::error::Result;
-use crate::gpu::pass::{Checks, Dispatch, Pass, Slot};
+use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 pub const WGSL: &str = include_str!("../../shaders/softmax.wgsl");
@@ -44,17 +44,8 @@ pub fn dispatch(gpu: &Gpu, rows: usize, cols: usize, scores: &wgpu::Buffer) -> R
         cols as u32,
         gpu.limits().max_compute_workgroups_per_dimension,
     );
-    let pass = gpu.pass("softmax", || {
-        let slots = [Slot::Uniform(0), Slot::Write(4)];
-        Pass::build(
-            gpu.device(),
-            "softmax",
-            &source(),
-            "main",
-            Checks::Checked,
-            &slots,
-        )
-    });
+    let slots = [Slot::Uniform(0), Slot::Write(4)];
+    let pass = gpu.compile("softmax", &PassSpec::main("softmax", &slots), source);
     Dispatch::new(gpu, pass, &p, &[(4, scores)], p.workgroups())
 }
 

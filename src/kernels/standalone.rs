@@ -20,21 +20,9 @@ use crate::gpu::timer::PassTimer;
 use crate::gpu::Gpu;
 use crate::kernels::linear::{LinearBuffers, LinearElems, LinearParams, LinearVariant, Segment};
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
+pub use crate::kernels::CoreDims;
 use crate::kernels::{av_combine, flash_attention, naive, scores, softmax, CoreProblem, QkvLayout};
 use crate::model::mask::{AttnDims, Mask};
-
-/// Sizes of one attention-core problem on head-split inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CoreDims {
-    pub batch: usize,
-    pub heads: usize,
-    pub lq: usize,
-    pub lk: usize,
-    /// Per-head width of queries and keys (`dk`).
-    pub qk_head_dim: usize,
-    /// Per-head width of values (`dv`).
-    pub v_head_dim: usize,
-}
 
 impl CoreDims {
     fn q_len(&self) -> usize {
@@ -57,12 +45,7 @@ impl CoreDims {
     /// The kernels' problem, with `[q | k | v]` packed in one buffer.
     fn problem(&self, scale: f32) -> CoreProblem {
         CoreProblem {
-            batch: self.batch,
-            heads: self.heads,
-            lq: self.lq,
-            lk: self.lk,
-            qk_head_dim: self.qk_head_dim,
-            v_head_dim: self.v_head_dim,
+            dims: *self,
             scale,
             layout: QkvLayout {
                 q_offset: 0,
