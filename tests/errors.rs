@@ -102,32 +102,23 @@ fn bias_mask_wrong_shape() {
     mask_err(Mask::Bias(Tensor::random([3, 5, 5], 2)));
 }
 
+/// `result` is an `Error::DataLength` saying `expected` values were expected and `got` given.
+fn assert_data_length<T: std::fmt::Debug>(
+    result: wgpu_mha::Result<T>,
+    expected: usize,
+    got: usize,
+) {
+    let err = result.expect_err("length must match shape");
+    assert!(
+        matches!(err, Error::DataLength { expected: e, got: g, .. } if (e, g) == (expected, got)),
+        "{err}"
+    );
+}
+
 #[test]
 fn mask_data_length_mismatch() {
-    let err = MaskTensor::new([2, 3], vec![1; 5]).expect_err("length must match shape");
-    assert!(
-        matches!(
-            err,
-            Error::DataLength {
-                expected: 6,
-                got: 5,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let err = Tensor::new([2, 3], vec![0.0; 7]).expect_err("length must match shape");
-    assert!(
-        matches!(
-            err,
-            Error::DataLength {
-                expected: 6,
-                got: 7,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_data_length(MaskTensor::new([2, 3], vec![1; 5]), 6, 5);
+    assert_data_length(Tensor::new([2, 3], vec![0.0; 7]), 6, 7);
 }
 
 #[test]

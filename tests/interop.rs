@@ -536,6 +536,41 @@ fn assert_edits_refused(edits: &[(&str, Edit, &str)]) {
     }
 }
 
+/// Metadata missing or malformed.
+#[rustfmt::skip]
+const MISSING_METADATA: &[(&str, Edit, &str)] = &[
+    (CLASSIC, |f| f.without_meta("variant"), "`variant` is missing"),
+    (CLASSIC, |f| f.without_meta("config"), "`config` is missing"),
+    (CLASSIC, |f| f.meta("config", "{not json"), "not valid JSON"),
+    (CLASSIC, |f| f.meta("config", r#"{"name": 1}"#), "no `sizes`"),
+    (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 32}}"#), "sizes.num_heads is missing"),
+    (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 32, "num_heads": -4}}"#), "positive integer"),
+    (CLASSIC, |f| f.meta("err_f32_vs_f64", "abc"), "err_f32_vs_f64"),
+];
+
+/// A variant that is unknown or contradicts the sizes or the weights.
+#[rustfmt::skip]
+const WRONG_VARIANT: &[(&str, Edit, &str)] = &[
+    (CLASSIC, |f| f.meta("variant", "encoder"), "\"encoder\""),
+    // A classic file labelled per-head (and the other way round): the sizes or layout disagree.
+    (CLASSIC, |f| f.meta("variant", "perhead")
+        .meta("config", r#"{"sizes": {"emb_size": 32, "q_k_size": 8, "v_size": 8, "head": 4}}"#), "layout"),
+    (PER_HEAD, |f| f.meta("variant", "dmodel")
+        .meta("config", r#"{"sizes": {"d_model": 32, "num_heads": 4}}"#), "layout"),
+    // Sizes that contradict the weights.
+    (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 64, "num_heads": 4}}"#), "sizes give"),
+];
+
+/// Case tensors missing or of the wrong dtype.
+#[rustfmt::skip]
+const TENSOR_PROBLEMS: &[(&str, Edit, &str)] = &[
+    (CLASSIC, |f| f.without("Q"), "`Q` is missing"),
+    (PER_HEAD, |f| f.without("x_k_v"), "`x_k_v` is missing"),
+    (CLASSIC, |f| f.without("out_f64"), "`out_f64` is missing"),
+    (CLASSIC, |f| f.typed("Q", Dtype::I32, &[2, 6, 32]), "I32"),
+    (CLASSIC, |f| f.typed("mask", Dtype::F32, &[1, 1, 6, 6]), "U8 or BOOL"),
+];
+
 #[test]
 fn rejects_truncated_files() {
     let bytes = case_bytes(CLASSIC);
@@ -584,17 +619,7 @@ fn rejects_garbage_bytes() {
 
 #[test]
 fn rejects_missing_metadata() {
-    #[rustfmt::skip]
-    let edits: &[(&str, Edit, &str)] = &[
-        (CLASSIC, |f| f.without_meta("variant"), "`variant` is missing"),
-        (CLASSIC, |f| f.without_meta("config"), "`config` is missing"),
-        (CLASSIC, |f| f.meta("config", "{not json"), "not valid JSON"),
-        (CLASSIC, |f| f.meta("config", r#"{"name": 1}"#), "no `sizes`"),
-        (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 32}}"#), "sizes.num_heads is missing"),
-        (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 32, "num_heads": -4}}"#), "positive integer"),
-        (CLASSIC, |f| f.meta("err_f32_vs_f64", "abc"), "err_f32_vs_f64"),
-    ];
-    assert_edits_refused(edits);
+    assert_edits_refused(MISSING_METADATA);
     // Without err_f32_vs_f64 the case still loads and gets the fallback bound.
     let case = edited_case(CLASSIC, |f| f.without_meta("err_f32_vs_f64")).unwrap();
     assert_eq!(case.bound(), relative_tolerance(1e-4, &case.out_f64));
@@ -602,31 +627,12 @@ fn rejects_missing_metadata() {
 
 #[test]
 fn rejects_wrong_variant() {
-    #[rustfmt::skip]
-    let edits: &[(&str, Edit, &str)] = &[
-        (CLASSIC, |f| f.meta("variant", "encoder"), "\"encoder\""),
-        // A classic file labelled per-head (and the other way round): the sizes or layout disagree.
-        (CLASSIC, |f| f.meta("variant", "perhead")
-            .meta("config", r#"{"sizes": {"emb_size": 32, "q_k_size": 8, "v_size": 8, "head": 4}}"#), "layout"),
-        (PER_HEAD, |f| f.meta("variant", "dmodel")
-            .meta("config", r#"{"sizes": {"d_model": 32, "num_heads": 4}}"#), "layout"),
-        // Sizes that contradict the weights.
-        (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 64, "num_heads": 4}}"#), "sizes give"),
-    ];
-    assert_edits_refused(edits);
+    assert_edits_refused(WRONG_VARIANT);
 }
 
 #[test]
 fn rejects_case_tensor_problems() {
-    #[rustfmt::skip]
-    let edits: &[(&str, Edit, &str)] = &[
-        (CLASSIC, |f| f.without("Q"), "`Q` is missing"),
-        (PER_HEAD, |f| f.without("x_k_v"), "`x_k_v` is missing"),
-        (CLASSIC, |f| f.without("out_f64"), "`out_f64` is missing"),
-        (CLASSIC, |f| f.typed("Q", Dtype::I32, &[2, 6, 32]), "I32"),
-        (CLASSIC, |f| f.typed("mask", Dtype::F32, &[1, 1, 6, 6]), "U8 or BOOL"),
-    ];
-    assert_edits_refused(edits);
+    assert_edits_refused(TENSOR_PROBLEMS);
     assert!(matches!(
         edited_case(CLASSIC, |f| f.typed("mask", Dtype::U8, &[1, 1, 5, 6])),
         Err(Error::Mask(_))
