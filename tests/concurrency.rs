@@ -7,9 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use wgpu_mha::{
-    reference, AttentionConfig, AttentionWeights, Gpu, Mask, MultiHeadAttention, Tensor,
-};
+use wgpu_mha::{reference, AttentionConfig, Gpu, Mask, MultiHeadAttention, Tensor};
 
 #[test]
 fn module_and_context_are_send_and_sync() {
@@ -21,8 +19,8 @@ fn module_and_context_are_send_and_sync() {
 #[test]
 fn eight_threads_share_one_module() {
     let config = AttentionConfig::classic(32, 4).unwrap();
-    let weights = AttentionWeights::random(&config, 8);
-    let mha = Arc::new(MultiHeadAttention::new(common::gpu(), config, &weights).unwrap());
+    let (weights, mha) = common::module(config, 8);
+    let mha = Arc::new(mha);
     let weights = Arc::new(weights);
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
@@ -37,11 +35,7 @@ fn eight_threads_share_one_module() {
                     let mask = if i % 2 == 0 { Mask::Causal } else { Mask::None };
                     let got = mha.forward(&x, &x, &x, &mask).expect("forward");
                     let want = reference::forward(&config, &weights, &x, &x, &x, &mask).unwrap();
-                    let err = common::max_err(got.data(), &want.output);
-                    assert!(
-                        err <= common::tolerance(&want.output),
-                        "thread {t} call {i}: error {err}"
-                    );
+                    common::assert_close(&format!("thread {t} call {i}"), got.data(), &want.output);
                 }
             })
         })

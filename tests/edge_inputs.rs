@@ -13,21 +13,14 @@ use wgpu_mha::{
 };
 
 fn module(config: AttentionConfig) -> (AttentionWeights, MultiHeadAttention) {
-    let weights = AttentionWeights::random(&config, 5);
-    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
-    (weights, mha)
+    common::module(config, 5)
 }
 
+/// The multi-pass path (with probabilities) and the fused path.
 fn both_paths() -> [ForwardOptions; 2] {
     [
-        ForwardOptions {
-            return_probs: true,
-            path: AttentionPath::MultiPass,
-        },
-        ForwardOptions {
-            return_probs: false,
-            path: AttentionPath::Fused,
-        },
+        common::options(AttentionPath::MultiPass, true),
+        common::options(AttentionPath::Fused, false),
     ]
 }
 

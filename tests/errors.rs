@@ -4,17 +4,13 @@
 mod common;
 
 use wgpu_mha::{
-    AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask, MaskTensor,
-    MultiHeadAttention, Tensor,
+    AttentionConfig, AttentionPath, AttentionWeights, Error, Mask, MaskTensor, MultiHeadAttention,
+    Tensor,
 };
 
 fn classic_module() -> (AttentionConfig, MultiHeadAttention) {
     let config = AttentionConfig::classic(32, 4).unwrap();
-    let weights = AttentionWeights::random(&config, 1);
-    (
-        config,
-        MultiHeadAttention::new(common::gpu(), config, &weights).unwrap(),
-    )
+    (config, common::module(config, 1).1)
 }
 
 /// Runs a forward that must fail, checks nothing was allocated, returns the error.
@@ -31,16 +27,31 @@ fn forward_err(mha: &MultiHeadAttention, q: &Tensor, k: &Tensor, v: &Tensor, mas
     err
 }
 
+/// Q, K, V of the given shapes on the classic d_model 32 module: an `Error::Shape` naming
+/// `what` ("query", "key" or "value"). Returns the error.
+fn shape_err(q: &[usize], k: &[usize], v: &[usize], what: &str) -> Error {
+    let (_, mha) = classic_module();
+    let t = |shape: &[usize], seed| Tensor::random(shape.to_vec(), seed);
+    let err = forward_err(&mha, &t(q, 1), &t(k, 2), &t(v, 3), &Mask::None);
+    assert!(
+        matches!(&err, Error::Shape { what: w, .. } if w == what),
+        "expected a shape error for {what}: {err}"
+    );
+    err
+}
+
+/// `mask` on a [2, 5, 32] self-attention problem: an `Error::Mask`. Returns the error.
+fn mask_err(mask: Mask) -> Error {
+    let (_, mha) = classic_module();
+    let x = Tensor::random([2, 5, 32], 1);
+    let err = forward_err(&mha, &x, &x, &x, &mask);
+    assert!(matches!(err, Error::Mask(_)), "{err}");
+    err
+}
+
 #[test]
 fn query_of_wrong_width() {
-    let (_, mha) = classic_module();
-    let q = Tensor::random([2, 5, 31], 1);
-    let kv = Tensor::random([2, 5, 32], 2);
-    let err = forward_err(&mha, &q, &kv, &kv, &Mask::None);
-    assert!(
-        matches!(&err, Error::Shape { what, .. } if what == "query"),
-        "{err}"
-    );
+    let err = shape_err(&[2, 5, 31], &[2, 5, 32], &[2, 5, 32], "query");
     assert!(
         err.to_string().contains("31"),
         "message names the width: {err}"
@@ -49,49 +60,24 @@ fn query_of_wrong_width() {
 
 #[test]
 fn key_of_wrong_rank() {
-    let (_, mha) = classic_module();
-    let q = Tensor::random([2, 5, 32], 1);
-    let k = Tensor::random([10, 32], 2);
-    let v = Tensor::random([2, 5, 32], 3);
-    let err = forward_err(&mha, &q, &k, &v, &Mask::None);
-    assert!(
-        matches!(&err, Error::Shape { what, .. } if what == "key"),
-        "{err}"
-    );
+    shape_err(&[2, 5, 32], &[10, 32], &[2, 5, 32], "key");
 }
 
 #[test]
 fn key_and_value_lengths_differ() {
-    let (_, mha) = classic_module();
-    let q = Tensor::random([2, 5, 32], 1);
-    let k = Tensor::random([2, 6, 32], 2);
-    let v = Tensor::random([2, 7, 32], 3);
-    let err = forward_err(&mha, &q, &k, &v, &Mask::None);
-    assert!(
-        matches!(&err, Error::Shape { what, .. } if what == "value"),
-        "{err}"
-    );
+    shape_err(&[2, 5, 32], &[2, 6, 32], &[2, 7, 32], "value");
 }
 
 #[test]
 fn batch_mismatch_between_query_and_key() {
-    let (_, mha) = classic_module();
-    let q = Tensor::random([2, 5, 32], 1);
-    let kv = Tensor::random([3, 5, 32], 2);
-    let err = forward_err(&mha, &q, &kv, &kv, &Mask::None);
-    assert!(
-        matches!(&err, Error::Shape { what, .. } if what == "key"),
-        "{err}"
-    );
+    shape_err(&[2, 5, 32], &[3, 5, 32], &[3, 5, 32], "key");
 }
 
 #[test]
 fn mask_not_broadcastable() {
-    let (_, mha) = classic_module();
-    let x = Tensor::random([2, 5, 32], 1);
-    let mask = Mask::Attend(MaskTensor::new([2, 1, 5, 4], vec![1; 40]).unwrap());
-    let err = forward_err(&mha, &x, &x, &x, &mask);
-    assert!(matches!(err, Error::Mask(_)), "{err}");
+    let err = mask_err(Mask::Attend(
+        MaskTensor::new([2, 1, 5, 4], vec![1; 40]).unwrap(),
+    ));
     assert!(
         err.to_string().contains("Lk"),
         "message names the dimension: {err}"
@@ -100,66 +86,39 @@ fn mask_not_broadcastable() {
 
 #[test]
 fn mask_of_rank_five() {
-    let (_, mha) = classic_module();
-    let x = Tensor::random([2, 5, 32], 1);
-    let mask = Mask::Block(MaskTensor::new([1, 2, 1, 5, 5], vec![0; 50]).unwrap());
-    assert!(matches!(
-        forward_err(&mha, &x, &x, &x, &mask),
-        Error::Mask(_)
+    mask_err(Mask::Block(
+        MaskTensor::new([1, 2, 1, 5, 5], vec![0; 50]).unwrap(),
     ));
 }
 
 #[test]
 fn key_padding_lengths_wrong() {
-    let (_, mha) = classic_module();
-    let x = Tensor::random([2, 5, 32], 1);
-    assert!(matches!(
-        forward_err(&mha, &x, &x, &x, &Mask::KeyPadding(vec![5])),
-        Error::Mask(_)
-    ));
-    assert!(matches!(
-        forward_err(&mha, &x, &x, &x, &Mask::KeyPadding(vec![5, 6])),
-        Error::Mask(_)
-    ));
+    mask_err(Mask::KeyPadding(vec![5]));
+    mask_err(Mask::KeyPadding(vec![5, 6]));
 }
 
 #[test]
 fn bias_mask_wrong_shape() {
-    let (_, mha) = classic_module();
-    let x = Tensor::random([2, 5, 32], 1);
-    let mask = Mask::Bias(Tensor::random([3, 5, 5], 2));
-    assert!(matches!(
-        forward_err(&mha, &x, &x, &x, &mask),
-        Error::Mask(_)
-    ));
+    mask_err(Mask::Bias(Tensor::random([3, 5, 5], 2)));
+}
+
+/// `result` is an `Error::DataLength` saying `expected` values were expected and `got` given.
+fn assert_data_length<T: std::fmt::Debug>(
+    result: wgpu_mha::Result<T>,
+    expected: usize,
+    got: usize,
+) {
+    let err = result.expect_err("length must match shape");
+    assert!(
+        matches!(err, Error::DataLength { expected: e, got: g, .. } if (e, g) == (expected, got)),
+        "{err}"
+    );
 }
 
 #[test]
 fn mask_data_length_mismatch() {
-    let err = MaskTensor::new([2, 3], vec![1; 5]).expect_err("length must match shape");
-    assert!(
-        matches!(
-            err,
-            Error::DataLength {
-                expected: 6,
-                got: 5,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let err = Tensor::new([2, 3], vec![0.0; 7]).expect_err("length must match shape");
-    assert!(
-        matches!(
-            err,
-            Error::DataLength {
-                expected: 6,
-                got: 7,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_data_length(MaskTensor::new([2, 3], vec![1; 5]), 6, 5);
+    assert_data_length(Tensor::new([2, 3], vec![0.0; 7]), 6, 7);
 }
 
 #[test]
@@ -174,32 +133,38 @@ fn d_model_not_divisible_by_heads() {
 
 #[test]
 fn zero_heads_and_zero_sizes() {
-    assert!(matches!(
-        AttentionConfig::classic(32, 0),
-        Err(Error::Config(_))
-    ));
-    assert!(matches!(
-        AttentionConfig::per_head(16, 8, 8, 0),
-        Err(Error::Config(_))
-    ));
-    assert!(matches!(
-        AttentionConfig::per_head(16, 0, 8, 2),
-        Err(Error::Config(_))
-    ));
-    assert!(matches!(
-        AttentionConfig::per_head(0, 8, 8, 2),
-        Err(Error::Config(_))
-    ));
-    assert!(matches!(
-        AttentionConfig::classic(0, 1),
-        Err(Error::Config(_))
-    ));
-    assert!(matches!(
-        AttentionConfig::classic(32, 4)
-            .unwrap()
-            .with_scale(f32::NAN),
-        Err(Error::Config(_))
-    ));
+    for (label, config) in [
+        ("classic 0 heads", AttentionConfig::classic(32, 0)),
+        ("per-head 0 heads", AttentionConfig::per_head(16, 8, 8, 0)),
+        (
+            "per-head q_k_size 0",
+            AttentionConfig::per_head(16, 0, 8, 2),
+        ),
+        ("per-head emb_size 0", AttentionConfig::per_head(0, 8, 8, 2)),
+        ("classic d_model 0", AttentionConfig::classic(0, 1)),
+        (
+            "NaN scale",
+            AttentionConfig::classic(32, 4)
+                .unwrap()
+                .with_scale(f32::NAN),
+        ),
+    ] {
+        assert!(
+            matches!(config, Err(Error::Config(_))),
+            "{label}: {config:?}"
+        );
+    }
+}
+
+/// Building a module of `config` from `weights` fails with an `Error::Weight` naming `tensor`.
+fn assert_weight_refused(config: AttentionConfig, weights: &AttentionWeights, tensor: &str) {
+    let err = MultiHeadAttention::new(common::gpu(), config, weights)
+        .err()
+        .unwrap_or_else(|| panic!("weights with a bad {tensor} were accepted"));
+    assert!(
+        matches!(&err, Error::Weight { name, .. } if name == tensor),
+        "expected a weight error for {tensor}: {err}"
+    );
 }
 
 #[test]
@@ -207,13 +172,7 @@ fn weight_of_the_wrong_shape() {
     let config = AttentionConfig::classic(32, 4).unwrap();
     let mut weights = AttentionWeights::random(&config, 1);
     weights.k = AttentionWeights::random(&AttentionConfig::classic(16, 4).unwrap(), 1).k;
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
-        .err()
-        .expect("mis-shaped W_k");
-    assert!(
-        matches!(&err, Error::Weight { name, .. } if name == "W_k.weight"),
-        "{err}"
-    );
+    assert_weight_refused(config, &weights, "W_k.weight");
 }
 
 #[test]
@@ -221,48 +180,32 @@ fn missing_bias_and_missing_output_projection() {
     let config = AttentionConfig::classic(32, 4).unwrap();
     let mut weights = AttentionWeights::random(&config, 1);
     weights.v.bias = None;
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
-        .err()
-        .expect("missing bias");
-    assert!(
-        matches!(&err, Error::Weight { name, .. } if name == "W_v.bias"),
-        "{err}"
-    );
+    assert_weight_refused(config, &weights, "W_v.bias");
     let mut weights = AttentionWeights::random(&config, 1);
     weights.o = None;
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
-        .err()
-        .expect("missing W_o");
-    assert!(
-        matches!(&err, Error::Weight { name, .. } if name == "W_o.weight"),
-        "{err}"
-    );
+    assert_weight_refused(config, &weights, "W_o.weight");
 }
 
 #[test]
 fn per_head_weights_for_a_different_config() {
+    // w_v is 30 rows, not 36.
     let config = AttentionConfig::per_head(24, 8, 12, 3).unwrap();
     let other = AttentionConfig::per_head(24, 8, 10, 3).unwrap();
-    let weights = AttentionWeights::random(&other, 1);
-    let err = MultiHeadAttention::new(common::gpu(), config, &weights)
-        .err()
-        .expect("w_v is 30 rows, not 36");
-    assert!(
-        matches!(&err, Error::Weight { name, .. } if name == "w_v.weight"),
-        "{err}"
-    );
+    assert_weight_refused(config, &AttentionWeights::random(&other, 1), "w_v.weight");
 }
 
 #[test]
 fn fused_path_cannot_return_probabilities() {
     let (_, mha) = classic_module();
     let x = Tensor::random([1, 4, 32], 1);
-    let options = ForwardOptions {
-        return_probs: true,
-        path: AttentionPath::Fused,
-    };
     let err = mha
-        .forward_with(&x, &x, &x, &Mask::None, &options)
+        .forward_with(
+            &x,
+            &x,
+            &x,
+            &Mask::None,
+            &common::options(AttentionPath::Fused, true),
+        )
         .expect_err("contradictory options");
     assert!(matches!(err, Error::Misuse(_)), "{err}");
     assert_eq!(mha.workspace_bytes(), 0);
@@ -277,5 +220,5 @@ fn the_module_still_works_after_rejections() {
     let weights = AttentionWeights::random(&config, 1);
     let got = mha.forward(&x, &x, &x, &Mask::Causal).unwrap();
     let want = wgpu_mha::reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    assert!(common::max_err(got.data(), &want.output) <= common::tolerance(&want.output));
+    common::assert_close("after rejections", got.data(), &want.output);
 }

@@ -6,10 +6,10 @@
 
 mod common;
 
-use common::{gpu, max_err, tolerance};
+use common::{assert_close, assert_within, bits, gpu, module, options, relative_tolerance};
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, GpuTensor,
-    KvCache, Mask, MultiHeadAttention, Precision, Tensor,
+    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, GpuTensor, KvCache, Mask,
+    MultiHeadAttention, Precision, Tensor,
 };
 
 struct Case {
@@ -21,18 +21,6 @@ struct Case {
     mask: Mask,
     /// Query = key = value (one fused QKV GEMM).
     self_attention: bool,
-}
-
-fn bits(len: usize, seed: u64) -> Vec<bool> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s.is_multiple_of(3)
-        })
-        .collect()
 }
 
 fn cases() -> Vec<Case> {
@@ -141,7 +129,7 @@ fn run(case: &Case, precision: Precision) -> (MultiHeadAttention, Tensor, Vec<f6
 }
 
 fn f16_tolerance(reference: &[f64]) -> f64 {
-    2e-2 * (1.0 + reference.iter().fold(0.0f64, |m, v| m.max(v.abs())))
+    relative_tolerance(2e-2, reference)
 }
 
 #[test]
@@ -153,15 +141,10 @@ fn f16_matches_the_reference_or_is_refused_cleanly() {
         for case in &cases {
             let (mha, got, want) = run(case, Precision::F16);
             assert_eq!(mha.precision(), Precision::F16, "{}", case.label);
-            let err = max_err(got.data(), &want);
             let tol = f16_tolerance(&want);
+            let err = assert_within(&format!("{}: f16", case.label), got.data(), &want, tol);
             eprintln!(
                 "{}: f16 max error {err:.3e} (tolerance {tol:.3e})",
-                case.label
-            );
-            assert!(
-                err <= tol,
-                "{}: f16 max error {err:.3e} > {tol:.3e}",
                 case.label
             );
             let (_, f32_out, _) = run(case, Precision::F32);
@@ -189,9 +172,7 @@ fn f16_matches_the_reference_or_is_refused_cleanly() {
             let (mha, got, want) = run(case, Precision::PreferF16);
             assert_eq!(mha.precision(), Precision::F32, "{}", case.label);
             eprintln!("{}: no SHADER_F16, PreferF16 ran f32", case.label);
-            let err = max_err(got.data(), &want);
-            let tol = tolerance(&want);
-            assert!(err <= tol, "{}: f32 fallback error {err:.3e}", case.label);
+            assert_close(&format!("{}: f32 fallback", case.label), got.data(), &want);
         }
     }
 }
@@ -199,8 +180,7 @@ fn f16_matches_the_reference_or_is_refused_cleanly() {
 #[test]
 fn new_is_f32() {
     let config = AttentionConfig::classic(32, 4).expect("config");
-    let mha = MultiHeadAttention::new(gpu(), config, &AttentionWeights::random(&config, 1))
-        .expect("module");
+    let (_, mha) = module(config, 1);
     assert_eq!(mha.precision(), Precision::F32);
     assert_eq!(Precision::default(), Precision::F32);
 }
@@ -218,14 +198,8 @@ fn f16_module_limits() {
         MultiHeadAttention::with_precision(gpu, config, &weights, Precision::F16).expect("module");
     let x = Tensor::random([2, 6, 32], 9);
     for options in [
-        ForwardOptions {
-            return_probs: true,
-            path: AttentionPath::Auto,
-        },
-        ForwardOptions {
-            return_probs: false,
-            path: AttentionPath::MultiPass,
-        },
+        options(AttentionPath::Auto, true),
+        options(AttentionPath::MultiPass, false),
     ] {
         match mha.forward_with(&x, &x, &x, &Mask::Causal, &options) {
             Err(Error::Unsupported { what, .. }) => assert!(what.contains("f16"), "{what}"),
@@ -248,7 +222,12 @@ fn f16_module_limits() {
     let dev: Tensor = dev.read(gpu).expect("read");
     assert_eq!(dev.data(), host.data());
     let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).expect("reference");
-    assert!(max_err(host.data(), &want.output) <= f16_tolerance(&want.output));
+    assert_within(
+        "f16 module",
+        host.data(),
+        &want.output,
+        f16_tolerance(&want.output),
+    );
 }
 
 fn f16_is_refused_without_shader_f16() {

@@ -3,22 +3,26 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use wgpu_mha::{
-    reference, AttentionPath, AttentionWeights, Case, CaseVariant, Error, ForwardOptions, Mask,
-    MultiHeadAttention, SafetensorsFile, WeightLayout,
+    reference, AttentionPath, AttentionWeights, Case, CaseVariant, Error, Mask, MultiHeadAttention,
+    SafetensorsFile, WeightLayout,
 };
 
-use common::{gpu, max_err, tolerance};
+use common::{
+    assert_close, assert_within, gpu, max_err, max_err_f64, options, relative_tolerance, tolerance,
+};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// `tests/fixtures/*.safetensors`, sorted (the case files; weight files live in `weights/`).
 fn case_files() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(fixtures())
         .expect("tests/fixtures")
@@ -26,7 +30,20 @@ fn case_files() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
+    assert!(!files.is_empty(), "no case files in tests/fixtures");
     files
+}
+
+/// Every case file, loaded, with its file name.
+fn cases() -> Vec<(String, Case)> {
+    case_files()
+        .iter()
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let case = Case::from_file(path).unwrap_or_else(|e| panic!("{name}: cannot read: {e}"));
+            (name, case)
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -34,27 +51,21 @@ fn case_files() -> Vec<PathBuf> {
 
 #[test]
 fn every_case_fixture_passes_the_check() {
-    let files = case_files();
-    assert_eq!(files.len(), 28, "expected the 28 committed case files");
-    let (mut classic, mut per_head) = (0, 0);
-    for path in &files {
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let case = Case::from_file(path).unwrap_or_else(|e| panic!("{name}: cannot read: {e}"));
-        match case.variant {
-            CaseVariant::Classic => classic += 1,
-            CaseVariant::PerHead => per_head += 1,
-        }
+    let cases = cases();
+    for variant in [CaseVariant::Classic, CaseVariant::PerHead] {
+        assert!(
+            cases.iter().any(|(_, case)| case.variant == variant),
+            "no {variant:?} case file"
+        );
+    }
+    for (name, case) in &cases {
         assert!(
             case.err_f32_vs_f64.is_some(),
             "{name}: err_f32_vs_f64 metadata"
         );
-        for path_choice in [AttentionPath::Auto, AttentionPath::MultiPass] {
-            let options = ForwardOptions {
-                return_probs: false,
-                path: path_choice,
-            };
+        for path in [AttentionPath::Auto, AttentionPath::MultiPass] {
             let result = case
-                .run(gpu(), &options)
+                .run(gpu(), &options(path, false))
                 .unwrap_or_else(|e| panic!("{name}: forward failed: {e}"));
             assert!(
                 result.passed(),
@@ -65,16 +76,13 @@ fn every_case_fixture_passes_the_check() {
             );
         }
     }
-    assert_eq!((classic, per_head), (16, 12));
 }
 
 /// The f64 CPU reference on the loaded case reproduces `out_f64` (so the loader hands the engine
 /// exactly what PyTorch ran: weights, inputs, mask polarity, key = value for per-head).
 #[test]
 fn case_files_load_what_pytorch_ran() {
-    for path in case_files() {
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let case = Case::from_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (name, case) in cases() {
         let value = case.value.as_ref().unwrap_or(&case.key);
         let r = reference::forward(
             &case.config,
@@ -86,20 +94,12 @@ fn case_files_load_what_pytorch_ran() {
         )
         .unwrap_or_else(|e| panic!("{name}: reference: {e}"));
         assert_eq!(r.shape, case.out_shape, "{name}");
-        let err = r
-            .output
-            .iter()
-            .zip(&case.out_f64)
-            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        let err = max_err_f64(&r.output, &case.out_f64);
         // The reference takes the scale as f32 (`config.scale()`), which costs ~1e-8 against a
         // pure f64 run; anything lost in loading (a bias, a mask polarity) is far larger.
         assert!(err <= 1e-6, "{name}: reference vs out_f64 {err:.3e}");
         if let Some(attn) = &case.attn_f64 {
-            let perr = r
-                .probs
-                .iter()
-                .zip(attn)
-                .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            let perr = max_err_f64(&r.probs, attn);
             assert!(
                 perr <= 1e-6,
                 "{name}: reference probs vs attn_f64 {perr:.3e}"
@@ -116,13 +116,8 @@ fn case_files_load_what_pytorch_ran() {
 /// The multi-pass path's probabilities match `attn_f64`.
 #[test]
 fn case_probabilities_match_attn_f64() {
-    let options = ForwardOptions {
-        return_probs: true,
-        path: AttentionPath::MultiPass,
-    };
-    for path in case_files() {
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let case = Case::from_file(&path).unwrap();
+    let options = options(AttentionPath::MultiPass, true);
+    for (name, case) in cases() {
         let Some(attn) = &case.attn_f64 else { continue };
         let mha = MultiHeadAttention::new(gpu(), case.config, &case.weights).unwrap();
         let out = case.forward(&mha, &options).unwrap();
@@ -189,11 +184,7 @@ fn check_weight_fixture(name: &str, layout: WeightLayout, key_dim: usize, value_
 
     let want = reference::forward(&c, &loaded.weights, &query, &key, &value, &Mask::None).unwrap();
     assert_eq!(want.shape, shape, "{name}");
-    let ref_err = want
-        .output
-        .iter()
-        .zip(&out_f64)
-        .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    let ref_err = max_err_f64(&want.output, &out_f64);
     assert!(
         ref_err <= 1e-6,
         "{name}: CPU reference vs out_f64 {ref_err:.3e}"
@@ -203,12 +194,17 @@ fn check_weight_fixture(name: &str, layout: WeightLayout, key_dim: usize, value_
     let got = mha.forward(&query, &key, &value, &Mask::None).unwrap();
     assert_eq!(got.shape(), shape.as_slice(), "{name}");
     let tol = tolerance(&out_f64);
-    let err = max_err(got.data(), &out_f64);
-    assert!(err <= tol, "{name}: GPU vs out_f64 {err:.3e} > {tol:.3e}");
-    let err_ref = max_err(got.data(), &want.output);
-    assert!(
-        err_ref <= tol,
-        "{name}: GPU vs CPU reference {err_ref:.3e} > {tol:.3e}"
+    assert_within(
+        &format!("{name}: GPU vs out_f64"),
+        got.data(),
+        &out_f64,
+        tol,
+    );
+    assert_within(
+        &format!("{name}: GPU vs CPU reference"),
+        got.data(),
+        &want.output,
+        tol,
     );
 }
 
@@ -370,18 +366,42 @@ fn load(f: &StFile, prefix: &str, heads: Option<usize>) -> Result<wgpu_mha::Load
     AttentionWeights::from_safetensors_bytes(&f.bytes(), prefix, heads)
 }
 
+fn assert_mentions(problem: &str, phrases: &[&str]) {
+    for phrase in phrases {
+        assert!(
+            problem.contains(phrase),
+            "`{problem}` should mention `{phrase}`"
+        );
+    }
+}
+
+/// Asserts an `Error::File` whose problem mentions each of `phrases`.
+fn assert_file_error<T: std::fmt::Debug>(result: Result<T, Error>, phrases: &[&str]) {
+    match result {
+        Err(Error::File { problem, .. }) => assert_mentions(&problem, phrases),
+        other => panic!("expected Error::File mentioning {phrases:?}, got {other:?}"),
+    }
+}
+
 /// Asserts an `Error::Weight` naming `tensor` whose problem contains `phrase`.
 fn assert_weight_error(result: Result<wgpu_mha::LoadedWeights, Error>, tensor: &str, phrase: &str) {
     match result {
         Err(Error::Weight { name, problem }) => {
             assert_eq!(name, tensor, "problem: {problem}");
-            assert!(
-                problem.contains(phrase),
-                "`{problem}` should mention `{phrase}`"
-            );
+            assert_mentions(&problem, &[phrase]);
         }
         other => panic!("expected Error::Weight for `{tensor}`, got {other:?}"),
     }
+}
+
+/// `file` without `tensor` is refused, naming the tensor as missing.
+fn assert_refused_without(file: StFile, tensor: &str) {
+    assert_weight_error(load(&file.without(tensor), "", None), tensor, "missing");
+}
+
+/// `file` with `tensor` replaced by one of `shape` is refused, naming the tensor and `phrase`.
+fn assert_refused_with_shape(file: StFile, tensor: &str, shape: &[usize], phrase: &str) {
+    assert_weight_error(load(&file.f32(tensor, shape), "", None), tensor, phrase);
 }
 
 #[test]
@@ -402,64 +422,24 @@ fn the_builders_make_loadable_files() {
 
 #[test]
 fn rejects_missing_weight_tensor() {
-    assert_weight_error(
-        load(&classic16().without("W_k.weight"), "", None),
-        "W_k.weight",
-        "missing",
-    );
-    assert_weight_error(
-        load(&packed16().without("out_proj.weight"), "", None),
-        "out_proj.weight",
-        "missing",
-    );
+    assert_refused_without(classic16(), "W_k.weight");
+    assert_refused_without(packed16(), "out_proj.weight");
 }
 
 #[test]
 fn rejects_missing_bias_when_others_have_one() {
-    assert_weight_error(
-        load(&classic16().without("W_v.bias"), "", None),
-        "W_v.bias",
-        "missing",
-    );
-    assert_weight_error(
-        load(&packed16().without("out_proj.bias"), "", None),
-        "out_proj.bias",
-        "missing",
-    );
+    assert_refused_without(classic16(), "W_v.bias");
+    assert_refused_without(packed16(), "out_proj.bias");
 }
 
 #[test]
 fn rejects_wrong_shapes() {
-    assert_weight_error(
-        load(&classic16().f32("W_k.weight", &[15, 16]), "", None),
-        "W_k.weight",
-        "[15, 16]",
-    );
-    assert_weight_error(
-        load(&classic16().f32("W_o.weight", &[16, 12]), "", None),
-        "W_o.weight",
-        "shape",
-    );
-    assert_weight_error(
-        load(&classic16().f32("W_q.bias", &[8]), "", None),
-        "W_q.bias",
-        "[8]",
-    );
-    assert_weight_error(
-        load(&classic16().f32("W_q.weight", &[16, 16, 1]), "", None),
-        "W_q.weight",
-        "rank 2",
-    );
-    assert_weight_error(
-        load(&packed16().f32("in_proj_weight", &[47, 16]), "", None),
-        "in_proj_weight",
-        "[3·E, E]",
-    );
-    assert_weight_error(
-        load(&packed16().f32("in_proj_bias", &[32]), "", None),
-        "in_proj_bias",
-        "[48]",
-    );
+    assert_refused_with_shape(classic16(), "W_k.weight", &[15, 16], "[15, 16]");
+    assert_refused_with_shape(classic16(), "W_o.weight", &[16, 12], "shape");
+    assert_refused_with_shape(classic16(), "W_q.bias", &[8], "[8]");
+    assert_refused_with_shape(classic16(), "W_q.weight", &[16, 16, 1], "rank 2");
+    assert_refused_with_shape(packed16(), "in_proj_weight", &[47, 16], "[3·E, E]");
+    assert_refused_with_shape(packed16(), "in_proj_bias", &[32], "[48]");
     // 16 rows do not split into 3 heads.
     assert_weight_error(load(&classic16(), "", Some(3)), "W_q.weight", "3 heads");
 }
@@ -469,24 +449,17 @@ fn rejects_unknown_layout() {
     let f = StFile::empty()
         .meta("num_heads", "2")
         .f32("linear.weight", &[4, 4]);
-    match load(&f, "", None) {
-        Err(Error::File { problem, .. }) => {
-            assert!(problem.contains("no attention weights"), "{problem}");
-            assert!(
-                problem.contains("linear.weight"),
-                "lists what the file holds: {problem}"
-            );
-        }
-        other => panic!("expected Error::File, got {other:?}"),
-    }
+    // The message lists what the file holds.
+    assert_file_error(
+        load(&f, "", None),
+        &["no attention weights", "linear.weight"],
+    );
     // The right names under another prefix: the message suggests it.
     let prefixed = weight_file("mha_packed_prefixed_e32_h4");
-    match AttentionWeights::from_safetensors(&prefixed, "", None) {
-        Err(Error::File { problem, .. }) => {
-            assert!(problem.contains("encoder.layers.0.self_attn."), "{problem}")
-        }
-        other => panic!("expected Error::File, got {other:?}"),
-    }
+    assert_file_error(
+        AttentionWeights::from_safetensors(&prefixed, "", None),
+        &["encoder.layers.0.self_attn."],
+    );
 }
 
 #[test]
@@ -553,6 +526,51 @@ fn edited_case(name: &str, edit: impl FnOnce(StFile) -> StFile) -> Result<Case, 
     Case::from_bytes(name, f.bytes())
 }
 
+type Edit = fn(StFile) -> StFile;
+
+/// Each (committed case file, edit, phrase): the edited file is refused with an `Error::File`
+/// that mentions the phrase.
+fn assert_edits_refused(edits: &[(&str, Edit, &str)]) {
+    for &(name, edit, phrase) in edits {
+        assert_file_error(edited_case(name, edit), &[phrase]);
+    }
+}
+
+/// Metadata missing or malformed.
+#[rustfmt::skip]
+const MISSING_METADATA: &[(&str, Edit, &str)] = &[
+    (CLASSIC, |f| f.without_meta("variant"), "`variant` is missing"),
+    (CLASSIC, |f| f.without_meta("config"), "`config` is missing"),
+    (CLASSIC, |f| f.meta("config", "{not json"), "not valid JSON"),
+    (CLASSIC, |f| f.meta("config", r#"{"name": 1}"#), "no `sizes`"),
+    (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 32}}"#), "sizes.num_heads is missing"),
+    (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 32, "num_heads": -4}}"#), "positive integer"),
+    (CLASSIC, |f| f.meta("err_f32_vs_f64", "abc"), "err_f32_vs_f64"),
+];
+
+/// A variant that is unknown or contradicts the sizes or the weights.
+#[rustfmt::skip]
+const WRONG_VARIANT: &[(&str, Edit, &str)] = &[
+    (CLASSIC, |f| f.meta("variant", "encoder"), "\"encoder\""),
+    // A classic file labelled per-head (and the other way round): the sizes or layout disagree.
+    (CLASSIC, |f| f.meta("variant", "perhead")
+        .meta("config", r#"{"sizes": {"emb_size": 32, "q_k_size": 8, "v_size": 8, "head": 4}}"#), "layout"),
+    (PER_HEAD, |f| f.meta("variant", "dmodel")
+        .meta("config", r#"{"sizes": {"d_model": 32, "num_heads": 4}}"#), "layout"),
+    // Sizes that contradict the weights.
+    (CLASSIC, |f| f.meta("config", r#"{"sizes": {"d_model": 64, "num_heads": 4}}"#), "sizes give"),
+];
+
+/// Case tensors missing or of the wrong dtype.
+#[rustfmt::skip]
+const TENSOR_PROBLEMS: &[(&str, Edit, &str)] = &[
+    (CLASSIC, |f| f.without("Q"), "`Q` is missing"),
+    (PER_HEAD, |f| f.without("x_k_v"), "`x_k_v` is missing"),
+    (CLASSIC, |f| f.without("out_f64"), "`out_f64` is missing"),
+    (CLASSIC, |f| f.typed("Q", Dtype::I32, &[2, 6, 32]), "I32"),
+    (CLASSIC, |f| f.typed("mask", Dtype::F32, &[1, 1, 6, 6]), "U8 or BOOL"),
+];
+
 #[test]
 fn rejects_truncated_files() {
     let bytes = case_bytes(CLASSIC);
@@ -599,124 +617,36 @@ fn rejects_garbage_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn assert_file_error(result: Result<Case, Error>, phrase: &str) {
-    match result {
-        Err(Error::File { problem, .. }) => {
-            assert!(
-                problem.contains(phrase),
-                "`{problem}` should mention `{phrase}`"
-            )
-        }
-        other => panic!("expected Error::File mentioning `{phrase}`, got {other:?}"),
-    }
-}
-
 #[test]
 fn rejects_missing_metadata() {
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.without_meta("variant")),
-        "`variant` is missing",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.without_meta("config")),
-        "`config` is missing",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.meta("config", "{not json")),
-        "not valid JSON",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.meta("config", "{\"name\": 1}")),
-        "no `sizes`",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| {
-            f.meta("config", "{\"sizes\": {\"d_model\": 32}}")
-        }),
-        "sizes.num_heads is missing",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| {
-            f.meta(
-                "config",
-                "{\"sizes\": {\"d_model\": 32, \"num_heads\": -4}}",
-            )
-        }),
-        "positive integer",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.meta("err_f32_vs_f64", "abc")),
-        "err_f32_vs_f64",
-    );
+    assert_edits_refused(MISSING_METADATA);
     // Without err_f32_vs_f64 the case still loads and gets the fallback bound.
     let case = edited_case(CLASSIC, |f| f.without_meta("err_f32_vs_f64")).unwrap();
-    let max = case.out_f64.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    assert_eq!(case.bound(), 1e-4 * (1.0 + max));
+    assert_eq!(case.bound(), relative_tolerance(1e-4, &case.out_f64));
 }
 
 #[test]
 fn rejects_wrong_variant() {
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.meta("variant", "encoder")),
-        "\"encoder\"",
-    );
-    // A classic file labelled per-head (and the other way round): the sizes or layout disagree.
-    assert_file_error(
-        edited_case(CLASSIC, |f| {
-            f.meta("variant", "perhead").meta(
-                "config",
-                "{\"sizes\": {\"emb_size\": 32, \"q_k_size\": 8, \"v_size\": 8, \"head\": 4}}",
-            )
-        }),
-        "layout",
-    );
-    assert_file_error(
-        edited_case(PER_HEAD, |f| {
-            f.meta("variant", "dmodel")
-                .meta("config", "{\"sizes\": {\"d_model\": 32, \"num_heads\": 4}}")
-        }),
-        "layout",
-    );
-    // Sizes that contradict the weights.
-    assert_file_error(
-        edited_case(CLASSIC, |f| {
-            f.meta("config", "{\"sizes\": {\"d_model\": 64, \"num_heads\": 4}}")
-        }),
-        "sizes give",
-    );
+    assert_edits_refused(WRONG_VARIANT);
 }
 
 #[test]
 fn rejects_case_tensor_problems() {
-    assert_file_error(edited_case(CLASSIC, |f| f.without("Q")), "`Q` is missing");
-    assert_file_error(
-        edited_case(PER_HEAD, |f| f.without("x_k_v")),
-        "`x_k_v` is missing",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.without("out_f64")),
-        "`out_f64` is missing",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.typed("Q", Dtype::I32, &[2, 6, 32])),
-        "I32",
-    );
-    assert_file_error(
-        edited_case(CLASSIC, |f| f.typed("mask", Dtype::F32, &[1, 1, 6, 6])),
-        "U8 or BOOL",
-    );
+    assert_edits_refused(TENSOR_PROBLEMS);
     assert!(matches!(
         edited_case(CLASSIC, |f| f.typed("mask", Dtype::U8, &[1, 1, 5, 6])),
         Err(Error::Mask(_))
     ));
-    assert!(matches!(
-        edited_case(CLASSIC, |f| f.f32("K", &[2, 6, 31])),
-        Err(Error::Shape { .. })
-    ));
-    assert!(matches!(
-        edited_case(CLASSIC, |f| f.f32("out_f64", &[2, 6, 31])),
-        Err(Error::Shape { .. })
-    ));
+    let mis_shaped: [Edit; 2] = [
+        |f| f.f32("K", &[2, 6, 31]),
+        |f| f.f32("out_f64", &[2, 6, 31]),
+    ];
+    for edit in mis_shaped {
+        assert!(matches!(
+            edited_case(CLASSIC, edit),
+            Err(Error::Shape { .. })
+        ));
+    }
     assert!(matches!(
         edited_case(CLASSIC, |f| f.without("W_o.weight")),
         Err(Error::Weight { name, .. }) if name == "W_o.weight"
@@ -737,6 +667,22 @@ fn rejects_case_tensor_problems() {
 
 fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_wgpu-mha"))
+}
+
+/// Runs `wgpu-mha run ARGS --out OUT` and asserts it succeeded.
+fn cli_run_ok(args: &[&OsStr], out: &Path) {
+    let run = cli()
+        .arg("run")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 }
 
 #[test]
@@ -778,13 +724,12 @@ fn cli_check_counts_a_missing_file_as_failed() {
 
 #[test]
 fn cli_check_all_fixtures_passes() {
-    let out = cli().arg("check").args(case_files()).output().unwrap();
+    let files = case_files();
+    let out = cli().arg("check").args(&files).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(
-        stdout.lines().any(|l| l == "28 passed, 0 failed"),
-        "{stdout}"
-    );
+    let summary = format!("{} passed, 0 failed", files.len());
+    assert!(stdout.lines().any(|l| l == summary), "{summary}:\n{stdout}");
 }
 
 #[test]
@@ -794,18 +739,8 @@ fn cli_run_writes_out() {
 
     // --case
     let out_path = dir.join("case_out.safetensors");
-    let status = cli()
-        .args(["run", "--case"])
-        .arg(fixtures().join(PER_HEAD))
-        .arg("--out")
-        .arg(&out_path)
-        .output()
-        .unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
+    let case_file = fixtures().join(PER_HEAD);
+    cli_run_ok(&["--case".as_ref(), case_file.as_ref()], &out_path);
     let case = Case::from_file(fixtures().join(PER_HEAD)).unwrap();
     let written = SafetensorsFile::open(&out_path).unwrap();
     assert_eq!(written.dtype("out"), Some(Dtype::F32));
@@ -816,19 +751,14 @@ fn cli_run_writes_out() {
     // --weights (prefix from the file's metadata) --inputs
     let w = weight_file("mha_packed_prefixed_e32_h4");
     let out_path = dir.join("weights_out.safetensors");
-    let status = cli()
-        .args(["run", "--weights"])
-        .arg(&w)
-        .arg("--inputs")
-        .arg(&w)
-        .arg("--out")
-        .arg(&out_path)
-        .output()
-        .unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
+    cli_run_ok(
+        &[
+            "--weights".as_ref(),
+            w.as_ref(),
+            "--inputs".as_ref(),
+            w.as_ref(),
+        ],
+        &out_path,
     );
     let got = SafetensorsFile::open(&out_path)
         .unwrap()
@@ -838,7 +768,7 @@ fn cli_run_writes_out() {
         .unwrap()
         .tensor_f64("out_f64")
         .unwrap();
-    assert!(max_err(got.data(), &want) <= tolerance(&want));
+    assert_close("run --weights: out vs out_f64", got.data(), &want);
 
     // An explicit wrong prefix: one clear error line, non-zero exit, no panic.
     let bad = cli()

@@ -2,11 +2,8 @@
 
 mod common;
 
-use common::{gpu, max_err, tolerance};
-use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask,
-    MultiHeadAttention, Tensor,
-};
+use common::{assert_within, module, tolerance, BOTH_PATHS};
+use wgpu_mha::{reference, AttentionConfig, AttentionPath, Error, KvCache, Mask, Tensor};
 
 /// Rows `start..start + n` of every batch of a `[B, L, W]` tensor.
 fn rows(t: &Tensor, start: usize, n: usize) -> Tensor {
@@ -39,8 +36,7 @@ fn decode_and_check(
     x_kv: Option<&Tensor>,
     chunks: &[usize],
 ) {
-    let weights = AttentionWeights::random(&config, 11);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let (weights, mha) = module(config, 11);
     let (b, l) = (x.shape()[0], x.shape()[1]);
     let kv = x_kv.unwrap_or(x);
     let full = mha.forward(x, kv, kv, &Mask::Causal).unwrap();
@@ -65,10 +61,11 @@ fn decode_and_check(
             "{label}: step at {pos} (+{n}) differs from the full forward by {d:.3e}"
         );
         let r = rows_f64(&want.output, out_shape, pos, n);
-        let err = max_err(step.data(), &r);
-        assert!(
-            err <= tolerance(&want.output),
-            "{label}: step at {pos} vs reference {err:.3e}"
+        assert_within(
+            &format!("{label}: step at {pos} vs reference"),
+            step.data(),
+            &r,
+            tolerance(&want.output),
         );
         pos += n;
         assert_eq!(cache.len(), pos);
@@ -76,38 +73,31 @@ fn decode_and_check(
     assert_eq!(pos, l, "{label}: chunks must cover the sequence");
 }
 
-const PATHS: [AttentionPath; 2] = [AttentionPath::Fused, AttentionPath::MultiPass];
+/// Decodes on both paths, token by token after a prefill of `chunks[0]`.
+fn decode_on_both_paths(
+    label: &str,
+    config: AttentionConfig,
+    x: &Tensor,
+    x_kv: Option<&Tensor>,
+    chunks: &[usize],
+) {
+    for path in BOTH_PATHS {
+        decode_and_check(&format!("{label} {path:?}"), config, path, x, x_kv, chunks);
+    }
+}
 
 #[test]
 fn classic_token_by_token_equals_full_causal_forward() {
     let config = AttentionConfig::classic(32, 4).unwrap();
     let x = Tensor::random([2, 7, 32], 1);
-    for path in PATHS {
-        decode_and_check(
-            &format!("classic {path:?}"),
-            config,
-            path,
-            &x,
-            None,
-            &[1; 7],
-        );
-    }
+    decode_on_both_paths("classic", config, &x, None, &[1; 7]);
 }
 
 #[test]
 fn per_head_token_by_token_equals_full_causal_forward() {
     let config = AttentionConfig::per_head(24, 8, 12, 3).unwrap();
     let x = Tensor::random([2, 6, 24], 2);
-    for path in PATHS {
-        decode_and_check(
-            &format!("per-head {path:?}"),
-            config,
-            path,
-            &x,
-            None,
-            &[1; 6],
-        );
-    }
+    decode_on_both_paths("per-head", config, &x, None, &[1; 6]);
 }
 
 #[test]
@@ -115,63 +105,43 @@ fn per_head_cross_steps_equal_full_causal_cross_forward() {
     let config = AttentionConfig::per_head(20, 4, 8, 2).unwrap();
     let x_q = Tensor::random([1, 5, 20], 3);
     let x_kv = Tensor::random([1, 5, 20], 4);
-    for path in PATHS {
-        decode_and_check(
-            &format!("per-head cross {path:?}"),
-            config,
-            path,
-            &x_q,
-            Some(&x_kv),
-            &[2, 1, 1, 1],
-        );
-    }
+    decode_on_both_paths("per-head cross", config, &x_q, Some(&x_kv), &[2, 1, 1, 1]);
 }
 
 #[test]
 fn prefill_then_single_steps() {
     let classic = AttentionConfig::classic(24, 3).unwrap();
     let x = Tensor::random([3, 8, 24], 5);
-    decode_and_check(
-        "classic prefill 5",
-        classic,
-        AttentionPath::Fused,
-        &x,
-        None,
-        &[5, 1, 1, 1],
-    );
-    decode_and_check(
-        "classic prefill 3 multipass",
-        classic,
-        AttentionPath::MultiPass,
-        &x,
-        None,
-        &[3, 2, 1, 1, 1],
-    );
     let per_head = AttentionConfig::per_head(16, 8, 4, 2).unwrap();
-    let x = Tensor::random([2, 8, 16], 6);
-    decode_and_check(
-        "per-head prefill 4",
-        per_head,
-        AttentionPath::Fused,
-        &x,
-        None,
-        &[4, 1, 1, 1, 1],
-    );
-    decode_and_check(
-        "per-head whole sequence at once",
-        per_head,
-        AttentionPath::MultiPass,
-        &x,
-        None,
-        &[8],
-    );
+    let y = Tensor::random([2, 8, 16], 6);
+    let (fused, multi_pass) = (AttentionPath::Fused, AttentionPath::MultiPass);
+    let runs: [(&str, AttentionConfig, AttentionPath, &Tensor, &[usize]); 4] = [
+        ("classic prefill 5", classic, fused, &x, &[5, 1, 1, 1]),
+        (
+            "classic prefill 3 multipass",
+            classic,
+            multi_pass,
+            &x,
+            &[3, 2, 1, 1, 1],
+        ),
+        ("per-head prefill 4", per_head, fused, &y, &[4, 1, 1, 1, 1]),
+        (
+            "per-head whole sequence at once",
+            per_head,
+            multi_pass,
+            &y,
+            &[8],
+        ),
+    ];
+    for (label, config, path, x, chunks) in runs {
+        decode_and_check(label, config, path, x, None, chunks);
+    }
 }
 
 #[test]
 fn growing_past_capacity_is_an_error_and_leaves_the_cache_unchanged() {
     let config = AttentionConfig::classic(16, 2).unwrap();
-    let weights = AttentionWeights::random(&config, 12);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let (_, mha) = module(config, 12);
     let x = Tensor::random([1, 5, 16], 7);
     let full = mha.forward(&x, &x, &x, &Mask::Causal).unwrap();
 
@@ -208,8 +178,7 @@ fn growing_past_capacity_is_an_error_and_leaves_the_cache_unchanged() {
 #[test]
 fn reset_starts_a_new_sequence() {
     let config = AttentionConfig::per_head(16, 4, 4, 4).unwrap();
-    let weights = AttentionWeights::random(&config, 13);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let (_, mha) = module(config, 13);
     let a = Tensor::random([1, 4, 16], 8);
     let b = Tensor::random([1, 4, 16], 9);
     let full_b = mha.forward(&b, &b, &b, &Mask::Causal).unwrap();
@@ -231,10 +200,8 @@ fn reset_starts_a_new_sequence() {
 #[test]
 fn bad_inputs_are_errors() {
     let config = AttentionConfig::classic(16, 2).unwrap();
-    let mha =
-        MultiHeadAttention::new(gpu(), config, &AttentionWeights::random(&config, 14)).unwrap();
-    let other =
-        MultiHeadAttention::new(gpu(), config, &AttentionWeights::random(&config, 15)).unwrap();
+    let (_, mha) = module(config, 14);
+    let (_, other) = module(config, 15);
     let mut cache = KvCache::new(&mha, 2, 4).unwrap();
     // Wrong batch, wrong width.
     assert!(matches!(

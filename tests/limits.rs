@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::{assert_close, assert_within, module, options, BOTH_PATHS};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Mask,
     MultiHeadAttention, Tensor,
@@ -23,23 +24,22 @@ fn probabilities_larger_than_a_binding_are_computed_in_query_blocks() {
         "shape must cross the binding limit"
     );
     let config = AttentionConfig::classic(16, h).unwrap();
-    let weights = AttentionWeights::random(&config, 1);
-    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let (weights, mha) = module(config, 1);
     let x = Tensor::random([b, l, 16], 2);
-    let options = ForwardOptions {
-        return_probs: true,
-        path: AttentionPath::MultiPass,
-    };
     let got = mha
-        .forward_with(&x, &x, &x, &Mask::Causal, &options)
+        .forward_with(
+            &x,
+            &x,
+            &x,
+            &Mask::Causal,
+            &options(AttentionPath::MultiPass, true),
+        )
         .expect("split, not refused");
     let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let err = common::max_err(got.output.data(), &want.output);
-    assert!(err <= common::tolerance(&want.output), "output error {err}");
+    assert_close("output", got.output.data(), &want.output);
     let probs = got.probs.expect("probabilities");
     assert_eq!(probs.shape(), &[b, h, l, l]);
-    let perr = common::max_err(probs.data(), &want.probs);
-    assert!(perr <= 1e-5, "probability error {perr}");
+    assert_within("probabilities", probs.data(), &want.probs, 1e-5);
 }
 
 #[test]
@@ -48,41 +48,24 @@ fn more_batch_heads_than_workgroups_per_dimension_are_split_over_batches() {
     let (b, h, l) = (8200, 8, 2);
     let max = common::gpu().limits().max_compute_workgroups_per_dimension as usize;
     assert!(b * h > max);
-    let config = AttentionConfig::classic(16, h).unwrap();
-    let weights = AttentionWeights::random(&config, 3);
-    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let (weights, mha) = module(AttentionConfig::classic(16, h).unwrap(), 3);
     let q = Tensor::random([b, l, 16], 4);
     let kv = Tensor::random([b, 3, 16], 5);
     let lens: Vec<usize> = (0..b).map(|i| i % 4).collect(); // includes empty sequences
     let mask = Mask::KeyPadding(lens);
-    let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
-    for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
+    let want = reference::forward(mha.config(), &weights, &q, &kv, &kv, &mask).unwrap();
+    for path in BOTH_PATHS {
         let got = mha
-            .forward_with(
-                &q,
-                &kv,
-                &kv,
-                &mask,
-                &ForwardOptions {
-                    return_probs: false,
-                    path,
-                },
-            )
+            .forward_with(&q, &kv, &kv, &mask, &options(path, false))
             .unwrap();
-        let err = common::max_err(got.output.data(), &want.output);
-        assert!(
-            err <= common::tolerance(&want.output),
-            "{path:?}: error {err}"
-        );
+        assert_close(&format!("{path:?}"), got.output.data(), &want.output);
     }
 }
 
 #[test]
 fn auto_routes_scores_past_the_limit_to_the_fused_path() {
     let (b, h, l) = (1, 8, 2100);
-    let config = AttentionConfig::classic(16, h).unwrap();
-    let weights = AttentionWeights::random(&config, 6);
-    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let (_, mha) = module(AttentionConfig::classic(16, h).unwrap(), 6);
     let x = Tensor::random([b, l, 16], 7);
     let got = mha
         .forward_with(&x, &x, &x, &Mask::None, &ForwardOptions::default())
@@ -97,9 +80,7 @@ fn auto_routes_scores_past_the_limit_to_the_fused_path() {
 #[test]
 fn a_problem_that_cannot_fit_is_an_error_with_the_figures() {
     // One batch of keys alone is 4.2M × 8 floats = 134 MB > 128 MiB: nothing to split.
-    let config = AttentionConfig::classic(8, 1).unwrap();
-    let weights = AttentionWeights::random(&config, 8);
-    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let (_, mha) = module(AttentionConfig::classic(8, 1).unwrap(), 8);
     let q = Tensor::random([1, 1, 8], 9);
     let kv = Tensor::zeros([1, 4_200_000, 8]);
     let err = mha

@@ -18,11 +18,17 @@ use wgpu_mha::{
     MaskTensor, MultiHeadAttention, Tensor,
 };
 
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
+/// A runner of `default` cases (`PROPTEST_CASES` overrides), persisting no failures.
+fn runner(default: u32) -> TestRunner {
+    let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+        .unwrap_or(default);
+    TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -123,12 +129,7 @@ fn random_valid_problems_match_the_reference() {
     // (TestRunner takes an `Fn`: the cache lives behind a RefCell.)
     let modules: std::cell::RefCell<Vec<(AttentionConfig, AttentionWeights, MultiHeadAttention)>> =
         Default::default();
-    let mut runner = TestRunner::new(Config {
-        cases: cases(300),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
+    runner(300)
         .run(&problem_strategy(), |p| {
             let c = p.config;
             if !modules.borrow().iter().any(|(mc, _, _)| *mc == c) {
@@ -149,16 +150,7 @@ fn random_valid_problems_match_the_reference() {
                 AttentionPath::MultiPass
             };
             let got = mha
-                .forward_with(
-                    &q,
-                    &kv,
-                    &kv,
-                    &p.mask,
-                    &ForwardOptions {
-                        return_probs: false,
-                        path,
-                    },
-                )
+                .forward_with(&q, &kv, &kv, &p.mask, &common::options(path, false))
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let want = reference::forward(&c, weights, &q, &kv, &kv, &p.mask)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -221,15 +213,9 @@ fn bad_strategy() -> impl Strategy<Value = Bad> {
 fn random_invalid_inputs_are_errors_not_panics() {
     // A fixed module (classic d 8, 2 heads) and a valid baseline problem [2, 4, 8].
     let config = AttentionConfig::classic(8, 2).unwrap();
-    let weights = AttentionWeights::random(&config, 3);
-    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).unwrap();
+    let (weights, mha) = common::module(config, 3);
     let x = Tensor::random([2, 4, 8], 1);
-    let mut runner = TestRunner::new(Config {
-        cases: cases(1200),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
+    runner(1200)
         .run(&bad_strategy(), |bad| {
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
                 || -> Result<bool, Error> {
@@ -355,12 +341,7 @@ fn corrupted_and_truncated_files_never_panic() {
         proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
         any::<prop::sample::Index>(),
     );
-    let mut runner = TestRunner::new(Config {
-        cases: cases(1000),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
+    runner(1000)
         .run(&strategy, |(use_case, truncate, flips, cut)| {
             let mut bytes = if use_case {
                 case.clone()

@@ -4,8 +4,8 @@
 use std::sync::OnceLock;
 
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionWeights, ForwardOptions, Gpu, Mask, MultiHeadAttention,
-    Tensor,
+    reference, AttentionConfig, AttentionPath, AttentionWeights, ForwardOptions, Gpu, Mask,
+    MultiHeadAttention, Tensor,
 };
 
 /// The test GPU (WGPU_BACKEND / WGPU_ADAPTER_NAME honoured). No adapter is a failure, never a
@@ -18,24 +18,79 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
+/// A module of `config` on the test GPU with seeded random weights (the weights come back too,
+/// for the reference).
+pub fn module(config: AttentionConfig, seed: u64) -> (AttentionWeights, MultiHeadAttention) {
+    let weights = AttentionWeights::random(&config, seed);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights)
+        .unwrap_or_else(|e| panic!("module for {config:?}: {e}"));
+    (weights, mha)
+}
+
+/// Both attention paths, for tests that must hold on each.
+pub const BOTH_PATHS: [AttentionPath; 2] = [AttentionPath::MultiPass, AttentionPath::Fused];
+
+/// Forward options: `path`, and whether the probabilities come back.
+pub fn options(path: AttentionPath, return_probs: bool) -> ForwardOptions {
+    ForwardOptions { return_probs, path }
+}
+
+/// `relative`·(1 + max|ref|). NaN in the reference is passed over here: it makes the error NaN.
+pub fn relative_tolerance(relative: f64, reference: &[f64]) -> f64 {
+    relative * (1.0 + reference.iter().fold(0.0f64, |m, v| m.max(v.abs())))
+}
+
 /// The tolerance: max abs error ≤ 1e-5·(1 + max|ref|).
 pub fn tolerance(reference: &[f64]) -> f64 {
-    1e-5 * (1.0 + reference.iter().fold(0.0f64, |m, v| m.max(v.abs())))
+    relative_tolerance(1e-5, reference)
+}
+
+/// The largest of `diffs`, NaN if any is NaN (`f64::max` alone would skip a NaN).
+fn nan_max(diffs: impl Iterator<Item = f64>) -> f64 {
+    diffs.fold(0.0, |m: f64, d| {
+        if d.is_nan() || m.is_nan() {
+            f64::NAN
+        } else {
+            m.max(d)
+        }
+    })
 }
 
 /// max |got − want| (NaN if anything is NaN).
 pub fn max_err(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len(), "length mismatch");
-    got.iter()
-        .zip(want)
-        .map(|(&g, &w)| (g as f64 - w).abs())
-        .fold(0.0, |m: f64, d| {
-            if d.is_nan() || m.is_nan() {
-                f64::NAN
-            } else {
-                m.max(d)
-            }
+    nan_max(got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()))
+}
+
+/// max |a − b| of two f64 slices (NaN if anything is NaN).
+pub fn max_err_f64(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    nan_max(a.iter().zip(b).map(|(x, y)| (x - y).abs()))
+}
+
+/// Asserts max |got − want| ≤ `tol` (a NaN anywhere fails); returns the error.
+pub fn assert_within(label: &str, got: &[f32], want: &[f64], tol: f64) -> f64 {
+    let err = max_err(got, want);
+    assert!(err <= tol, "{label}: max error {err:.3e} > {tol:.3e}");
+    err
+}
+
+/// Asserts `got` matches the f64 reference `want` within [`tolerance`]; returns the error.
+pub fn assert_close(label: &str, got: &[f32], want: &[f64]) -> f64 {
+    assert_within(label, got, want, tolerance(want))
+}
+
+/// Deterministic pseudo-random bits (xorshift; about one in three set).
+pub fn bits(len: usize, seed: u64) -> Vec<bool> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s.is_multiple_of(3)
         })
+        .collect()
 }
 
 /// Runs one problem on the GPU with `options` and checks output (and probabilities when
@@ -49,8 +104,7 @@ pub fn check_against_reference(
     mask: &Mask,
     options: &ForwardOptions,
 ) -> f64 {
-    let weights = AttentionWeights::random(&config, 42);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).expect("module");
+    let (weights, mha) = module(config, 42);
     let got = mha
         .forward_with(query, key, value, mask, options)
         .unwrap_or_else(|e| panic!("{label}: forward failed: {e}"));
@@ -60,16 +114,18 @@ pub fn check_against_reference(
         want.shape.as_slice(),
         "{label}: output shape"
     );
-    let err = max_err(got.output.data(), &want.output);
-    let tol = tolerance(&want.output);
-    assert!(
-        err <= tol,
-        "{label}: max error {err:.3e} > {tol:.3e} ({:?} path)",
-        got.path
+    let err = assert_close(
+        &format!("{label} ({:?} path)", got.path),
+        got.output.data(),
+        &want.output,
     );
     if let Some(probs) = &got.probs {
-        let perr = max_err(probs.data(), &want.probs);
-        assert!(perr <= 1e-5, "{label}: probability error {perr:.3e}");
+        assert_within(
+            &format!("{label}: probabilities"),
+            probs.data(),
+            &want.probs,
+            1e-5,
+        );
     }
     err
 }
