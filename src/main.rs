@@ -228,11 +228,7 @@ fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
             case.config.flops(b, lq, lk) / ms / 1e6
         );
     }
-    Ok(if all_ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(exit_code(all_ok))
 }
 
 fn soak(options: &GpuOptions, iters: usize, every: usize) -> Result<ExitCode, wgpu_mha::Error> {
@@ -260,9 +256,14 @@ fn soak(options: &GpuOptions, iters: usize, every: usize) -> Result<ExitCode, wg
         "GPU objects {}",
         if flat { "flat after warm-up" } else { "GREW" }
     );
-    Ok(if flat {
+    Ok(exit_code(flat))
+}
+
+/// Success when `ok`, else a failure exit status.
+fn exit_code(ok: bool) -> ExitCode {
+    if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }

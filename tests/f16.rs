@@ -6,22 +6,13 @@
 
 mod common;
 
-use common::{assert_close, assert_within, bits, gpu, module, options, relative_tolerance};
+use common::{
+    assert_close, assert_within, bits, gpu, module, options, relative_tolerance, Problem as Case,
+};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, Error, GpuTensor, KvCache, Mask,
     MultiHeadAttention, Precision, Tensor,
 };
-
-struct Case {
-    label: &'static str,
-    config: AttentionConfig,
-    batch: usize,
-    lq: usize,
-    lk: usize,
-    mask: Mask,
-    /// Query = key = value (one fused QKV GEMM).
-    self_attention: bool,
-}
 
 fn cases() -> Vec<Case> {
     let classic = |d, h| AttentionConfig::classic(d, h).expect("config");

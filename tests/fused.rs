@@ -4,20 +4,11 @@
 
 mod common;
 
-use common::{gpu, max_err, tolerance};
+use common::{bits, gpu, max_err, tolerance, Problem as Case};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, ForwardOptions, Mask,
     MultiHeadAttention, Tensor,
 };
-
-struct Case {
-    label: &'static str,
-    config: AttentionConfig,
-    batch: usize,
-    lq: usize,
-    lk: usize,
-    mask: Mask,
-}
 
 fn classic(label: &'static str, batch: usize, lq: usize, lk: usize, mask: Mask) -> Case {
     Case {
@@ -27,6 +18,7 @@ fn classic(label: &'static str, batch: usize, lq: usize, lk: usize, mask: Mask) 
         lq,
         lk,
         mask,
+        self_attention: false,
     }
 }
 
@@ -38,20 +30,8 @@ fn per_head(label: &'static str, batch: usize, lq: usize, lk: usize, mask: Mask)
         lq,
         lk,
         mask,
+        self_attention: false,
     }
-}
-
-/// Deterministic pseudo-random bits (no fully masked row unless `full_rows`).
-fn bits(len: usize, seed: u64) -> Vec<bool> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s.is_multiple_of(3)
-        })
-        .collect()
 }
 
 fn keep(len: usize, seed: u64) -> Vec<u8> {

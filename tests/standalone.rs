@@ -30,19 +30,12 @@ fn matmul_nt(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: 
 
 #[test]
 fn linear_matches_f64_on_edge_sizes() {
-    // (m, n, k): scalar variant (k % 4 != 0) and vec4 variant, partial and multiple tiles.
-    for (i, &(m, n, k)) in [
-        (1, 1, 1),
-        (3, 5, 7),
-        (130, 70, 36),
-        (129, 65, 8),
-        (64, 64, 64),
-        (200, 136, 20),
-        (17, 9, 4),
-    ]
-    .iter()
-    .enumerate()
-    {
+    // (m, n, k): the scalar variant (k % 4 != 0) and the vec4-eligible shapes, partial and
+    // multiple tiles.
+    let shapes = [(1, 1, 1), (3, 5, 7), (64, 64, 64)]
+        .into_iter()
+        .chain(VEC4_SHAPES);
+    for (i, (m, n, k)) in shapes.enumerate() {
         let x = rand(m * k, 10 + i as u64);
         let w = rand(n * k, 20 + i as u64);
         let b = rand(n, 30 + i as u64);
@@ -579,26 +572,11 @@ fn flash_and_multipass_cores_match_f64_with_masks() {
         for (mask, keep) in masks(&d) {
             let (_, _, want) = core_f64(&q, &k, &v, d, scale, &*keep);
             let label = format!("{d:?} {}", mask.kind_name());
-            let flash = standalone::core(
-                common::gpu(),
-                Core::Fused,
-                (&q, &k, &v),
-                d,
-                scale as f32,
-                &mask,
-            )
-            .unwrap();
-            assert_close(&format!("flash {label}"), &flash, &want);
-            let multi = standalone::core(
-                common::gpu(),
-                Core::MultiPass,
-                (&q, &k, &v),
-                d,
-                scale as f32,
-                &mask,
-            )
-            .unwrap();
-            assert_close(&format!("multipass {label}"), &multi, &want);
+            for core in [Core::Fused, Core::MultiPass] {
+                let got =
+                    standalone::core(common::gpu(), core, (&q, &k, &v), d, scale as f32, &mask);
+                assert_close(&format!("{core:?} {label}"), &got.unwrap(), &want);
+            }
         }
     }
 }

@@ -164,38 +164,32 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
     let has_bias = w.b_qkv.is_some();
     // (input, rows per sequence, input width, first weight row, first bias, segments)
     type Gemm<'a> = (&'a wgpu::Buffer, usize, usize, u32, u32, Vec<Segment>);
-    let gemms: Vec<Gemm> = if fused_qkv {
-        vec![(b.query, g.lq, c.model_dim, 0, 0, vec![q_seg, k_seg, v_seg])]
-    } else {
-        let mut v = vec![(b.query, g.lq, c.model_dim, 0, 0, vec![q_seg])];
-        if sharing != Sharing::Distinct {
-            v.push((
-                b.key,
-                new_keys,
-                c.key_dim,
-                w.w_k_offset,
-                w.b_k_offset,
-                vec![k_seg, v_seg],
-            ));
-        } else {
-            v.push((
-                b.key,
-                new_keys,
-                c.key_dim,
-                w.w_k_offset,
-                w.b_k_offset,
-                vec![k_seg],
-            ));
-            v.push((
+    let keys = |x, width, w_offset, b_offset, segs| -> Gemm {
+        (x, new_keys, width, w_offset, b_offset, segs)
+    };
+    let gemms: Vec<Gemm> = match (fused_qkv, sharing) {
+        (true, _) => vec![(b.query, g.lq, c.model_dim, 0, 0, vec![q_seg, k_seg, v_seg])],
+        (false, Sharing::Distinct) => vec![
+            (b.query, g.lq, c.model_dim, 0, 0, vec![q_seg]),
+            keys(b.key, c.key_dim, w.w_k_offset, w.b_k_offset, vec![k_seg]),
+            keys(
                 b.value,
-                new_keys,
                 c.value_dim,
                 w.w_v_offset,
                 w.b_v_offset,
                 vec![v_seg],
-            ));
-        }
-        v
+            ),
+        ],
+        (false, _) => vec![
+            (b.query, g.lq, c.model_dim, 0, 0, vec![q_seg]),
+            keys(
+                b.key,
+                c.key_dim,
+                w.w_k_offset,
+                w.b_k_offset,
+                vec![k_seg, v_seg],
+            ),
+        ],
     };
     gemms
         .into_iter()

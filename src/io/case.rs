@@ -21,7 +21,7 @@ use crate::gpu::Gpu;
 use crate::io::layouts::{load_weights, WeightLayout};
 use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
-use crate::model::mask::{AttnDims, Mask};
+use crate::model::mask::{AttnDims, Mask, MaskTensor};
 use crate::model::tensor::Tensor;
 use crate::model::weights::AttentionWeights;
 
@@ -155,30 +155,24 @@ impl Case {
         // Bias on/off follows the file (the seeds always have it).
         let config = loaded.config;
 
-        let (query, key, value, mask) = match variant {
-            CaseVariant::Classic => {
-                let q = file.tensor_f32("Q")?;
-                let k = file.tensor_f32("K")?;
-                let v = file.tensor_f32("V")?;
-                config.check_inputs(q.shape(), k.shape(), v.shape())?;
-                let mask = if file.contains("mask") {
-                    Mask::Attend(file.mask_tensor("mask")?)
-                } else {
-                    Mask::None
-                };
-                (q, k, Some(v), mask)
-            }
-            CaseVariant::PerHead => {
-                let x_q = file.tensor_f32("x_q")?;
-                let x_kv = file.tensor_f32("x_k_v")?;
-                config.check_inputs(x_q.shape(), x_kv.shape(), x_kv.shape())?;
-                let mask = if file.contains("attn_mask") {
-                    Mask::Block(file.mask_tensor("attn_mask")?)
-                } else {
-                    Mask::None
-                };
-                (x_q, x_kv, None, mask)
-            }
+        // Classic cases hold Q, K, V and a 0 = masked `mask`; per-head ones x_q, x_k_v (keys
+        // and values from one tensor) and a true = masked `attn_mask`.
+        let (query_name, key_name, mask_name, polarity): (_, _, _, fn(MaskTensor) -> Mask) =
+            match variant {
+                CaseVariant::Classic => ("Q", "K", "mask", Mask::Attend),
+                CaseVariant::PerHead => ("x_q", "x_k_v", "attn_mask", Mask::Block),
+            };
+        let query = file.tensor_f32(query_name)?;
+        let key = file.tensor_f32(key_name)?;
+        let value = match variant {
+            CaseVariant::Classic => Some(file.tensor_f32("V")?),
+            CaseVariant::PerHead => None,
+        };
+        let value_shape = value.as_ref().unwrap_or(&key).shape();
+        config.check_inputs(query.shape(), key.shape(), value_shape)?;
+        let mask = match file.contains(mask_name) {
+            true => polarity(file.mask_tensor(mask_name)?),
+            false => Mask::None,
         };
         let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
         mask.check(AttnDims {

@@ -363,29 +363,9 @@ impl Loader<'_> {
             }
             Ok(rows / heads)
         };
-        let qk_head_dim = split(q, lq.out_features)?;
-        let v_head_dim = split(v, lv.out_features)?;
-        let config = AttentionConfig {
-            model_dim: lq.in_features,
-            key_dim: lk.in_features,
-            value_dim: lv.in_features,
-            heads,
-            qk_head_dim,
-            v_head_dim,
-            output_projection: lo.is_some(),
-            bias,
-            scale: None,
-        }
-        .validated()?;
-        Ok((
-            config,
-            AttentionWeights {
-                q: lq,
-                k: lk,
-                v: lv,
-                o: lo,
-            },
-        ))
+        split(q, lq.out_features)?;
+        split(v, lv.out_features)?;
+        assembled(heads, bias, [lq, lk, lv], lo)
     }
 
     /// `nn.MultiheadAttention`, packed or separate projections.
@@ -486,27 +466,30 @@ impl Loader<'_> {
                 })
             )));
         }
-        let config = AttentionConfig {
-            model_dim: e,
-            key_dim: k.in_features,
-            value_dim: v.in_features,
-            heads,
-            qk_head_dim: e / heads,
-            v_head_dim: e / heads,
-            output_projection: true,
-            bias,
-            // nn.MultiheadAttention scales by 1/sqrt(E/heads), the default.
-            scale: None,
-        }
-        .validated()?;
-        Ok((
-            config,
-            AttentionWeights {
-                q,
-                k,
-                v,
-                o: Some(o),
-            },
-        ))
+        // nn.MultiheadAttention scales by 1/sqrt(E/heads), the default.
+        assembled(heads, bias, [q, k, v], Some(o))
     }
+}
+
+/// The config the weights' shapes imply (`heads` heads; the caller checked that they split),
+/// validated, with the weights.
+fn assembled(
+    heads: usize,
+    bias: bool,
+    [q, k, v]: [Linear; 3],
+    o: Option<Linear>,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let config = AttentionConfig {
+        model_dim: q.in_features,
+        key_dim: k.in_features,
+        value_dim: v.in_features,
+        heads,
+        qk_head_dim: q.out_features / heads,
+        v_head_dim: v.out_features / heads,
+        output_projection: o.is_some(),
+        bias,
+        scale: None,
+    }
+    .validated()?;
+    Ok((config, AttentionWeights { q, k, v, o }))
 }

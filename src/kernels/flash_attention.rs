@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::gpu::pass::Slot::{Read, Uniform, Write};
 use crate::gpu::pass::{Dispatch, Pass, PassSpec, Slot};
 use crate::gpu::Gpu;
 
@@ -149,14 +150,7 @@ pub fn source(s: FlashShape) -> String {
 }
 
 /// Bindings: params, Q|K|V, output, carried state, mask words, mask params.
-const SLOTS: &[Slot] = &[
-    Slot::Uniform(0),
-    Slot::Read(1),
-    Slot::Write(4),
-    Slot::Write(5),
-    Slot::Read(6),
-    Slot::Uniform(7),
-];
+const SLOTS: &[Slot] = &[Uniform(0), Read(1), Write(4), Write(5), Read(6), Uniform(7)];
 
 /// What the pass reads and writes.
 pub struct FlashBuffers<'a> {

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::gpu::pass::Slot::{Read, Uniform, Write};
 use crate::gpu::pass::{Checks, Dispatch, Pass, PassSpec, Slot};
 use crate::gpu::Gpu;
 
@@ -269,13 +270,7 @@ pub fn source(variant: LinearVariant, elems: LinearElems) -> String {
 }
 
 /// Bindings of every `linear` variant: params, X, W, bias, Y.
-const SLOTS: &[Slot] = &[
-    Slot::Uniform(0),
-    Slot::Read(1),
-    Slot::Read(2),
-    Slot::Read(3),
-    Slot::Write(4),
-];
+const SLOTS: &[Slot] = &[Uniform(0), Read(1), Read(2), Read(3), Write(4)];
 
 /// The compiled pass, shared by everything on this device.
 fn pass(gpu: &Gpu, variant: LinearVariant, elems: LinearElems) -> Arc<Pass> {
@@ -428,43 +423,22 @@ mod tests {
             bias: 16,
             ..exact(4, 8, 8)
         }));
-        // Two sequences of 2 rows appended at position 3 of a 5-row cache, 2 heads of 4.
-        let kv = LinearParams::new(
-            4,
-            8,
-            2,
-            &[Segment {
-                heads: 2,
-                head_dim: 4,
-                dst: 0,
-            }],
-        )
-        .appending(5, 3);
+        // Two sequences of 2 rows appended at position `pos` of a 5-row cache, 2 heads of 4.
+        let seg = Segment {
+            heads: 2,
+            head_dim: 4,
+            dst: 0,
+        };
+        let append_at = |pos| LinearParams::new(4, 8, 2, &[seg]).appending(5, pos);
+        let y = |y| BoundElems {
+            y,
+            ..exact(4, 8, 8)
+        };
         let needed = 2 * 2 * 5 * 4; // [B, H, capacity, d]
-        assert!(kv.in_bounds(&BoundElems {
-            y: needed,
-            ..exact(4, 8, 8)
-        }));
-        assert!(!kv.in_bounds(&BoundElems {
-            y: needed - 1,
-            ..exact(4, 8, 8)
-        }));
+        assert!(append_at(3).in_bounds(&y(needed)));
+        assert!(!append_at(3).in_bounds(&y(needed - 1)));
         // Past the capacity (position 4 + 2 rows > 5) the last row does not fit.
-        let over = LinearParams::new(
-            4,
-            8,
-            2,
-            &[Segment {
-                heads: 2,
-                head_dim: 4,
-                dst: 0,
-            }],
-        )
-        .appending(5, 4);
-        assert!(!over.in_bounds(&BoundElems {
-            y: needed,
-            ..exact(4, 8, 8)
-        }));
+        assert!(!append_at(4).in_bounds(&y(needed)));
     }
 
     #[test]

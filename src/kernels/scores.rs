@@ -1,6 +1,7 @@
 //! `scores`: `S = mask(scale · Q·Kᵀ)` per (batch, head), `[B, H, Lq, Lk]`.
 
 use crate::error::Result;
+use crate::gpu::pass::Slot::{Read, Uniform, Write};
 use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
@@ -60,13 +61,7 @@ pub fn source() -> String {
 }
 
 /// Bindings: params, Q|K, scores, mask words, mask params.
-const SLOTS: &[Slot] = &[
-    Slot::Uniform(0),
-    Slot::Read(1),
-    Slot::Write(4),
-    Slot::Read(6),
-    Slot::Uniform(7),
-];
+const SLOTS: &[Slot] = &[Uniform(0), Read(1), Write(4), Read(6), Uniform(7)];
 
 /// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head).
 pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Dispatch> {

@@ -24,16 +24,7 @@ pub struct MaskTensor {
 
 impl MaskTensor {
     pub fn new(shape: impl Into<Vec<usize>>, data: Vec<u8>) -> Result<Self> {
-        let shape = shape.into();
-        let expected: usize = shape.iter().product();
-        if expected != data.len() {
-            return Err(Error::DataLength {
-                what: "mask".into(),
-                shape,
-                expected,
-                got: data.len(),
-            });
-        }
+        let shape = crate::model::tensor::checked_shape("mask", shape.into(), data.len())?;
         Ok(MaskTensor { shape, data })
     }
     pub fn from_bools(shape: impl Into<Vec<usize>>, data: &[bool]) -> Result<Self> {

@@ -12,16 +12,7 @@ pub struct Tensor {
 impl Tensor {
     /// Builds a tensor, checking that `data.len()` is the product of `shape`.
     pub fn new(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Result<Self> {
-        let shape = shape.into();
-        let expected: usize = shape.iter().product();
-        if expected != data.len() {
-            return Err(Error::DataLength {
-                what: "tensor".into(),
-                shape,
-                expected,
-                got: data.len(),
-            });
-        }
+        let shape = checked_shape("tensor", shape.into(), data.len())?;
         Ok(Tensor { shape, data })
     }
 
@@ -80,6 +71,20 @@ impl Tensor {
     pub fn max_abs_diff(&self, other: &[f32]) -> f32 {
         max_abs_diff(&self.data, other)
     }
+}
+
+/// `shape` when its element count is `len`, else `Err(DataLength)` naming `what`.
+pub(crate) fn checked_shape(what: &str, shape: Vec<usize>, len: usize) -> Result<Vec<usize>> {
+    let expected: usize = shape.iter().product();
+    if expected != len {
+        return Err(Error::DataLength {
+            what: what.into(),
+            shape,
+            expected,
+            got: len,
+        });
+    }
+    Ok(shape)
 }
 
 /// Largest |a − b| over two equally long f32 slices, as f32; see [`max_abs_error`].

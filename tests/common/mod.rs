@@ -80,6 +80,18 @@ pub fn assert_close(label: &str, got: &[f32], want: &[f64]) -> f64 {
     assert_within(label, got, want, tolerance(want))
 }
 
+/// One forward problem of a table-driven test.
+pub struct Problem {
+    pub label: &'static str,
+    pub config: AttentionConfig,
+    pub batch: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub mask: Mask,
+    /// Query = key = value (one fused QKV GEMM).
+    pub self_attention: bool,
+}
+
 /// Deterministic pseudo-random bits (xorshift; about one in three set).
 pub fn bits(len: usize, seed: u64) -> Vec<bool> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
