@@ -144,6 +144,11 @@ fn bench(
         .as_deref()
         .map(cli::bench::BenchConfig::parse)
         .transpose()?;
+    // A --json path that cannot be written fails now, not after minutes of benchmarking.
+    let pending_json = json
+        .as_deref()
+        .map(|p| wgpu_mha::io::files::PendingOutput::create(p, &[]))
+        .transpose()?;
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
     if !gpu.has_timestamps() {
@@ -158,13 +163,10 @@ fn bench(
     let results = cli::bench::run(&gpu, &bench_options, |r| {
         print!("{}", cli::bench::format_result(r))
     })?;
-    if let Some(path) = json {
+    if let (Some(path), Some(pending)) = (json, pending_json) {
         let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         let text = serde_json::to_string_pretty(&list).unwrap_or_default();
-        std::fs::write(&path, text).map_err(|source| wgpu_mha::Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        pending.commit(text.as_bytes())?;
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

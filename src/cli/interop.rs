@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use wgpu_mha::io::{layouts::load_weights, safetensors::write_safetensors};
+use wgpu_mha::io::files::PendingOutput;
+use wgpu_mha::io::{layouts::load_weights, safetensors::serialize_safetensors};
 use wgpu_mha::{
     AttentionPath, Case, Error, ForwardOptions, Gpu, GpuOptions, Mask, MultiHeadAttention,
     SafetensorsFile, Tensor,
@@ -114,6 +115,13 @@ pub fn check(options: &GpuOptions, args: &CheckArgs) -> Result<ExitCode, Error> 
 /// Runs a case file or weights + inputs and writes `out`.
 pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
     let forward_options = args.path.options();
+    // Before any work: the output must not be an input, and its directory must take a file.
+    let inputs: Vec<&std::path::Path> = [&args.case, &args.weights, &args.inputs]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .collect();
+    let pending = PendingOutput::create(&args.out, &inputs)?;
     let output = if let Some(case_path) = &args.case {
         let case = Case::from_file(case_path)?;
         let gpu = Gpu::with_options(options)?;
@@ -157,7 +165,7 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         );
         forward.output
     };
-    write_safetensors(&args.out, &[("out", &output)], None)?;
+    pending.commit(&serialize_safetensors(&[("out", &output)], None)?)?;
     println!("wrote `out` {:?} to {}", output.shape(), args.out.display());
     Ok(ExitCode::SUCCESS)
 }

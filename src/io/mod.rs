@@ -1,5 +1,6 @@
 //! Files: safetensors in and out, the weight layouts it recognises, and case files.
 
 pub mod case;
+pub mod files;
 pub mod layouts;
 pub mod safetensors;

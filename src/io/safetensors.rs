@@ -9,6 +9,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, Result};
+use crate::io::files;
 use crate::model::mask::MaskTensor;
 use crate::model::tensor::Tensor;
 
@@ -26,19 +27,19 @@ pub struct SafetensorsFile {
 }
 
 impl SafetensorsFile {
-    /// Reads and validates a file; messages name it by its path.
+    /// Reads and validates a file; messages name it by its path. Only a regular file is read,
+    /// never more than its size, and its header length is checked before the rest is read
+    /// (see [`crate::io::files::read_safetensors_bytes`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let bytes = files::read_safetensors_bytes(path)?;
         Self::from_bytes(path.display().to_string(), bytes)
     }
 
     /// Validates bytes already in memory; `name` is used in messages.
     pub fn from_bytes(name: impl Into<String>, bytes: Vec<u8>) -> Result<Self> {
         let name = name.into();
+        files::check_header_len(&name, &bytes, bytes.len() as u64)?;
         let (header_len, metadata): (usize, Metadata) = SafeTensors::read_metadata(&bytes)
             .map_err(|e| Error::file(&name, format!("not a readable safetensors file ({e})")))?;
         let tensors = metadata
@@ -188,13 +189,11 @@ impl SafetensorsFile {
     }
 }
 
-/// Writes f32 tensors (and optional string metadata) to a safetensors file.
-pub fn write_safetensors(
-    path: impl AsRef<Path>,
+/// f32 tensors (and optional string metadata) as the bytes of a safetensors file.
+pub fn serialize_safetensors(
     tensors: &[(&str, &Tensor)],
     metadata: Option<HashMap<String, String>>,
-) -> Result<()> {
-    let path = path.as_ref();
+) -> Result<Vec<u8>> {
     let bytes: Vec<Vec<u8>> = tensors
         .iter()
         .map(|(_, t)| t.data().iter().flat_map(|v| v.to_le_bytes()).collect())
@@ -207,11 +206,16 @@ pub fn write_safetensors(
                 .map(|view| (*name, view))
         })
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::file(path.display().to_string(), format!("cannot serialize: {e}")))?;
-    let out = safetensors::serialize(views, metadata)
-        .map_err(|e| Error::file(path.display().to_string(), format!("cannot serialize: {e}")))?;
-    std::fs::write(path, out).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })
+        .and_then(|views| safetensors::serialize(views, metadata));
+    views.map_err(|e| Error::file("output", format!("cannot serialize: {e}")))
+}
+
+/// Writes f32 tensors (and optional string metadata) to a safetensors file, atomically: a
+/// failure leaves an existing file at `path` as it was.
+pub fn write_safetensors(
+    path: impl AsRef<Path>,
+    tensors: &[(&str, &Tensor)],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
+    files::write_atomically(path.as_ref(), &serialize_safetensors(tensors, metadata)?)
 }
