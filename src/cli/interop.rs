@@ -91,8 +91,12 @@ pub fn check(options: &GpuOptions, args: &CheckArgs) -> Result<ExitCode, Error> 
                 } else {
                     failed += 1;
                 }
+                let capped = match case.bound_capped() {
+                    true => " (the file's err_f32_vs_f64 was capped at 1e-2·(1+max|out_f64|))",
+                    false => "",
+                };
                 println!(
-                    "{name}  {}  max_abs_err={:.3e}  bound={:.3e}  {verdict}",
+                    "{name}  {}  max_abs_err={:.3e}  bound={:.3e}{capped}  {verdict}",
                     case.describe(),
                     result.max_abs_err,
                     result.bound

@@ -234,17 +234,53 @@ impl Case {
         })
     }
 
-    /// The pass bound: `max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` without it.
+    /// The pass bound: `max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` without
+    /// it, and never more than [`Case::bound_cap`]: a file cannot declare any answer correct.
     pub fn bound(&self) -> f64 {
-        match self.err_f32_vs_f64 {
+        let declared = match self.err_f32_vs_f64 {
             Some(e) => (10.0 * e).max(1e-5),
-            None => 1e-4 * (1.0 + self.out_f64.iter().fold(0.0f64, |m, v| m.max(v.abs()))),
-        }
+            None => 1e-4 * (1.0 + self.max_abs_expected()),
+        };
+        declared.min(self.bound_cap())
     }
 
-    /// `max|output − out_f64|`; NaN if the output holds NaN or has the wrong length.
+    /// The largest bound a case may have: `1e-2·(1 + max|out_f64|)`.
+    pub fn bound_cap(&self) -> f64 {
+        1e-2 * (1.0 + self.max_abs_expected())
+    }
+
+    /// Whether the file's `err_f32_vs_f64` asked for more than [`Case::bound_cap`].
+    pub fn bound_capped(&self) -> bool {
+        self.err_f32_vs_f64
+            .is_some_and(|e| (10.0 * e).max(1e-5) > self.bound_cap())
+    }
+
+    /// Largest finite |out_f64|.
+    fn max_abs_expected(&self) -> f64 {
+        self.out_f64
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, |m, v| m.max(v.abs()))
+    }
+
+    /// `max|output − out_f64|` over the positions where `out_f64` is finite or differs from the
+    /// output; a NaN (or same-signed infinity) that `out_f64` expects at exactly that position
+    /// counts as a match, as PyTorch propagates NaN from the inputs. NaN anywhere else, or
+    /// outputs of the wrong length, make the error NaN (a failure).
     pub fn max_abs_err(&self, output: &[f32]) -> f64 {
-        crate::model::tensor::max_abs_error(output, &self.out_f64)
+        if output.len() != self.out_f64.len() {
+            return f64::NAN;
+        }
+        let same_non_finite = |(&g, &w): &(&f32, &f64)| {
+            let g = g as f64;
+            !(g.is_nan() && w.is_nan() || g.is_infinite() && g == w)
+        };
+        let (got, want): (Vec<f32>, Vec<f64>) = output
+            .iter()
+            .zip(&self.out_f64)
+            .filter(same_non_finite)
+            .unzip();
+        crate::model::tensor::max_abs_error(&got, &want)
     }
 
     /// `(batch, Lq, Lk)` (0 where a hand-built case has too few dimensions).
