@@ -3,6 +3,9 @@
 use wgpu_mha::error::{Error, Result};
 use wgpu_mha::model::config::AttentionConfig;
 
+/// The most values one host tensor of a benchmark may hold.
+pub const MAX_HOST_VALUES: u64 = 1 << 32;
+
 /// Which seed module a configuration uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
@@ -123,14 +126,40 @@ impl BenchConfig {
         if let Some(k) = values.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(bad(format!("unknown key `{k}`")));
         }
-        Ok(BenchConfig {
+        let bench = BenchConfig {
             name: spec.to_string(),
             variant,
             batch,
             lq,
             lk,
             config,
-        })
+        };
+        bench.check_host_memory().map_err(bad)?;
+        Ok(bench)
+    }
+
+    /// The bench builds its inputs and reads its output on the host: refuse a
+    /// shape whose tensors alone exceed [`MAX_HOST_VALUES`] instead of aborting on the
+    /// allocation.
+    fn check_host_memory(&self) -> std::result::Result<(), String> {
+        let c = &self.config;
+        let tensors = [
+            ("the query input", [self.batch, self.lq, c.model_dim]),
+            ("the key/value input", [self.batch, self.lk, c.key_dim]),
+            ("the output", [self.batch, self.lq, c.output_dim()]),
+        ];
+        for (what, dims) in tensors {
+            let values = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+            match values {
+                Some(v) if v <= MAX_HOST_VALUES => {}
+                _ => {
+                    return Err(format!(
+                        "{what} {dims:?} would exceed {MAX_HOST_VALUES} values (16 GiB)"
+                    ))
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -186,6 +215,8 @@ mod tests {
             ("classic:b=1e11,l=8,d=8,h=2", "not a whole number"),
             ("classic:b=1,l=8,d=8,h", "not key=value"),
             ("bert:b=1,l=8,d=8,h=2", "unknown variant"),
+            ("classic:b=100000000000,l=8,d=8,h=2", "would exceed"),
+            ("classic:b=1,l=100000000,d=512,h=8", "would exceed"),
         ];
         for (spec, says) in cases {
             match BenchConfig::parse(spec) {
@@ -193,6 +224,13 @@ mod tests {
                 other => panic!("{spec}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn host_memory_is_checked_at_the_boundary() {
+        // 2^32 values exactly is accepted, one row more is not.
+        assert!(BenchConfig::parse("classic:b=1,lq=4194304,lk=1,d=1024,h=1").is_ok());
+        assert!(BenchConfig::parse("classic:b=1,lq=4194305,lk=1,d=1024,h=1").is_err());
     }
 
     #[test]

@@ -2,6 +2,9 @@
 
 use crate::error::{Error, Result};
 
+/// The most values one projection weight may hold (4 GiB of f32).
+pub const MAX_WEIGHT_VALUES: u64 = 1 << 30;
+
 /// Sizes and switches of one multi-head attention module.
 ///
 /// * `classic(d_model, num_heads)` is seed 000: `W_q, W_k, W_v, W_o` all `d_model → d_model`,
@@ -113,6 +116,26 @@ impl AttentionConfig {
                 )));
             }
         }
+        // No device binds more than 4 GiB, so a projection weight past 2^30 floats can never
+        // run; refusing it here also keeps `AttentionWeights::random` from huge allocations.
+        let weights = [
+            ("W_q", self.qk_width(), self.model_dim),
+            ("W_k", self.qk_width(), self.key_dim),
+            ("W_v", self.v_width(), self.value_dim),
+            ("W_o", self.model_dim, self.v_width()),
+        ];
+        for (name, rows, cols) in weights {
+            if name == "W_o" && !self.output_projection {
+                continue;
+            }
+            let values = rows as u64 * cols as u64;
+            if values > MAX_WEIGHT_VALUES {
+                return Err(Error::Config(format!(
+                    "{name} would be {rows} × {cols} = {values} values, more than the 2^30 one \
+                     storage binding can hold on any device"
+                )));
+            }
+        }
         if let Some(s) = self.scale {
             if !s.is_finite() {
                 return Err(Error::Config(format!("scale {s} is not finite")));
@@ -191,5 +214,23 @@ impl AttentionConfig {
             f += 2.0 * b * lq * self.v_width() as f64 * self.model_dim as f64;
         }
         f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn projection_weights_are_bounded_by_one_binding() {
+        // W_q of 2^10 × 2^20 values is exactly the limit; one more row is past it.
+        assert!(AttentionConfig::per_head(1 << 20, 1 << 10, 1, 1).is_ok());
+        let err = AttentionConfig::per_head(1 << 20, (1 << 10) + 1, 1, 1).unwrap_err();
+        assert!(err.to_string().contains("W_q"), "{err}");
+        // The seed shape of the issue: e = q_k = 2^20 would be a 4 TB weight.
+        assert!(AttentionConfig::per_head(1 << 20, 1 << 20, 1, 1).is_err());
+        // W_o counts only with an output projection.
+        assert!(AttentionConfig::classic(1 << 15, 1).is_ok());
+        assert!(AttentionConfig::classic((1 << 15) + 1, 1).is_err());
     }
 }
