@@ -17,6 +17,28 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::TIMESTAMP_QUERY);
 
+/// Compiled passes the cache keeps beyond those in use: a pass no module or workspace holds any
+/// more (say, the flash pass of a dropped module's head sizes) is dropped once there are more
+/// than this many, so building and dropping modules of ever new shapes cannot grow memory
+/// without bound.
+const MAX_IDLE_PASSES: usize = 32;
+
+/// Drops entries nothing but the cache holds while the map has more than `keep` entries.
+fn evict_unused<V>(map: &mut HashMap<String, Arc<V>>, keep: usize) {
+    if map.len() <= keep {
+        return;
+    }
+    let mut idle: Vec<String> = map
+        .iter()
+        .filter(|(_, v)| Arc::strong_count(v) == 1)
+        .map(|(k, _)| k.clone())
+        .collect();
+    idle.sort_unstable();
+    for key in idle.into_iter().take(map.len() - keep) {
+        map.remove(&key);
+    }
+}
+
 /// How to pick an adapter. `Default` honours `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`.
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
@@ -285,8 +307,14 @@ impl Gpu {
         let pass = Arc::new(Pass::build(&self.device, spec, &source()));
         if let Ok(mut m) = self.passes.lock() {
             m.entry(key.to_string()).or_insert_with(|| pass.clone());
+            evict_unused(&mut m, MAX_IDLE_PASSES);
         }
         pass
+    }
+
+    /// Compiled passes cached on this device (in use or idle).
+    pub fn cached_passes(&self) -> usize {
+        self.passes.lock().map(|m| m.len()).unwrap_or(0)
     }
 
     /// Holds the device for this thread where the backend needs it (GL; see `serial`).
@@ -342,5 +370,31 @@ impl Gpu {
     pub(crate) fn read_f32(&self, staging: &wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
         let bytes = self.read_bytes(staging, (len * 4) as u64)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_idle_passes_are_evicted_and_only_past_the_bound() {
+        let mut map: HashMap<String, Arc<u32>> = HashMap::new();
+        let held: Vec<Arc<u32>> = (0..4).map(Arc::new).collect();
+        for (i, v) in held.iter().enumerate() {
+            map.insert(format!("held {i}"), v.clone());
+        }
+        for i in 0..3 {
+            map.insert(format!("idle {i}"), Arc::new(i));
+        }
+        evict_unused(&mut map, 7);
+        assert_eq!(map.len(), 7, "at the bound nothing goes");
+        map.insert("idle 3".into(), Arc::new(3));
+        evict_unused(&mut map, 7);
+        assert_eq!(map.len(), 7);
+        evict_unused(&mut map, 2);
+        // Every idle entry went, every held one stayed, even past the bound.
+        assert_eq!(map.len(), 4);
+        assert!((0..4).all(|i| map.contains_key(&format!("held {i}"))));
     }
 }
