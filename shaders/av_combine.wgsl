@@ -11,7 +11,11 @@ struct AvParams {
     v_offset: u32,
     z_offset: u32,
     kv_stride: u32,   // rows of V per (batch, head): Lk, or a KV cache's capacity
+    k_begin: u32,     // the keys of this dispatch: [k_begin, k_end); a range not starting
+    k_end: u32,       // at 0 adds to the stored output
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: AvParams;
@@ -32,7 +36,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let z = wid.z + p.z_offset;
     let row0 = wid.y * TILE_M;
     let col0 = wid.x * TILE_N;
-    let acc = gemm_tile(lid, z, row0, col0, p.lq, p.head_dim, p.lk);
+    let acc = gemm_tile(lid, z, row0, col0, p.lq, p.head_dim, p.k_begin, p.k_end);
     let b = z / p.heads;
     let h = z % p.heads;
     let row_stride = p.heads * p.head_dim;
@@ -41,7 +45,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var c = 0u; c < 4u; c++) {
             let d = col0 + lid.x * 4u + c;
             if (i < p.lq && d < p.head_dim) {
-                out[(b * p.lq + i) * row_stride + h * p.head_dim + d] = acc[r][c];
+                let at = (b * p.lq + i) * row_stride + h * p.head_dim + d;
+                if (p.k_begin != 0u) {
+                    out[at] += acc[r][c];
+                } else {
+                    out[at] = acc[r][c];
+                }
             }
         }
     }

@@ -16,17 +16,20 @@ const TILE_K: u32 = 16u;
 var<workgroup> a_tile: array<vec4<f32>, 256>;
 var<workgroup> b_tile: array<vec4<f32>, 256>;
 
-// Returns acc[i][j] = Σ_k A[row0 + 4·ty + i, k] · B[k, col0 + 4·tx + j] (zero outside the shape).
-fn gemm_tile(lid: vec3<u32>, batch: u32, row0: u32, col0: u32, rows: u32, cols: u32, depth: u32) -> array<vec4<f32>, 4> {
+// Returns acc[i][j] = Σ_k A[row0 + 4·ty + i, k] · B[k, col0 + 4·tx + j] over k in
+// [k_begin, k_end) (zero outside the shape). A long K is split over dispatches by the host
+// (software rasterisers cap a shader's loop iterations); each pass's epilogue then adds its
+// partial sum to what the previous dispatch stored.
+fn gemm_tile(lid: vec3<u32>, batch: u32, row0: u32, col0: u32, rows: u32, cols: u32, k_begin: u32, k_end: u32) -> array<vec4<f32>, 4> {
     let t = lid.y * 16u + lid.x;
     let load_k = t % 16u;   // which column of the K slice this thread stages
     let load_g = t / 16u;   // which group of 4 rows (A) / 4 columns (B) it stages
     var acc: array<vec4<f32>, 4>;
-    for (var k0 = 0u; k0 < depth; k0 += TILE_K) {
+    for (var k0 = k_begin; k0 < k_end; k0 += TILE_K) {
         let k = k0 + load_k;
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
-        if (k < depth) {
+        if (k < k_end) {
             for (var c = 0u; c < 4u; c++) {
                 let row = row0 + load_g * 4u + c;
                 if (row < rows) {

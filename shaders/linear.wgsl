@@ -24,17 +24,20 @@ fn load_b(batch: u32, k: u32, col: u32) -> f32 {
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let row0 = wid.y * TILE_M;
     let col0 = wid.x * TILE_N;
-    let acc = gemm_tile(lid, 0u, row0, col0, p.m, p.n, p.k);
+    let acc = gemm_tile(lid, 0u, row0, col0, p.m, p.n, p.k_begin, p.k_end);
     for (var i = 0u; i < 4u; i++) {
         let row = row0 + lid.y * 4u + i;
         for (var j = 0u; j < 4u; j++) {
             let col = col0 + lid.x * 4u + j;
             if (row < p.m && col < p.n) {
                 var v = acc[i][j];
-                if (p.has_bias != 0u) {
+                let at = dst_index(row, col);
+                if (p.k_begin != 0u) {
+                    v += f32(y[at]);
+                } else if (p.has_bias != 0u) {
                     v += bias[p.bias_offset + col];
                 }
-                y[dst_index(row, col)] = YElem(v);
+                y[at] = YElem(v);
             }
         }
     }

@@ -12,8 +12,8 @@ struct LinearParams {
     has_bias: u32,
     dst_seq_len: u32,  // rows per (batch, head) in the destination (a KV cache's capacity, else L)
     dst_pos: u32,      // position of input row 0 in the destination (cache length before append)
-    _pad0: u32,
-    _pad1: u32,
+    k_begin: u32,      // the K range of this dispatch (scalar kernel): [k_begin, k_end);
+    k_end: u32,        // a range not starting at 0 adds to y instead of adding the bias
     seg_start: vec4<u32>,    // first column of each segment (.x = 0)
     seg_head_dim: vec4<u32>, // d of each segment
     seg_heads: vec4<u32>,    // H of each segment

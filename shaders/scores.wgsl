@@ -13,9 +13,9 @@ struct ScoresParams {
     scale: f32,
     z_offset: u32,
     kv_stride: u32,   // rows of K per (batch, head): Lk, or a KV cache's capacity
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    k_begin: u32,     // the head_dim range of this dispatch: [k_begin, k_end); a range not
+    k_end: u32,       // starting at 0 adds to the stored partial dot products, and the one
+    _pad0: u32,       // ending at head_dim scales and masks the total
 }
 
 @group(0) @binding(0) var<uniform> p: ScoresParams;
@@ -35,7 +35,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let z = wid.z + p.z_offset;
     let row0 = wid.y * TILE_M;
     let col0 = wid.x * TILE_N;
-    let acc = gemm_tile(lid, z, row0, col0, p.lq, p.lk, p.head_dim);
+    let acc = gemm_tile(lid, z, row0, col0, p.lq, p.lk, p.k_begin, p.k_end);
     let b = z / p.heads;
     let h = z % p.heads;
     for (var r = 0u; r < 4u; r++) {
@@ -43,7 +43,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var c = 0u; c < 4u; c++) {
             let j = col0 + lid.x * 4u + c;
             if (i < p.lq && j < p.lk) {
-                scores[(z * p.lq + i) * p.lk + j] = apply_mask(p.scale * acc[r][c], b, h, i, j);
+                let at = (z * p.lq + i) * p.lk + j;
+                var dot = acc[r][c];
+                if (p.k_begin != 0u) {
+                    dot += scores[at];
+                }
+                if (p.k_end == p.head_dim) {
+                    scores[at] = apply_mask(p.scale * dot, b, h, i, j);
+                } else {
+                    scores[at] = dot;
+                }
             }
         }
     }

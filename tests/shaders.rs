@@ -261,8 +261,8 @@ fn uniform_structs_match_their_wgsl_layout() {
                     has_bias,
                     dst_seq_len,
                     dst_pos,
-                    _pad0,
-                    _pad1,
+                    k_begin,
+                    k_end,
                     seg_start,
                     seg_head_dim,
                     seg_heads,
@@ -275,8 +275,8 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(
                 ScoresParams,
                 [
-                    lq, lk, head_dim, heads, q_offset, k_offset, scale, z_offset, kv_stride, _pad0,
-                    _pad1, _pad2
+                    lq, lk, head_dim, heads, q_offset, k_offset, scale, z_offset, kv_stride,
+                    k_begin, k_end, _pad0
                 ]
             ),
         ),
@@ -284,7 +284,10 @@ fn uniform_structs_match_their_wgsl_layout() {
             av_combine::source(),
             host_layout!(
                 AvParams,
-                [lq, lk, head_dim, heads, v_offset, z_offset, kv_stride, _pad0]
+                [
+                    lq, lk, head_dim, heads, v_offset, z_offset, kv_stride, k_begin, k_end, _pad0,
+                    _pad1, _pad2
+                ]
             ),
         ),
         (

@@ -88,7 +88,7 @@ pub(crate) fn dispatches(
                 scores: scores_buf,
                 mask: b.mask,
             };
-            chain.push(scores::dispatch(gpu, &core, buffers)?);
+            chain.extend(scores::dispatches(gpu, &core, buffers)?);
             // probs = softmax(scores), in place
             chain.push(softmax::dispatch(
                 gpu,
@@ -102,7 +102,7 @@ pub(crate) fn dispatches(
                 qkv: b.qkv,
                 out: b.combined,
             };
-            chain.push(av_combine::dispatch(gpu, &core, buffers)?);
+            chain.extend(av_combine::dispatches(gpu, &core, buffers)?);
         }
         // The plan picks fused only with a flash pass, and allocates scores otherwise.
         _ => return Err(mha.no_fused_kernel()),
@@ -127,7 +127,7 @@ pub(crate) fn dispatches(
             bias: b_o.as_ref(),
             y: output,
         };
-        chain.push(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
+        chain.extend(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
     }
     Ok(chain)
 }
@@ -213,7 +213,8 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
             };
             Ok(linear::dispatch(&mha.gpu, mha.linear_elems(true), None, &p, buffers)?.0)
         })
-        .collect()
+        .collect::<Result<Vec<Vec<Dispatch>>>>()
+        .map(|gemms| gemms.into_iter().flatten().collect())
 }
 
 impl MultiHeadAttention {

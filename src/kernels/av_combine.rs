@@ -20,7 +20,11 @@ pub struct AvParams {
     pub v_offset: u32,
     pub z_offset: u32,
     pub kv_stride: u32,
+    pub k_begin: u32,
+    pub k_end: u32,
     pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 impl AvParams {
@@ -32,6 +36,7 @@ impl AvParams {
             heads: c.heads as u32,
             v_offset: c.layout.v_offset,
             kv_stride: c.layout.kv_stride,
+            k_end: c.lk as u32,
             ..Default::default()
         }
     }
@@ -52,8 +57,9 @@ pub fn source() -> String {
     gemm_prelude(Prelude::new()).source(&[GEMM_TILE_WGSL, WGSL])
 }
 
-/// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head).
-pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Dispatch> {
+/// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head); one dispatch per range of keys
+/// (see [`super::device_depth_ranges`]), each after the first adding to the output.
+pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Vec<Dispatch>> {
     let p = AvParams::new(c);
     let slots = [
         Slot::Uniform(0),
@@ -67,11 +73,16 @@ pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Dispatch> {
         p.lq.div_ceil(GEMM_TILE),
         c.batch_heads(),
     ];
-    Dispatch::new(
-        gpu,
-        pass,
-        &p,
-        &[(1, b.probs), (2, b.qkv), (4, b.out)],
-        groups,
-    )
+    super::device_depth_ranges(gpu, p.lk)
+        .into_iter()
+        .map(|(k_begin, k_end)| {
+            let p = AvParams {
+                k_begin,
+                k_end,
+                ..p
+            };
+            let buffers = [(1, b.probs), (2, b.qkv), (4, b.out)];
+            Dispatch::new(gpu, pass.clone(), &p, &buffers, groups)
+        })
+        .collect()
 }

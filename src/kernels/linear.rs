@@ -49,6 +49,17 @@ impl LinearVariant {
                 p.k, p.x_offset, p.w_offset
             )));
         }
+        if self != LinearVariant::Scalar && !vec4_depth_ok(gpu, p) {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: format!(
+                    "the {self:?} linear variant at K {} (on a software rasteriser its K loop \
+                     stops after 65,535 iterations; at most {SOFTWARE_VEC4_K} here, the scalar \
+                     variant splits any K)",
+                    p.k
+                ),
+            });
+        }
         Ok(())
     }
 }
@@ -127,7 +138,7 @@ impl LinearParams {
 pub fn variant(gpu: &Gpu, p: &LinearParams, bound: &BoundElems) -> LinearVariant {
     // Both vec4 variants run without runtime bounds checks; `vec4_ok` is the `in_bounds` proof
     // that makes that sound, so neither is picked without it.
-    if !vec4_ok(p, bound) {
+    if !vec4_ok(p, bound) || !vec4_depth_ok(gpu, p) {
         LinearVariant::Scalar
     } else if subgroup_preferred(gpu) {
         LinearVariant::Subgroup
@@ -149,9 +160,21 @@ pub fn subgroup_preferred(gpu: &Gpu) -> bool {
     gpu.has_subgroups() && info.device_type == wgpu::DeviceType::Cpu && info.subgroup_min_size >= 8
 }
 
-/// The precondition of both vec4 variants (`Vec4`, `Subgroup`), which run unchecked.
+/// Most K the vec4 variants walk on a software rasteriser, whose loops stop after 65,535
+/// iterations per invocation: their K loop makes K / 4 (measured wrong from K = 262,144), so
+/// 65,536 keeps a quarter of the cap. The scalar variant splits K over dispatches instead.
+pub const SOFTWARE_VEC4_K: u32 = 65_536;
+
+/// Whether the vec4 variants' single K loop stays under the software loop cap here.
+fn vec4_depth_ok(gpu: &Gpu, p: &LinearParams) -> bool {
+    !super::is_software(gpu) || p.k <= SOFTWARE_VEC4_K
+}
+
+/// The precondition of both vec4 variants (`Vec4`, `Subgroup`), which run unchecked over the
+/// whole of K in one dispatch.
 fn vec4_ok(p: &LinearParams, bound: &BoundElems) -> bool {
-    p.k.is_multiple_of(4)
+    (p.k_begin, p.k_end) == (0, p.k)
+        && p.k.is_multiple_of(4)
         && p.x_offset.is_multiple_of(4)
         && p.w_offset.is_multiple_of(4)
         && p.in_bounds(bound)
@@ -171,8 +194,9 @@ pub struct LinearParams {
     pub has_bias: u32,
     pub dst_seq_len: u32,
     pub dst_pos: u32,
-    pub _pad0: u32,
-    pub _pad1: u32,
+    /// The K range of a scalar dispatch (`[0, k)` unless the host splits K).
+    pub k_begin: u32,
+    pub k_end: u32,
     pub seg_start: [u32; 4],
     pub seg_head_dim: [u32; 4],
     pub seg_heads: [u32; 4],
@@ -196,6 +220,7 @@ impl LinearParams {
         let mut p = LinearParams {
             m: rows,
             k,
+            k_end: k,
             seq_len: seq_len.max(1),
             dst_seq_len: seq_len.max(1),
             ..Default::default()
@@ -318,7 +343,8 @@ pub struct LinearBuffers<'a> {
     pub y: &'a wgpu::Buffer,
 }
 
-/// A ready `linear` dispatch and the variant it runs. `request: None` picks as a forward does
+/// The ready dispatches of one `linear` (several only when the scalar kernel splits a long K
+/// on a software rasteriser; see [`super::device_depth_ranges`]) and the variant they run. `request: None` picks as a forward does
 /// ([`variant`]; f16 weights always run the scalar kernel); `Some(v)` runs `v` or returns the
 /// reason it cannot ([`LinearVariant::check`]).
 pub fn dispatch(
@@ -327,7 +353,7 @@ pub fn dispatch(
     request: Option<LinearVariant>,
     p: &LinearParams,
     b: LinearBuffers,
-) -> Result<(Dispatch, LinearVariant)> {
+) -> Result<(Vec<Dispatch>, LinearVariant)> {
     let zeros;
     let bias = match b.bias {
         Some(bias) => bias,
@@ -354,14 +380,24 @@ pub fn dispatch(
         }
         (None, LinearElems::F32) => variant(gpu, p, &bound),
     };
-    let d = Dispatch::new(
-        gpu,
-        pass(gpu, variant, elems),
-        p,
-        &[(1, b.x), (2, b.w), (3, bias), (4, b.y)],
-        workgroups(p, variant),
-    )?;
-    Ok((d, variant))
+    let pass = pass(gpu, variant, elems);
+    let buffers = [(1, b.x), (2, b.w), (3, bias), (4, b.y)];
+    let ranges = match variant {
+        LinearVariant::Scalar => super::device_depth_ranges(gpu, p.k),
+        _ => vec![(0, p.k)],
+    };
+    let dispatches = ranges
+        .into_iter()
+        .map(|(k_begin, k_end)| {
+            let p = LinearParams {
+                k_begin,
+                k_end,
+                ..*p
+            };
+            Dispatch::new(gpu, pass.clone(), &p, &buffers, workgroups(&p, variant))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((dispatches, variant))
 }
 
 #[cfg(test)]

@@ -32,6 +32,39 @@ pub(crate) fn gemm_prelude(p: Prelude) -> Prelude {
     p.u32("TILE_M", GEMM_TILE).u32("TILE_N", GEMM_TILE)
 }
 
+/// Most of a GEMM's K one `gemm_tile` dispatch walks on a software rasteriser. Mesa's llvmpipe
+/// (behind lavapipe and GL here) silently stops a shader invocation's loops once their
+/// iterations add up to 65,535; `gemm_tile` makes about 21 per slice of 16 (the staging loop,
+/// the slice's k loop, the slice itself) as if none were unrolled, so 16,384 keeps one
+/// invocation near 21,500, a third of the cap.
+pub const SOFTWARE_GEMM_DEPTH: u32 = 16_384;
+
+/// Whether `gpu` is a software rasteriser, whose loop-iteration cap the kernels must respect.
+pub fn is_software(gpu: &crate::gpu::Gpu) -> bool {
+    gpu.info().device_type == wgpu::DeviceType::Cpu
+}
+
+/// The `[k_begin, k_end)` ranges one `gemm_tile` GEMM of `depth` runs as: one range on GPUs,
+/// ranges of at most `per_dispatch` on software rasterisers (each adds to the last one's sum).
+pub fn depth_ranges(depth: u32, per_dispatch: Option<u32>) -> Vec<(u32, u32)> {
+    let step = per_dispatch.unwrap_or(u32::MAX).max(1);
+    let mut ranges = Vec::new();
+    let mut k = 0u32;
+    loop {
+        let end = depth.min(k.saturating_add(step));
+        ranges.push((k, end));
+        if end >= depth {
+            return ranges;
+        }
+        k = end;
+    }
+}
+
+/// [`depth_ranges`] of the device: split only on software rasterisers.
+pub(crate) fn device_depth_ranges(gpu: &crate::gpu::Gpu, depth: u32) -> Vec<(u32, u32)> {
+    depth_ranges(depth, is_software(gpu).then_some(SOFTWARE_GEMM_DEPTH))
+}
+
 /// Where the head-split Q, K and V of one attention problem lie, as element offsets into one
 /// buffer; K and V have `kv_stride` rows per (batch, head) (Lk, or a KV cache's capacity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,5 +116,26 @@ impl std::ops::Deref for CoreProblem {
     type Target = CoreDims;
     fn deref(&self) -> &CoreDims {
         &self.dims
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::depth_ranges;
+
+    #[test]
+    fn depth_ranges_tile_the_depth_in_order() {
+        assert_eq!(depth_ranges(100, None), vec![(0, 100)]);
+        assert_eq!(depth_ranges(16_384, Some(16_384)), vec![(0, 16_384)]);
+        assert_eq!(
+            depth_ranges(16_385, Some(16_384)),
+            vec![(0, 16_384), (16_384, 16_385)]
+        );
+        assert_eq!(
+            depth_ranges(40, Some(16)),
+            vec![(0, 16), (16, 32), (32, 40)]
+        );
+        // An empty depth is still one (empty) range, so the epilogue writes its zeros.
+        assert_eq!(depth_ranges(0, Some(16)), vec![(0, 0)]);
     }
 }

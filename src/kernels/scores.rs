@@ -24,9 +24,9 @@ pub struct ScoresParams {
     pub scale: f32,
     pub z_offset: u32,
     pub kv_stride: u32,
+    pub k_begin: u32,
+    pub k_end: u32,
     pub _pad0: u32,
-    pub _pad1: u32,
-    pub _pad2: u32,
 }
 
 impl ScoresParams {
@@ -40,6 +40,7 @@ impl ScoresParams {
             k_offset: c.layout.k_offset,
             scale: c.scale,
             kv_stride: c.layout.kv_stride,
+            k_end: c.qk_head_dim as u32,
             ..Default::default()
         }
     }
@@ -63,8 +64,9 @@ pub fn source() -> String {
 /// Bindings: params, Q|K, scores, mask words, mask params.
 const SLOTS: &[Slot] = &[Uniform(0), Read(1), Write(4), Read(6), Uniform(7)];
 
-/// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head).
-pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Dispatch> {
+/// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head); one dispatch per range of the
+/// head dimension (see [`super::device_depth_ranges`]), the last one scaling and masking.
+pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Vec<Dispatch>> {
     let p = ScoresParams::new(c);
     let groups = [
         p.lk.div_ceil(GEMM_TILE),
@@ -72,11 +74,17 @@ pub fn dispatch(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Dispatch
         c.batch_heads(),
     ];
     let [words, params] = b.mask.bindings();
-    Dispatch::new(
-        gpu,
-        gpu.compile("scores", &PassSpec::main("scores", SLOTS), source),
-        &p,
-        &[(1, b.qkv), (4, b.scores), words, params],
-        groups,
-    )
+    let pass = gpu.compile("scores", &PassSpec::main("scores", SLOTS), source);
+    super::device_depth_ranges(gpu, p.head_dim)
+        .into_iter()
+        .map(|(k_begin, k_end)| {
+            let p = ScoresParams {
+                k_begin,
+                k_end,
+                ..p
+            };
+            let buffers = [(1, b.qkv), (4, b.scores), words, params];
+            Dispatch::new(gpu, pass.clone(), &p, &buffers, groups)
+        })
+        .collect()
 }

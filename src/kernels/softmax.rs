@@ -37,8 +37,24 @@ pub fn source() -> String {
     WGSL.to_string()
 }
 
-/// Softmax over each of `rows` rows of `cols` values in `scores`, in place.
+/// Most columns a row may have on a software rasteriser, whose loops stop after 65,535
+/// iterations per invocation: a row takes three strided sweeps of `cols / 64` iterations, so
+/// 2^19 columns make 24,576, well under the cap.
+pub const SOFTWARE_MAX_COLS: usize = 1 << 19;
+
+/// Softmax over each of `rows` rows of `cols` values in `scores`, in place. `Err(Unsupported)`
+/// for rows longer than [`SOFTWARE_MAX_COLS`] on a software rasteriser.
 pub fn dispatch(gpu: &Gpu, rows: usize, cols: usize, scores: &wgpu::Buffer) -> Result<Dispatch> {
+    if super::is_software(gpu) && cols > SOFTWARE_MAX_COLS {
+        return Err(crate::error::Error::Unsupported {
+            adapter: gpu.describe(),
+            what: format!(
+                "a softmax over {cols} keys (a software rasteriser stops a shader's loops after \
+                 65,535 iterations; at most {SOFTWARE_MAX_COLS} keys here); leave the \
+                 probabilities out so the fused path runs"
+            ),
+        });
+    }
     let p = SoftmaxParams::new(
         rows as u32,
         cols as u32,

@@ -299,7 +299,7 @@ impl Job {
             let wb = gpu.upload("w", w, none);
             let bb = gpu.upload("bias", bias.unwrap_or(&[]), none);
             let yb = gpu.storage("y", 4 * (rows * n) as u64, wgpu::BufferUsages::COPY_SRC);
-            let (step, variant) = match kernel {
+            let (steps, variant) = match kernel {
                 LinearKernel::Naive => {
                     let b = naive::NaiveLinearBuffers {
                         x: &xb,
@@ -307,7 +307,10 @@ impl Job {
                         bias: &bb,
                         y: &yb,
                     };
-                    (naive::linear(gpu, (rows, n, k), bias.is_some(), b)?, None)
+                    (
+                        vec![naive::linear(gpu, (rows, n, k), bias.is_some(), b)?],
+                        None,
+                    )
                 }
                 LinearKernel::Auto | LinearKernel::Variant(_) => {
                     let mut dst = 0;
@@ -345,7 +348,7 @@ impl Job {
                     (d, Some(v))
                 }
             };
-            let mut job = Job::new(gpu, vec![step], vec![xb, wb, bb], yb, rows * n);
+            let mut job = Job::new(gpu, steps, vec![xb, wb, bb], yb, rows * n);
             job.linear_variant = variant;
             Ok(job)
         })?
@@ -416,7 +419,7 @@ impl Job {
                     scores: &scores_buf,
                     mask: &mask_buffers,
                 };
-                scores::dispatch(gpu, &c, b)
+                scores::dispatches(gpu, &c, b)
             };
             // av_combine reads the probabilities from `scores` (multi-pass) or from the packed
             // input (alone: they stand where q would), and V at its offset in `qkv`.
@@ -426,10 +429,10 @@ impl Job {
                     qkv: &qkv,
                     out: &out,
                 };
-                av_combine::dispatch(gpu, &c, b)
+                av_combine::dispatches(gpu, &c, b)
             };
             let (steps, result, len) = match core {
-                Core::Scores => (vec![scores_step()?], &scores_buf, scores_len),
+                Core::Scores => (scores_step()?, &scores_buf, scores_len),
                 Core::AvCombine => {
                     let c_av = CoreProblem {
                         layout: QkvLayout {
@@ -443,11 +446,8 @@ impl Job {
                         qkv: &qkv,
                         out: &out,
                     };
-                    (
-                        vec![av_combine::dispatch(gpu, &c_av, b)?],
-                        &out,
-                        c.combined_len(),
-                    )
+                    let steps = av_combine::dispatches(gpu, &c_av, b)?;
+                    (steps, &out, c.combined_len())
                 }
                 Core::Fused => {
                     let b = flash_attention::FlashBuffers {
@@ -463,11 +463,9 @@ impl Job {
                 }
                 Core::MultiPass => {
                     let rows = c.batch * c.heads * c.lq;
-                    let steps = vec![
-                        scores_step()?,
-                        softmax::dispatch(gpu, rows, c.lk, &scores_buf)?,
-                        av_step(&scores_buf)?,
-                    ];
+                    let mut steps = scores_step()?;
+                    steps.push(softmax::dispatch(gpu, rows, c.lk, &scores_buf)?);
+                    steps.extend(av_step(&scores_buf)?);
                     (steps, &out, c.combined_len())
                 }
                 Core::Naive => {
