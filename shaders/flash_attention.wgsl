@@ -94,6 +94,39 @@ fn staged_vec4(base: u32, d: u32, width: u32, live: bool) -> vec4<f32> {
     );
 }
 
+// A quiet NaN. WGSL rejects NaN constants, so the bits are made a runtime value.
+fn nan() -> f32 {
+    return bitcast<f32>(0x7fc00000u | (p.lk & 0u));
+}
+
+// Which components of the V vec4s hold a non-finite value at any key of tiles [t0, t1) of
+// (batch, head) z: 0·V is NaN there, as PyTorch computes it. Tested on the bits (an exponent of
+// all ones), which no fast-math folding touches. Threads split the keys and combine through
+// v_tile (free after the tile loop); control flow is uniform, since t0 and t1 are.
+fn skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) -> array<vec4<u32>, DV4> {
+    let exponent = vec4<u32>(0x7f800000u);
+    var mine: array<vec4<u32>, DV4>;
+    for (var j = t0 * KV_TILE + thread; j < min(t1 * KV_TILE, p.lk); j += THREADS) {
+        let base = p.v_offset + (z * p.kv_stride + j) * HEAD_DIM_V;
+        for (var c = 0u; c < DV4; c++) {
+            let bits = bitcast<vec4<u32>>(staged_vec4(base, 4u * c, HEAD_DIM_V, true));
+            mine[c] |= select(vec4<u32>(0u), vec4<u32>(1u), (bits & exponent) == exponent);
+        }
+    }
+    for (var c = 0u; c < DV4; c++) {
+        v_tile[thread * DV4 + c] = bitcast<vec4<f32>>(mine[c]);
+    }
+    workgroupBarrier();
+    var all: array<vec4<u32>, DV4>;
+    for (var t = 0u; t < THREADS; t++) {
+        for (var c = 0u; c < DV4; c++) {
+            all[c] |= bitcast<vec4<u32>>(v_tile[t * DV4 + c]);
+        }
+    }
+    workgroupBarrier();
+    return all;
+}
+
 // Scaled scores of keys j .. j + 3 for row i with the mask applied. Only the first `left` of
 // them exist; the others (past Lk, in the last tile) get -f32::MAX, so they weigh exactly 0
 // (a row's max is at least MASKED_SCORE once it has seen one key) without counting as masked.
@@ -241,6 +274,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         workgroupBarrier();
     }
+    // Tiles skipped above hold keys masked for every row of the block: their weights are exactly
+    // 0, but PyTorch's 0·V still turns a non-finite V into NaN in every row.
+    let all_tiles = min(p.tile_end, (p.lk + KV_TILE - 1u) / KV_TILE);
+    let poisoned = skipped_non_finite(z, max(tiles, p.tile_begin), all_tiles, lid.x);
+    for (var r = 0u; r < ROWS; r++) {
+        for (var c = 0u; c < DV4; c++) {
+            acc[r][c] = select(acc[r][c], vec4<f32>(nan()), poisoned[c] != vec4<u32>(0u));
+        }
+    }
     if ((p.carry_flags & CARRY_OUT) != 0u) {
         for (var r = 0u; r < ROWS; r++) {
             let i = i0 + lid.x + THREADS * r;
@@ -262,7 +304,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var r = 0u; r < ROWS; r++) {
         let i = i0 + lid.x + THREADS * r;
         if (i < p.lq) {
-            let inv = 1.0 / row_sum[r];
+            // Every score of the row was -inf (an additive mask) iff its max never rose above
+            // the start value, -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN. Tested on the
+            // max, since fast math need not keep exp(-inf) = 0 exact.
+            let inv = select(1.0 / row_sum[r], nan(), row_max[r] <= -3.402823e38);
             let out_base = (b * p.lq + i) * (p.heads * HEAD_DIM_V) + h * HEAD_DIM_V;
             for (var c = 0u; c < DV4; c++) {
                 let o = acc[r][c] * inv;

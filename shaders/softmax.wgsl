@@ -61,7 +61,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         sum += exp(s[base + j] - m);
     }
     sum = reduce_sum(lid.x, sum);
-    let inv = 1.0 / sum;
+    // Every score of the row was -inf (an additive mask) iff the max stayed at its start,
+    // -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN, as the reference's. WGSL has no NaN
+    // constant, and fast math need not keep exp(-inf) = 0 exact, so both are spelled out.
+    let inv = select(1.0 / sum, bitcast<f32>(0x7fc00000u | (p.cols & 0u)), m <= -3.402823e38);
     for (var j = lid.x; j < p.cols; j += WG) {
         s[base + j] = exp(s[base + j] - m) * inv;
     }

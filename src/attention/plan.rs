@@ -154,9 +154,9 @@ impl MultiHeadAttention {
     /// The largest (batch, query) block sizes whose workspace fits the device: whole batches
     /// first, then query blocks (queries are independent given all keys). `Err(TooLarge)` only
     /// when one batch of one query does not fit.
-    pub(crate) fn plan_chunks(&self, whole: Shape) -> Result<(usize, usize)> {
-        let limits = |shape| self.check_limits(shape);
-        chunk_sizes(whole, limits)
+    pub(crate) fn plan_chunks(&self, plan: &Plan) -> Result<(usize, usize)> {
+        let fits = |s: Shape| self.check_limits(s, plan.mask.window_len(s.batch, s.lq));
+        chunk_sizes(plan.whole, fits)
     }
 
     /// Bytes per element of the projected Q/K/V buffer.
@@ -167,8 +167,9 @@ impl MultiHeadAttention {
         }
     }
 
-    /// Whether one shape's workspace and dispatches fit the device's limits.
-    pub(crate) fn check_limits(&self, shape: Shape) -> Result<()> {
+    /// Whether one shape's workspace (with `mask_words` of mask) and dispatches fit the
+    /// device's limits.
+    pub(crate) fn check_limits(&self, shape: Shape, mask_words: usize) -> Result<()> {
         let c = &self.config;
         let (b, lq, lk, h) = (shape.batch, shape.lq, shape.lk, c.heads);
         let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
@@ -187,6 +188,7 @@ impl MultiHeadAttention {
             ("output", 4 * b * lq * c.output_dim()),
             ("attention scores", 4 * scores),
             ("flash carry state", 4 * carry),
+            ("the mask", 4 * mask_words),
         ];
         for (what, bytes) in sizes {
             self.gpu.check_fits(what, bytes as u64)?;

@@ -4,7 +4,6 @@
 
 use crate::error::Result;
 use crate::gpu::timer::PassTimer;
-use crate::kernels::mask::MaskParams;
 use crate::model::tensor::Tensor;
 
 use super::gpu_tensor::GpuTensor;
@@ -73,9 +72,9 @@ impl MultiHeadAttention {
         if plan.is_empty() {
             return Ok(self.empty_forward(&plan));
         }
-        let (batch_chunk, query_chunk) = self.plan_chunks(plan.whole)?;
+        let (batch_chunk, query_chunk) = self.plan_chunks(&plan)?;
         if (batch_chunk, query_chunk) == (plan.whole.batch, plan.whole.lq) {
-            return self.run_chunk(plan.whole, inputs, &plan, plan.mask.params, timer);
+            return self.run_chunk(plan.whole, inputs, &plan, (0, 0), timer);
         }
         self.run_chunked(&plan, (batch_chunk, query_chunk), inputs)
     }
@@ -99,7 +98,8 @@ impl MultiHeadAttention {
                 path: plan.path,
             });
         }
-        self.check_limits(plan.whole)?;
+        let d = plan.dims;
+        self.check_limits(plan.whole, plan.mask.window_len(d.batch, d.lq))?;
         let d = plan.dims;
         let output = GpuTensor::zeros(&self.gpu, &[d.batch, d.lq, self.config.output_dim()])?;
         let probs = match options.return_probs {
@@ -114,7 +114,7 @@ impl MultiHeadAttention {
             &mut ws,
             inputs,
             &plan,
-            plan.mask.params,
+            (0, 0),
             None,
             |ws, encoder| {
                 encoder.copy_buffer_to_buffer(
@@ -139,13 +139,14 @@ impl MultiHeadAttention {
         })
     }
 
-    /// One workspace, one submit, one readback of host tensors.
+    /// One workspace, one submit, one readback of host tensors: the chunk of `shape` whose first
+    /// batch and query are `at`.
     fn run_chunk(
         &self,
         shape: Shape,
         inputs: [&Tensor; 3],
         plan: &Plan,
-        mask: MaskParams,
+        at: (usize, usize),
         mut timer: Option<&mut PassTimer>,
     ) -> Result<ForwardOutput> {
         let Shape { batch, lq, lk, .. } = shape;
@@ -162,7 +163,7 @@ impl MultiHeadAttention {
                 &mut ws,
                 inputs,
                 plan,
-                mask,
+                at,
                 timer.as_deref_mut(),
                 |ws, encoder| {
                     let out_bytes = 4 * out_len as u64;
@@ -198,19 +199,21 @@ impl MultiHeadAttention {
         self.keep_if_ok(ws, result)
     }
 
-    /// Uploads the inputs and the mask, records the chain and `finish` (copies out of the
+    /// Uploads the inputs and the chunk's window of the mask (the chunk of `ws.shape` whose
+    /// first batch and query are `at`), records the chain and `finish` (copies out of the
     /// workspace) in one encoder, and submits it, inside one error scope.
     fn submit<S: Source>(
         &self,
         ws: &mut Workspace,
         inputs: [&S; 3],
         plan: &Plan,
-        mask: MaskParams,
+        (b0, i0): (usize, usize),
         mut timer: Option<&mut PassTimer>,
         finish: impl FnOnce(&Workspace, &mut wgpu::CommandEncoder),
     ) -> Result<()> {
         self.gpu.scoped("forward", || -> Result<()> {
-            ws.write_mask(self, &plan.mask.words, &mask)?;
+            let window = plan.mask.window((b0, ws.shape.batch), (i0, ws.shape.lq));
+            ws.write_mask(self, &plan.mask.words[window.words], &window.params)?;
             let mut encoder = self.gpu.encoder("forward");
             let sources = match ws.shape.sharing {
                 Sharing::SelfAttention => &inputs[..1],
@@ -267,7 +270,7 @@ impl MultiHeadAttention {
                     Sharing::SharedKeyValue => [&q, &k, &k],
                     Sharing::Distinct => [&q, &k, &v],
                 };
-                let part = self.run_chunk(shape, inputs, plan, plan.mask.chunk(b0, i0), None)?;
+                let part = self.run_chunk(shape, inputs, plan, (b0, i0), None)?;
                 // Scatter the block's rows back into place.
                 for b in 0..nb {
                     let src = &part.output.data()[b * nq * out_dim..(b + 1) * nq * out_dim];

@@ -66,6 +66,8 @@ pub struct MaskParams {
 pub struct EncodedMask {
     pub params: MaskParams,
     pub words: Vec<u32>,
+    /// The problem it was encoded for.
+    pub dims: AttnDims,
 }
 
 impl EncodedMask {
@@ -102,25 +104,66 @@ impl EncodedMask {
             }
         };
         params.kind = kind as u32;
-        Ok(EncodedMask { params, words })
+        Ok(EncodedMask {
+            params,
+            words,
+            dims,
+        })
     }
 
     pub fn kind(&self) -> u32 {
         self.params.kind
     }
 
-    /// The uniform of a sub-problem: batches from `b0`, queries from `i0`. The words stay the
-    /// whole problem's; only offsets move (causal visibility `j <= i + Lk - Lq` keeps the
-    /// whole problem's `i` and `Lq`).
-    pub fn chunk(&self, b0: usize, i0: usize) -> MaskParams {
+    /// The part of the mask a chunk of `nb` batches from `b0` and `nq` queries from `i0` reads:
+    /// its uniform (offsets relative to the window) and the range of words it needs. Only that
+    /// window is uploaded, so a mask larger than one storage binding runs in chunks like the
+    /// inputs. Causal visibility keeps the whole problem's `i` and `Lq`.
+    pub fn window(&self, (b0, nb): (usize, usize), (i0, nq): (usize, usize)) -> MaskWindow {
         let p = self.params;
-        MaskParams {
+        let mut params = MaskParams {
             causal_offset: p.causal_offset.saturating_add(i0 as i32),
-            base: p.base + b0 as u32 * p.strides[0] + i0 as u32 * p.strides[2],
-            batch_base: p.batch_base + b0 as u32,
             ..p
+        };
+        let words = match self.kind() {
+            k if k == MaskKind::KeyPadding as u32 => b0..b0 + nb,
+            k if k == MaskKind::Keep as u32 || k == MaskKind::Bias as u32 => {
+                let first = b0 as u64 * p.strides[0] as u64 + i0 as u64 * p.strides[2] as u64;
+                let last = first + self.span(nb, nq) - 1;
+                // Keep bytes are four to a word; bias values one.
+                let per_word = if k == MaskKind::Keep as u32 { 4 } else { 1 };
+                params.base = (first % per_word) as u32;
+                (first / per_word) as usize..(last / per_word) as usize + 1
+            }
+            _ => 0..0,
+        };
+        MaskWindow { params, words }
+    }
+
+    /// Most words any window of `nb` batches and `nq` queries needs (see [`window`](Self::window)).
+    pub fn window_len(&self, nb: usize, nq: usize) -> usize {
+        match self.kind() {
+            k if k == MaskKind::KeyPadding as u32 => nb,
+            k if k == MaskKind::Keep as u32 => (self.span(nb, nq) / 4) as usize + 2,
+            k if k == MaskKind::Bias as u32 => self.span(nb, nq) as usize,
+            _ => 0,
         }
     }
+
+    /// Elements from a window's first to its last, plus one.
+    fn span(&self, nb: usize, nq: usize) -> u64 {
+        let s = self.params.strides.map(u64::from);
+        let d = self.dims;
+        let last = |n: usize| n.saturating_sub(1) as u64;
+        last(nb) * s[0] + last(d.heads) * s[1] + last(nq) * s[2] + last(d.lk) * s[3] + 1
+    }
+}
+
+/// The part of a mask one chunk reads: its uniform and a range of [`EncodedMask::words`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaskWindow {
+    pub params: MaskParams,
+    pub words: std::ops::Range<usize>,
 }
 
 /// A mask on the device: its words and its uniform, bound at 6 and 7 by every pass that
@@ -182,24 +225,40 @@ mod tests {
     }
 
     #[test]
-    fn chunks_move_offsets_not_words() {
+    fn windows_hold_exactly_the_words_a_chunk_reads() {
+        // Keep bytes [2, 3, 5] (b, i, j): strides (15, 0, 5, 1).
         let keep: Vec<u8> = (0..2 * 3 * 5).map(|e| (e % 3 != 0) as u8).collect();
         let mask = Mask::Attend(MaskTensor::new([2, 3, 5], keep).unwrap());
         let m = EncodedMask::new(&mask, dims(2, 3, 5)).unwrap();
         assert_eq!(m.params.strides, [15, 0, 5, 1]);
-        let first = m.chunk(0, 0);
-        assert_eq!((first.base, first.batch_base), (0, 0));
-        // Batch 1, query 2: element 15 + 10.
-        let c = m.chunk(1, 2);
-        assert_eq!((c.base, c.batch_base, c.causal_offset), (25, 1, 2 + 2));
+        let whole = m.window((0, 2), (0, 3));
+        assert_eq!(
+            (whole.params.base, whole.words.clone()),
+            (0, 0..m.words.len())
+        );
+        // Batch 1, queries 2..3: elements 25..30, words 6..8, starting at byte 1 of word 6.
+        let w = m.window((1, 1), (2, 1));
+        assert_eq!((w.params.base, w.words.clone()), (1, 6..8));
+        assert_eq!(w.params.causal_offset, 2 + 2);
+        assert!(w.words.len() <= m.window_len(1, 1));
+        // One bias value per word.
+        let bias = Mask::Bias(crate::Tensor::random([3, 5], 1));
+        let b = EncodedMask::new(&bias, dims(2, 3, 5)).unwrap();
+        let w = b.window((1, 1), (1, 2));
+        assert_eq!((w.params.base, w.words.clone()), (0, 5..15));
+        assert_eq!(b.window_len(1, 2), 10);
+        // Key padding: one length per batch of the chunk.
+        let pad = EncodedMask::new(&Mask::KeyPadding(vec![5, 4]), dims(2, 3, 5)).unwrap();
+        let w = pad.window((1, 1), (0, 3));
+        assert_eq!((w.params.batch_base, w.words.clone()), (0, 1..2));
     }
 
     #[test]
     fn causal_offset_is_bottom_right_and_moves_with_the_query_block() {
         let m = EncodedMask::new(&Mask::Causal, dims(1, 3, 8)).unwrap();
         assert_eq!(m.params.causal_offset, 5);
-        assert_eq!(m.chunk(0, 1).causal_offset, 6);
-        assert!(m.words.is_empty());
+        assert_eq!(m.window((0, 1), (1, 2)).params.causal_offset, 6);
+        assert!(m.words.is_empty() && m.window((0, 1), (1, 2)).words.is_empty());
     }
 
     #[test]
