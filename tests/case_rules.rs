@@ -5,7 +5,7 @@
 mod common;
 
 use common::gpu;
-use wgpu_mha::{reference, Case, ForwardOptions};
+use wgpu_mha::{Case, ForwardOptions};
 
 const CASE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -48,16 +48,7 @@ fn nan_expected_where_the_output_is_nan_matches() {
     let d = case.config.model_dim;
     let (lq, row) = (case.query.shape()[1], 2);
     case.query.data_mut()[(lq + row) * d + 5] = f32::NAN;
-    let value = case.value.as_ref().unwrap_or(&case.key);
-    let want = reference::forward(
-        &case.config,
-        &case.weights,
-        &case.query,
-        &case.key,
-        value,
-        &case.mask,
-    )
-    .expect("reference");
+    let want = case.reference().expect("reference");
     let nan_rows = want
         .output
         .chunks(d)

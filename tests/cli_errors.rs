@@ -1,21 +1,9 @@
 //! The CLI on bad files and bad flags: one clear `error:` line (or one FAIL line per file for
 //! `check`), a non-zero exit, never a panic or a backtrace.
 
-use std::process::Command;
+mod common;
 
-fn wgpu_mha(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wgpu-mha"))
-        .args(args)
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("the binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
+use common::cli;
 
 fn bad_files(dir: &std::path::Path) -> Vec<(String, &'static str)> {
     let fixture = std::fs::read(concat!(
@@ -60,7 +48,7 @@ fn check_reports_each_bad_file_and_fails() {
     let files = bad_files(&dir);
     let mut args = vec!["check"];
     args.extend(files.iter().map(|(p, _)| p.as_str()));
-    let (code, text) = wgpu_mha(&args);
+    let (code, text) = cli(&args);
     assert_clean_failure("check", code, &text);
     for (path, what) in &files {
         let line = text
@@ -86,14 +74,13 @@ fn run_on_a_bad_file_prints_one_error_line() {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("out.safetensors").display().to_string();
     for (path, what) in bad_files(&dir) {
-        let (code, text) = wgpu_mha(&["run", "--case", &path, "--out", &out]);
+        let (code, text) = cli(&["run", "--case", &path, "--out", &out]);
         assert_clean_failure(what, code, &text);
         let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error:")).collect();
         assert_eq!(errors.len(), 1, "{what}: expected one error line\n{text}");
         // (The weights fixture also holds inputs, so `run --weights` legitimately accepts it.)
         if !what.starts_with("a weights file") {
-            let (code, text) =
-                wgpu_mha(&["run", "--weights", &path, "--inputs", &path, "--out", &out]);
+            let (code, text) = cli(&["run", "--weights", &path, "--inputs", &path, "--out", &out]);
             assert_clean_failure(what, code, &text);
         }
     }
@@ -102,9 +89,9 @@ fn run_on_a_bad_file_prints_one_error_line() {
 
 #[test]
 fn unknown_backend_is_a_clear_error() {
-    let (code, text) = wgpu_mha(&["--backend", "nosuch", "info"]);
+    let (code, text) = cli(&["--backend", "nosuch", "info"]);
     let _ = (code, &text); // `info` lists nothing for an unknown backend; the forward must refuse:
-    let (code, text) = wgpu_mha(&["--backend", "nosuch"]);
+    let (code, text) = cli(&["--backend", "nosuch"]);
     assert_clean_failure("--backend nosuch", code, &text);
     assert!(text.contains("unknown backend `nosuch`"), "{text}");
 }

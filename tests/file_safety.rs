@@ -2,6 +2,10 @@
 //! link), checks its directory before any work, and replaces an existing output only whole;
 //! every reader accepts only regular files and reads no more than their size allows.
 
+mod common;
+
+use common::cli;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -13,19 +17,6 @@ const WEIGHTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/weights/mha_packed_e32_h4.safetensors"
 );
-
-fn wgpu_mha(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wgpu-mha"))
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
 
 /// A fresh directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -100,7 +91,7 @@ fn run_refuses_to_write_over_any_input() {
         ),
     ];
     for (what, args) in attempts {
-        assert_refused(what, wgpu_mha(&args), "would destroy it");
+        assert_refused(what, cli(&args), "would destroy it");
     }
     assert_eq!(
         std::fs::read(&case).unwrap(),
@@ -129,10 +120,10 @@ fn run_refuses_to_write_over_any_input() {
 fn run_checks_the_output_directory_before_any_work() {
     let dir = scratch("out-dir");
     let missing = dir.join("no/such/dir/out.safetensors");
-    let r = wgpu_mha(&["run", "--case", CASE, "--out", missing.to_str().unwrap()]);
+    let r = cli(&["run", "--case", CASE, "--out", missing.to_str().unwrap()]);
     assert_refused("a missing directory", r, "does not exist");
     // Not even root may create files in /proc.
-    let r = wgpu_mha(&[
+    let r = cli(&[
         "run",
         "--case",
         CASE,
@@ -140,7 +131,7 @@ fn run_checks_the_output_directory_before_any_work() {
         "/proc/wgpu-mha-out.safetensors",
     ]);
     assert_refused("an unwritable directory", r, "cannot be written");
-    let r = wgpu_mha(&["run", "--case", CASE, "--out", dir.to_str().unwrap()]);
+    let r = cli(&["run", "--case", CASE, "--out", dir.to_str().unwrap()]);
     assert_refused("a directory as the output", r, "is a directory");
 }
 
@@ -151,7 +142,7 @@ fn a_failed_run_leaves_an_existing_output_whole() {
     std::fs::write(&out, b"the user's previous result").unwrap();
     // Weights and inputs that do not fit each other: the run fails after the output was
     // prepared, and must leave it as it was, with no temporary file behind.
-    let (code, text) = wgpu_mha(&[
+    let (code, text) = cli(&[
         "run",
         "--weights",
         WEIGHTS,
@@ -164,7 +155,7 @@ fn a_failed_run_leaves_an_existing_output_whole() {
     assert_eq!(std::fs::read(&out).unwrap(), b"the user's previous result");
     assert!(others(&dir, &["out.safetensors"]).is_empty());
     // A successful run replaces it whole.
-    let (code, text) = wgpu_mha(&["run", "--case", CASE, "--out", out.to_str().unwrap()]);
+    let (code, text) = cli(&["run", "--case", CASE, "--out", out.to_str().unwrap()]);
     assert_eq!(code, 0, "{text}");
     let written = wgpu_mha::SafetensorsFile::open(&out).expect("a valid safetensors file");
     assert!(written.contains("out"));
@@ -191,10 +182,10 @@ fn readers_refuse_what_is_not_a_regular_file() {
             .expect_err(path)
             .to_string();
         assert!(err.contains(says), "{path}: {err}");
-        let (code, text) = wgpu_mha(&["check", path]);
+        let (code, text) = cli(&["check", path]);
         assert!(code != 0 && text.contains(says), "check {path}: {text}");
         let out = dir.join("out.safetensors");
-        let r = wgpu_mha(&["run", "--case", path, "--out", out.to_str().unwrap()]);
+        let r = cli(&["run", "--case", path, "--out", out.to_str().unwrap()]);
         assert_refused(&format!("run --case {path}"), r, says);
     }
 }

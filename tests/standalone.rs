@@ -10,6 +10,18 @@ use wgpu_mha::kernels::linear::{self, BoundElems, LinearParams, LinearVariant::*
 use wgpu_mha::kernels::standalone::{self, Core, CoreDims, HeadSplit, LinearKernel};
 use wgpu_mha::{Error, Mask, MaskTensor, Tensor};
 
+/// Sizes (batch, heads, Lq, Lk, dk, dv) of an attention-core problem.
+fn core_dims(batch: usize, heads: usize, lq: usize, lk: usize, dk: usize, dv: usize) -> CoreDims {
+    CoreDims {
+        batch,
+        heads,
+        lq,
+        lk,
+        qk_head_dim: dk,
+        v_head_dim: dv,
+    }
+}
+
 fn rand(len: usize, seed: u64) -> Vec<f32> {
     Tensor::random([len], seed).into_data()
 }
@@ -309,30 +321,9 @@ fn core_f64(
 #[test]
 fn attention_passes_match_f64() {
     for (n, dims) in [
-        CoreDims {
-            batch: 2,
-            heads: 3,
-            lq: 5,
-            lk: 7,
-            qk_head_dim: 8,
-            v_head_dim: 12,
-        },
-        CoreDims {
-            batch: 1,
-            heads: 2,
-            lq: 70,
-            lk: 65,
-            qk_head_dim: 16,
-            v_head_dim: 16,
-        },
-        CoreDims {
-            batch: 1,
-            heads: 1,
-            lq: 1,
-            lk: 1,
-            qk_head_dim: 3,
-            v_head_dim: 5,
-        },
+        core_dims(2, 3, 5, 7, 8, 12),
+        core_dims(1, 2, 70, 65, 16, 16),
+        core_dims(1, 1, 1, 1, 3, 5),
     ]
     .into_iter()
     .enumerate()
@@ -400,14 +391,7 @@ fn attention_passes_match_f64() {
 #[test]
 fn standalone_masks_follow_forward_semantics() {
     // A causal mask with Lq > Lk leaves the first rows fully masked: they average V.
-    let dims = CoreDims {
-        batch: 1,
-        heads: 1,
-        lq: 4,
-        lk: 2,
-        qk_head_dim: 4,
-        v_head_dim: 4,
-    };
+    let dims = core_dims(1, 1, 4, 2, 4, 4);
     let q = rand(16, 1);
     let k = rand(8, 2);
     let v = rand(8, 3);
@@ -440,38 +424,10 @@ fn assert_close(label: &str, got: &[f32], want: &[f64]) {
 /// Sizes for the masked tests: tile edges, Lq = 1, Lk = 1, dk ≠ dv.
 fn dims() -> Vec<CoreDims> {
     vec![
-        CoreDims {
-            batch: 2,
-            heads: 3,
-            lq: 7,
-            lk: 13,
-            qk_head_dim: 24,
-            v_head_dim: 24,
-        },
-        CoreDims {
-            batch: 1,
-            heads: 2,
-            lq: 70,
-            lk: 65,
-            qk_head_dim: 16,
-            v_head_dim: 8,
-        },
-        CoreDims {
-            batch: 3,
-            heads: 1,
-            lq: 1,
-            lk: 9,
-            qk_head_dim: 5,
-            v_head_dim: 7,
-        },
-        CoreDims {
-            batch: 1,
-            heads: 4,
-            lq: 12,
-            lk: 1,
-            qk_head_dim: 64,
-            v_head_dim: 64,
-        },
+        core_dims(2, 3, 7, 13, 24, 24),
+        core_dims(1, 2, 70, 65, 16, 8),
+        core_dims(3, 1, 1, 9, 5, 7),
+        core_dims(1, 4, 12, 1, 64, 64),
     ]
 }
 

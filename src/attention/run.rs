@@ -110,25 +110,12 @@ impl MultiHeadAttention {
             false => None,
         };
         let mut ws = self.take_workspace(plan.whole)?;
-        let result = self.submit(
-            &mut ws,
-            inputs,
-            &plan,
-            (0, 0),
-            None,
-            |ws, encoder| {
-                encoder.copy_buffer_to_buffer(
-                    ws.result(),
-                    0,
-                    output.buffer(),
-                    0,
-                    output.byte_len(),
-                );
-                if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
-                    encoder.copy_buffer_to_buffer(scores, 0, probs.buffer(), 0, probs.byte_len());
-                }
-            },
-        );
+        let result = self.submit(&mut ws, inputs, &plan, (0, 0), None, |ws, encoder| {
+            encoder.copy_buffer_to_buffer(ws.result(), 0, output.buffer(), 0, output.byte_len());
+            if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
+                encoder.copy_buffer_to_buffer(scores, 0, probs.buffer(), 0, probs.byte_len());
+            }
+        });
         // Queue order keeps the next call's uploads behind this submission, so the workspace
         // can be reused at once.
         self.keep_if_ok(ws, result)?;

@@ -324,6 +324,20 @@ impl Case {
         }
     }
 
+    /// The f64 CPU reference of this case's problem (independent of the GPU and of the file's
+    /// expected outputs).
+    pub fn reference(&self) -> Result<crate::reference::ReferenceOutput> {
+        let value = self.value.as_ref().unwrap_or(&self.key);
+        crate::reference::forward(
+            &self.config,
+            &self.weights,
+            &self.query,
+            &self.key,
+            value,
+            &self.mask,
+        )
+    }
+
     /// Builds the module on `gpu`, runs the case and measures it against `out_f64`.
     pub fn run(&self, gpu: &Gpu, options: &ForwardOptions) -> Result<CaseResult> {
         let mha = MultiHeadAttention::new(gpu, self.config, &self.weights)?;

@@ -58,7 +58,7 @@ pub fn source() -> String {
 }
 
 /// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head); one dispatch per range of keys
-/// (see [`super::device_depth_ranges`]), each after the first adding to the output.
+/// (see [`super::depth_split`]), each after the first adding to the output.
 pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Vec<Dispatch>> {
     let p = AvParams::new(c);
     let slots = [
@@ -73,16 +73,11 @@ pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Vec<Dispat
         p.lq.div_ceil(GEMM_TILE),
         c.batch_heads(),
     ];
-    super::device_depth_ranges(gpu, p.lk)
-        .into_iter()
-        .map(|(k_begin, k_end)| {
-            let p = AvParams {
-                k_begin,
-                k_end,
-                ..p
-            };
-            let buffers = [(1, b.probs), (2, b.qkv), (4, b.out)];
-            Dispatch::new(gpu, pass.clone(), &p, &buffers, groups)
-        })
-        .collect()
+    let at = |k_begin, k_end| AvParams {
+        k_begin,
+        k_end,
+        ..p
+    };
+    let buffers = [(1, b.probs), (2, b.qkv), (4, b.out)];
+    super::depth_split(gpu, &pass, p.lk, at, &buffers, groups)
 }

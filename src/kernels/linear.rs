@@ -344,7 +344,7 @@ pub struct LinearBuffers<'a> {
 }
 
 /// The ready dispatches of one `linear` (several only when the scalar kernel splits a long K
-/// on a software rasteriser; see [`super::device_depth_ranges`]) and the variant they run. `request: None` picks as a forward does
+/// on a software rasteriser; see [`super::depth_split`]) and the variant they run. `request: None` picks as a forward does
 /// ([`variant`]; f16 weights always run the scalar kernel); `Some(v)` runs `v` or returns the
 /// reason it cannot ([`LinearVariant::check`]).
 pub fn dispatch(
@@ -382,21 +382,20 @@ pub fn dispatch(
     };
     let pass = pass(gpu, variant, elems);
     let buffers = [(1, b.x), (2, b.w), (3, bias), (4, b.y)];
-    let ranges = match variant {
-        LinearVariant::Scalar => super::device_depth_ranges(gpu, p.k),
-        _ => vec![(0, p.k)],
+    // The vec4 variants walk all of K in one dispatch (`vec4_depth_ok` bounds it).
+    let depth = match variant {
+        LinearVariant::Scalar => p.k,
+        _ => 0,
     };
-    let dispatches = ranges
-        .into_iter()
-        .map(|(k_begin, k_end)| {
-            let p = LinearParams {
-                k_begin,
-                k_end,
-                ..*p
-            };
-            Dispatch::new(gpu, pass.clone(), &p, &buffers, workgroups(&p, variant))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let at = |k_begin, k_end| match variant {
+        LinearVariant::Scalar => LinearParams {
+            k_begin,
+            k_end,
+            ..*p
+        },
+        _ => *p,
+    };
+    let dispatches = super::depth_split(gpu, &pass, depth, at, &buffers, workgroups(p, variant))?;
     Ok((dispatches, variant))
 }
 

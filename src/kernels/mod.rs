@@ -60,9 +60,20 @@ pub fn depth_ranges(depth: u32, per_dispatch: Option<u32>) -> Vec<(u32, u32)> {
     }
 }
 
-/// [`depth_ranges`] of the device: split only on software rasterisers.
-pub(crate) fn device_depth_ranges(gpu: &crate::gpu::Gpu, depth: u32) -> Vec<(u32, u32)> {
+/// One dispatch of `pass` per range of [`depth_ranges`] on this device (split only on software
+/// rasterisers), each with the parameters `params(k_begin, k_end)`.
+pub(crate) fn depth_split<P: bytemuck::Pod>(
+    gpu: &crate::gpu::Gpu,
+    pass: &std::sync::Arc<crate::gpu::pass::Pass>,
+    depth: u32,
+    params: impl Fn(u32, u32) -> P,
+    buffers: &[(u32, &wgpu::Buffer)],
+    groups: [u32; 3],
+) -> crate::error::Result<Vec<Dispatch>> {
     depth_ranges(depth, is_software(gpu).then_some(SOFTWARE_GEMM_DEPTH))
+        .into_iter()
+        .map(|(k0, k1)| Dispatch::new(gpu, pass.clone(), &params(k0, k1), buffers, groups))
+        .collect()
 }
 
 /// Where the head-split Q, K and V of one attention problem lie, as element offsets into one

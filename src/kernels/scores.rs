@@ -65,7 +65,7 @@ pub fn source() -> String {
 const SLOTS: &[Slot] = &[Uniform(0), Read(1), Write(4), Read(6), Uniform(7)];
 
 /// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head); one dispatch per range of the
-/// head dimension (see [`super::device_depth_ranges`]), the last one scaling and masking.
+/// head dimension (see [`super::depth_split`]), the last one scaling and masking.
 pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Vec<Dispatch>> {
     let p = ScoresParams::new(c);
     let groups = [
@@ -75,16 +75,11 @@ pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Vec<Di
     ];
     let [words, params] = b.mask.bindings();
     let pass = gpu.compile("scores", &PassSpec::main("scores", SLOTS), source);
-    super::device_depth_ranges(gpu, p.head_dim)
-        .into_iter()
-        .map(|(k_begin, k_end)| {
-            let p = ScoresParams {
-                k_begin,
-                k_end,
-                ..p
-            };
-            let buffers = [(1, b.qkv), (4, b.scores), words, params];
-            Dispatch::new(gpu, pass.clone(), &p, &buffers, groups)
-        })
-        .collect()
+    let at = |k_begin, k_end| ScoresParams {
+        k_begin,
+        k_end,
+        ..p
+    };
+    let buffers = [(1, b.qkv), (4, b.scores), words, params];
+    super::depth_split(gpu, &pass, p.head_dim, at, &buffers, groups)
 }

@@ -423,30 +423,22 @@ impl Job {
             };
             // av_combine reads the probabilities from `scores` (multi-pass) or from the packed
             // input (alone: they stand where q would), and V at its offset in `qkv`.
-            let av_step = |probs: &wgpu::Buffer| {
+            let av_step = |probs: &wgpu::Buffer, c: &CoreProblem| {
                 let b = av_combine::AvBuffers {
                     probs,
                     qkv: &qkv,
                     out: &out,
                 };
-                av_combine::dispatches(gpu, &c, b)
+                av_combine::dispatches(gpu, c, b)
             };
             let (steps, result, len) = match core {
                 Core::Scores => (scores_step()?, &scores_buf, scores_len),
                 Core::AvCombine => {
-                    let c_av = CoreProblem {
-                        layout: QkvLayout {
-                            v_offset: scores_len as u32,
-                            ..c.layout
-                        },
-                        ..c
+                    let layout = QkvLayout {
+                        v_offset: scores_len as u32,
+                        ..c.layout
                     };
-                    let b = av_combine::AvBuffers {
-                        probs: &qkv,
-                        qkv: &qkv,
-                        out: &out,
-                    };
-                    let steps = av_combine::dispatches(gpu, &c_av, b)?;
+                    let steps = av_step(&qkv, &CoreProblem { layout, ..c })?;
                     (steps, &out, c.combined_len())
                 }
                 Core::Fused => {
@@ -465,7 +457,7 @@ impl Job {
                     let rows = c.batch * c.heads * c.lq;
                     let mut steps = scores_step()?;
                     steps.push(softmax::dispatch(gpu, rows, c.lk, &scores_buf)?);
-                    steps.extend(av_step(&scores_buf)?);
+                    steps.extend(av_step(&scores_buf, &c)?);
                     (steps, &out, c.combined_len())
                 }
                 Core::Naive => {

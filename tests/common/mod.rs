@@ -141,3 +141,18 @@ pub fn check_against_reference(
     }
     err
 }
+
+/// Runs the `wgpu-mha` binary; returns its exit code and stdout + stderr.
+pub fn cli(args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-mha"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("the binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
