@@ -49,28 +49,15 @@ impl GpuTensor {
 
     /// A new device tensor of zeros.
     pub fn zeros(gpu: &Gpu, shape: &[usize]) -> Result<Self> {
-        let bytes = 4 * elements(shape) as u64;
-        let limits = gpu.limits();
-        let limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
-        if bytes > limit {
-            return Err(Error::TooLarge {
-                what: format!("a GPU tensor of shape {shape:?}"),
-                needed: bytes,
-                limit,
-            });
-        }
+        let what = format!("a GPU tensor of shape {shape:?}");
+        let bytes = shape
+            .iter()
+            .try_fold(4u64, |n, &d| n.checked_mul(d as u64))
+            .unwrap_or(u64::MAX);
+        gpu.check_fits(&what, bytes)?;
+        // New buffers are zero-filled.
         let buffer = gpu.scoped("allocating a GPU tensor", || {
-            gpu.device().create_buffer(&wgpu::BufferDescriptor {
-                label: Some("GpuTensor"),
-                // wgpu rejects zero-sized bindings; new buffers are zero-filled.
-                size: bytes.max(16).next_multiple_of(4),
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+            gpu.storage("GpuTensor", bytes, wgpu::BufferUsages::COPY_SRC)
         })?;
         Ok(GpuTensor {
             shape: shape.to_vec(),
@@ -180,17 +167,9 @@ impl GpuTensor {
     /// Records and submits a copy of the data into a new `MAP_READ` buffer.
     fn copy_to_staging(&self, gpu: &Gpu) -> Result<wgpu::Buffer> {
         gpu.scoped("reading a GPU tensor", || {
-            let device = gpu.device();
-            let staging = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("GpuTensor readback"),
-                size: self.byte_len().max(16),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+            let staging = gpu.staging("GpuTensor readback", self.byte_len());
             if self.byte_len() > 0 {
-                let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("GpuTensor readback"),
-                });
+                let mut encoder = gpu.encoder("GpuTensor readback");
                 encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, self.byte_len());
                 gpu.queue().submit([encoder.finish()]);
             }
