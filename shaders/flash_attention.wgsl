@@ -83,15 +83,16 @@ fn row_elem(base: u32, d: u32, dim: u32) -> f32 {
 // Elements d .. d + 3 of the row at `base` as a vec4 (zero past the row's end), or zeros for
 // a key past the last one (`live` false).
 fn staged_vec4(base: u32, d: u32, width: u32, live: bool) -> vec4<f32> {
-    if (!live) {
-        return vec4<f32>(0.0);
+    var v = vec4<f32>(0.0);
+    if (live) {
+        v = vec4<f32>(
+            row_elem(base, d, width),
+            row_elem(base, d + 1u, width),
+            row_elem(base, d + 2u, width),
+            row_elem(base, d + 3u, width),
+        );
     }
-    return vec4<f32>(
-        row_elem(base, d, width),
-        row_elem(base, d + 1u, width),
-        row_elem(base, d + 2u, width),
-        row_elem(base, d + 3u, width),
-    );
+    return v;
 }
 
 // A quiet NaN. WGSL rejects NaN constants, so the bits are made a runtime value.
@@ -277,10 +278,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // Tiles skipped above hold keys masked for every row of the block: their weights are exactly
     // 0, but PyTorch's 0·V still turns a non-finite V into NaN in every row.
     let all_tiles = min(p.tile_end, (p.lk + KV_TILE - 1u) / KV_TILE);
-    let poisoned = skipped_non_finite(z, max(tiles, p.tile_begin), all_tiles, lid.x);
-    for (var r = 0u; r < ROWS; r++) {
-        for (var c = 0u; c < DV4; c++) {
-            acc[r][c] = select(acc[r][c], vec4<f32>(nan()), poisoned[c] != vec4<u32>(0u));
+    if (tiles < all_tiles) {
+        let poisoned = skipped_non_finite(z, max(tiles, p.tile_begin), all_tiles, lid.x);
+        for (var r = 0u; r < ROWS; r++) {
+            for (var c = 0u; c < DV4; c++) {
+                acc[r][c] = select(acc[r][c], vec4<f32>(nan()), poisoned[c] != vec4<u32>(0u));
+            }
         }
     }
     if ((p.carry_flags & CARRY_OUT) != 0u) {
