@@ -46,7 +46,10 @@ struct FlashParams {
 const CARRY_STRIDE: u32 = 2u + 4u * DV4;      // per query row: max, sum, accumulator
 
 @group(0) @binding(0) var<uniform> p: FlashParams;
-@group(0) @binding(1) var<storage, read> qkv: array<QkvElem>;
+// Q, K and V: one packed buffer bound three times, or one buffer each (at the params' offsets).
+@group(0) @binding(1) var<storage, read> q_in: array<QkvElem>;
+@group(0) @binding(2) var<storage, read> k_in: array<QkvElem>;
+@group(0) @binding(3) var<storage, read> v_in: array<QkvElem>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read_write> carry: array<f32>;
 
@@ -72,24 +75,33 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     return all_tiles;
 }
 
-// Element e of a K or V row as stored (zero past the head size, for the vec4 padding).
-fn row_elem(base: u32, d: u32, dim: u32) -> f32 {
-    if (d < dim) {
-        return f32(qkv[base + d]);
+// Which buffer a row is read from (a literal at every call, so the switch folds away).
+const Q_ROW: u32 = 0u;
+const K_ROW: u32 = 1u;
+const V_ROW: u32 = 2u;
+
+// Element d of a Q, K or V row as stored (zero past the head size, for the vec4 padding).
+fn row_elem(which: u32, base: u32, d: u32, dim: u32) -> f32 {
+    if (d >= dim) {
+        return 0.0;
     }
-    return 0.0;
+    switch which {
+        case Q_ROW: { return f32(q_in[base + d]); }
+        case K_ROW: { return f32(k_in[base + d]); }
+        default: { return f32(v_in[base + d]); }
+    }
 }
 
 // Elements d .. d + 3 of the row at `base` as a vec4 (zero past the row's end), or zeros for
 // a key past the last one (`live` false).
-fn staged_vec4(base: u32, d: u32, width: u32, live: bool) -> vec4<f32> {
+fn staged_vec4(which: u32, base: u32, d: u32, width: u32, live: bool) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     if (live) {
         v = vec4<f32>(
-            row_elem(base, d, width),
-            row_elem(base, d + 1u, width),
-            row_elem(base, d + 2u, width),
-            row_elem(base, d + 3u, width),
+            row_elem(which, base, d, width),
+            row_elem(which, base, d + 1u, width),
+            row_elem(which, base, d + 2u, width),
+            row_elem(which, base, d + 3u, width),
         );
     }
     return v;
@@ -110,7 +122,7 @@ fn skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) -> array<vec4<u32>,
     for (var j = t0 * KV_TILE + thread; j < min(t1 * KV_TILE, p.lk); j += THREADS) {
         let base = p.v_offset + (z * p.kv_stride + j) * HEAD_DIM_V;
         for (var c = 0u; c < DV4; c++) {
-            let bits = bitcast<vec4<u32>>(staged_vec4(base, 4u * c, HEAD_DIM_V, true));
+            let bits = bitcast<vec4<u32>>(staged_vec4(V_ROW, base, 4u * c, HEAD_DIM_V, true));
             mine[c] |= select(vec4<u32>(0u), vec4<u32>(1u), (bits & exponent) == exponent);
         }
     }
@@ -168,12 +180,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (i < p.lq) {
             let q_base = p.q_offset + (z * p.lq + i) * HEAD_DIM_QK;
             for (var c = 0u; c < DK4; c++) {
-                q[r][c] = vec4<f32>(
-                    row_elem(q_base, 4u * c, HEAD_DIM_QK),
-                    row_elem(q_base, 4u * c + 1u, HEAD_DIM_QK),
-                    row_elem(q_base, 4u * c + 2u, HEAD_DIM_QK),
-                    row_elem(q_base, 4u * c + 3u, HEAD_DIM_QK),
-                );
+                q[r][c] = staged_vec4(Q_ROW, q_base, 4u * c, HEAD_DIM_QK, true);
             }
         }
     }
@@ -204,12 +211,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
             let key = e / DK4;
             let base = p.k_offset + (z * p.kv_stride + j0 + key) * HEAD_DIM_QK;
-            k_tile[e] = staged_vec4(base, 4u * (e % DK4), HEAD_DIM_QK, key < keys);
+            k_tile[e] = staged_vec4(K_ROW, base, 4u * (e % DK4), HEAD_DIM_QK, key < keys);
         }
         for (var e = lid.x; e < KV_TILE * DV4; e += THREADS) {
             let key = e / DV4;
             let base = p.v_offset + (z * p.kv_stride + j0 + key) * HEAD_DIM_V;
-            v_tile[e] = staged_vec4(base, 4u * (e % DV4), HEAD_DIM_V, key < keys);
+            v_tile[e] = staged_vec4(V_ROW, base, 4u * (e % DV4), HEAD_DIM_V, key < keys);
         }
         workgroupBarrier();
         // Key groups of 8 (see the header): sa/sb hold each owned row's scores of keys

@@ -1,5 +1,6 @@
 // scores: S[b, h, i, j] = mask(scale · Q[b, h, i, :] · K[b, h, j, :]), S laid out [B, H, Lq, Lk].
-// Q and K are read in head-split layout [B, H, L, d] at element offsets into one buffer.
+// Q and K are read in head-split layout [B, H, L, d] at element offsets into their buffers
+// (one packed buffer bound twice, or one each).
 // Dispatch: (ceil(Lk / 64), ceil(Lq / 64), B·H) workgroups of 16×16; z is offset by
 // p.z_offset so a problem with more than 65535 (batch, head) pairs can be split.
 
@@ -19,15 +20,16 @@ struct ScoresParams {
 }
 
 @group(0) @binding(0) var<uniform> p: ScoresParams;
-@group(0) @binding(1) var<storage, read> qk: array<f32>;
+@group(0) @binding(1) var<storage, read> q_in: array<f32>;
+@group(0) @binding(2) var<storage, read> k_in: array<f32>;
 @group(0) @binding(4) var<storage, read_write> scores: array<f32>;
 
 fn load_a(z: u32, i: u32, d: u32) -> f32 {
-    return qk[p.q_offset + (z * p.lq + i) * p.head_dim + d];
+    return q_in[p.q_offset + (z * p.lq + i) * p.head_dim + d];
 }
 
 fn load_b(z: u32, d: u32, j: u32) -> f32 {
-    return qk[p.k_offset + (z * p.kv_stride + j) * p.head_dim + d];
+    return k_in[p.k_offset + (z * p.kv_stride + j) * p.head_dim + d];
 }
 
 @compute @workgroup_size(16, 16, 1)

@@ -78,6 +78,35 @@ fn auto_routes_scores_past_the_limit_to_the_fused_path() {
 }
 
 #[test]
+fn keys_and_values_past_one_binding_together_get_a_buffer_each() {
+    // K and V of 263,168 keys × 64 floats are 64.25 MiB each: packed with Q they exceed
+    // lavapipe's 128 MiB binding, alone they fit; and keys cannot be split into chunks.
+    // (Capped so that a device with larger bindings still runs a test of reasonable size.)
+    let lk = (limit_bytes() as usize / (2 * 4 * 64) + 1024).min(300_000);
+    let config = AttentionConfig::classic(64, 1).unwrap();
+    let (weights, mha) = module(config, 11);
+    let q = Tensor::random([1, 4, 64], 12);
+    let k = Tensor::random([1, lk, 64], 13);
+    let v = Tensor::random([1, lk, 64], 14);
+    let runs = [
+        ("shared key/value", &k, AttentionPath::Fused),
+        ("shared key/value", &k, AttentionPath::MultiPass),
+        ("distinct key and value", &v, AttentionPath::Fused),
+    ];
+    for (label, value, path) in runs {
+        let want = reference::forward(&config, &weights, &q, &k, value, &Mask::None).unwrap();
+        let got = mha
+            .forward_with(&q, &k, value, &Mask::None, &options(path, false))
+            .unwrap_or_else(|e| panic!("{label} {path:?}, Lk = {lk}: {e}"));
+        assert_close(
+            &format!("{label} {path:?}"),
+            got.output.data(),
+            &want.output,
+        );
+    }
+}
+
+#[test]
 fn a_problem_that_cannot_fit_is_an_error_with_the_figures() {
     // One batch of keys alone is 4.2M × 8 floats = 134 MB > 128 MiB: nothing to split.
     let (_, mha) = module(AttentionConfig::classic(8, 1).unwrap(), 8);

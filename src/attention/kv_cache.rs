@@ -17,7 +17,7 @@ use crate::attention::workspace::{dispatches, Bound, Geometry};
 use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
-use crate::kernels::QkvLayout;
+use crate::kernels::{QkvBuffers, QkvLayout};
 use crate::model::mask::{AttnDims, Mask};
 use crate::model::tensor::Tensor;
 
@@ -311,7 +311,7 @@ impl MultiHeadAttention {
                 query: &cache.x_q,
                 key: kv_input,
                 value: kv_input,
-                qkv: &cache.kv,
+                qkv: QkvBuffers::packed(&cache.kv),
                 scores: cache.scores.as_ref(),
                 combined: &cache.combined,
                 output: cache.output.as_ref(),

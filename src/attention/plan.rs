@@ -173,7 +173,6 @@ impl MultiHeadAttention {
         let c = &self.config;
         let (b, lq, lk, h) = (shape.batch, shape.lq, shape.lk, c.heads);
         let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
-        let qkv = b * h * (lq * dk + lk * dk + lk * dv);
         let carry = match (&self.flash, shape.fused) {
             (Some(f), true) if f.key_ranges(lk).len() > 1 => b * h * lq * carry_stride(dv),
             _ => 0,
@@ -183,7 +182,19 @@ impl MultiHeadAttention {
             ("query input", 4 * b * lq * c.model_dim),
             ("key input", 4 * b * lk * c.key_dim),
             ("value input", 4 * b * lk * c.value_dim),
-            ("projected Q, K, V", self.qkv_elem_bytes() as usize * qkv),
+            // One buffer each when packed they would not fit (see `workspace::split_qkv`).
+            (
+                "projected Q",
+                self.qkv_elem_bytes() as usize * b * h * lq * dk,
+            ),
+            (
+                "projected K",
+                self.qkv_elem_bytes() as usize * b * h * lk * dk,
+            ),
+            (
+                "projected V",
+                self.qkv_elem_bytes() as usize * b * h * lk * dv,
+            ),
             ("combined heads", 4 * b * lq * c.v_width()),
             ("output", 4 * b * lq * c.output_dim()),
             ("attention scores", 4 * scores),

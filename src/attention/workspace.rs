@@ -7,7 +7,7 @@ use crate::gpu::pass::Dispatch;
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
 use crate::kernels::{
-    av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, QkvLayout,
+    av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, QkvBuffers, QkvLayout,
 };
 
 use super::plan::{Shape, Sharing};
@@ -33,7 +33,7 @@ pub(crate) struct Bound<'a> {
     pub key: &'a wgpu::Buffer,
     pub value: &'a wgpu::Buffer,
     /// Head-split Q, K, V at `Geometry::layout`.
-    pub qkv: &'a wgpu::Buffer,
+    pub qkv: QkvBuffers<'a>,
     /// `[B, H, Lq, Lk]`, for the multi-pass core.
     pub scores: Option<&'a wgpu::Buffer>,
     pub combined: &'a wgpu::Buffer,
@@ -99,7 +99,7 @@ pub(crate) fn dispatches(
             // combined = combine_heads(probs · V)
             let buffers = av_combine::AvBuffers {
                 probs: scores_buf,
-                qkv: b.qkv,
+                v: b.qkv.v,
                 out: b.combined,
             };
             chain.extend(av_combine::dispatches(gpu, &core, buffers)?);
@@ -160,41 +160,58 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
     let new_keys = g.lk - g.kv_pos;
     let plain_kv = g.kv_pos == 0 && l.kv_stride as usize == g.lk;
     let sharing = Sharing::of(b.query == b.key, b.key == b.value);
-    let fused_qkv = sharing == Sharing::SelfAttention && plain_kv && g.lq == g.lk;
+    // One GEMM may write several of Q, K, V only when they share a buffer.
+    let packed = b.qkv.is_packed();
+    let fused_qkv = packed && sharing == Sharing::SelfAttention && plain_kv && g.lq == g.lk;
     let has_bias = w.b_qkv.is_some();
-    // (input, rows per sequence, input width, first weight row, first bias, segments)
-    type Gemm<'a> = (&'a wgpu::Buffer, usize, usize, u32, u32, Vec<Segment>);
-    let keys = |x, width, w_offset, b_offset, segs| -> Gemm {
-        (x, new_keys, width, w_offset, b_offset, segs)
-    };
-    let gemms: Vec<Gemm> = match (fused_qkv, sharing) {
-        (true, _) => vec![(b.query, g.lq, c.model_dim, 0, 0, vec![q_seg, k_seg, v_seg])],
-        (false, Sharing::Distinct) => vec![
-            (b.query, g.lq, c.model_dim, 0, 0, vec![q_seg]),
-            keys(b.key, c.key_dim, w.w_k_offset, w.b_k_offset, vec![k_seg]),
-            keys(
+    // (input, rows per sequence, input width, first weight row, first bias, segments, output)
+    type Gemm<'a> = (
+        &'a wgpu::Buffer,
+        usize,
+        usize,
+        u32,
+        u32,
+        Vec<Segment>,
+        &'a wgpu::Buffer,
+    );
+    let query = (b.query, g.lq, c.model_dim, 0, 0, vec![q_seg], b.qkv.q);
+    let key = (b.key, new_keys, c.key_dim, w.w_k_offset, w.b_k_offset);
+    let gemms: Vec<Gemm> = if fused_qkv {
+        vec![(
+            b.query,
+            g.lq,
+            c.model_dim,
+            0,
+            0,
+            vec![q_seg, k_seg, v_seg],
+            b.qkv.q,
+        )]
+    } else if packed && sharing != Sharing::Distinct {
+        let (x, seq, width, w_off, b_off) = key;
+        vec![
+            query,
+            (x, seq, width, w_off, b_off, vec![k_seg, v_seg], b.qkv.k),
+        ]
+    } else {
+        let (x, seq, width, w_off, b_off) = key;
+        vec![
+            query,
+            (x, seq, width, w_off, b_off, vec![k_seg], b.qkv.k),
+            (
                 b.value,
+                new_keys,
                 c.value_dim,
                 w.w_v_offset,
                 w.b_v_offset,
                 vec![v_seg],
+                b.qkv.v,
             ),
-        ],
-        (false, _) => vec![
-            (b.query, g.lq, c.model_dim, 0, 0, vec![q_seg]),
-            keys(
-                b.key,
-                c.key_dim,
-                w.w_k_offset,
-                w.b_k_offset,
-                vec![k_seg, v_seg],
-            ),
-        ],
+        ]
     };
     gemms
         .into_iter()
         .enumerate()
-        .map(|(i, (x, seq, width, w_offset, bias_offset, segments))| {
+        .map(|(i, (x, seq, width, w_offset, bias_offset, segments, y))| {
             let rows = (g.batch * seq) as u32;
             let mut p = LinearParams::new(rows, width as u32, seq as u32, &segments).weights_at(
                 w_offset,
@@ -209,7 +226,7 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
                 x,
                 w: &w.w_qkv,
                 bias: w.b_qkv.as_ref(),
-                y: b.qkv,
+                y,
             };
             Ok(linear::dispatch(&mha.gpu, mha.linear_elems(true), None, &p, buffers)?.0)
         })
@@ -233,7 +250,9 @@ pub(crate) struct Workspace {
     pub shape: Shape,
     /// One buffer per distinct input tensor (see [`Sharing::inputs`]).
     pub inputs: Vec<wgpu::Buffer>,
-    qkv: wgpu::Buffer,
+    /// Q|K|V packed in one buffer, or Q, K and V each in its own when the packed one would
+    /// exceed a storage binding (see [`split_qkv`]).
+    qkv: Vec<wgpu::Buffer>,
     pub scores: Option<wgpu::Buffer>,
     combined: wgpu::Buffer,
     output: Option<wgpu::Buffer>,
@@ -261,9 +280,17 @@ impl Workspace {
             .iter()
             .map(|(label, n)| gpu.storage(label, 4 * (b * n) as u64, none))
             .collect();
-        let (q_elems, k_elems) = (b * h * lq * dk, b * h * lk * dk);
-        let v_elems = b * h * lk * dv;
-        let qkv_bytes = mha.qkv_elem_bytes() * (q_elems + k_elems + v_elems) as u64;
+        let elem = mha.qkv_elem_bytes();
+        let qkv_bytes =
+            [b * h * lq * dk, b * h * lk * dk, b * h * lk * dv].map(|n| elem * n as u64);
+        let qkv = match split_qkv(gpu.binding_limit(), qkv_bytes) {
+            false => vec![gpu.storage("Q|K|V head-split", qkv_bytes.iter().sum(), none)],
+            true => ["Q head-split", "K head-split", "V head-split"]
+                .iter()
+                .zip(qkv_bytes)
+                .map(|(label, bytes)| gpu.storage(label, bytes, none))
+                .collect(),
+        };
         let out_len = b * lq * c.output_dim();
         let probs_len = if shape.probs { b * h * lq * lk } else { 0 };
         let carry_len = match (&mha.flash, shape.fused) {
@@ -275,7 +302,7 @@ impl Workspace {
         let mut ws = Workspace {
             shape,
             inputs,
-            qkv: gpu.storage("Q|K|V head-split", qkv_bytes, none),
+            qkv,
             scores: (!shape.fused)
                 .then(|| gpu.storage("scores", 4 * (b * h * lq * lk) as u64, copy)),
             combined: gpu.storage("combined heads", 4 * (b * lq * c.v_width()) as u64, copy),
@@ -296,16 +323,28 @@ impl Workspace {
         let (h, dk) = (mha.config.heads, mha.config.qk_head_dim);
         let q_elems = s.batch * h * s.lq * dk;
         let k_elems = s.batch * h * s.lk * dk;
+        let qkv = match &self.qkv[..] {
+            [q, k, v] => QkvBuffers { q, k, v },
+            _ => QkvBuffers::packed(&self.qkv[0]),
+        };
         let geometry = Geometry {
             batch: s.batch,
             lq: s.lq,
             lk: s.lk,
             kv_pos: 0,
-            layout: QkvLayout {
-                q_offset: 0,
-                k_offset: q_elems as u32,
-                v_offset: (q_elems + k_elems) as u32,
-                kv_stride: s.lk as u32,
+            layout: match qkv {
+                QkvBuffers { q, k, .. } if q != k => QkvLayout {
+                    q_offset: 0,
+                    k_offset: 0,
+                    v_offset: 0,
+                    kv_stride: s.lk as u32,
+                },
+                _ => QkvLayout {
+                    q_offset: 0,
+                    k_offset: q_elems as u32,
+                    v_offset: (q_elems + k_elems) as u32,
+                    kv_stride: s.lk as u32,
+                },
             },
             fused: s.fused,
         };
@@ -319,7 +358,7 @@ impl Workspace {
             query: input(0),
             key,
             value,
-            qkv: &self.qkv,
+            qkv,
             scores: self.scores.as_ref(),
             combined: &self.combined,
             output: self.output.as_ref(),
@@ -359,9 +398,28 @@ impl Workspace {
                 .filter_map(|b| b.as_ref())
                 .map(wgpu::Buffer::size)
                 .sum::<u64>()
-            + [&self.qkv, &self.combined, &self.carry, &self.staging]
+            + self.qkv.iter().map(wgpu::Buffer::size).sum::<u64>()
+            + [&self.combined, &self.carry, &self.staging]
                 .iter()
                 .map(|b| b.size())
                 .sum::<u64>()
+    }
+}
+
+/// Whether Q, K and V (of `bytes` each) need a buffer each: when packed they would exceed one
+/// storage binding (`limit`), though each alone fits (the plan checks that).
+pub(crate) fn split_qkv(limit: u64, bytes: [u64; 3]) -> bool {
+    bytes.iter().sum::<u64>() > limit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_qkv;
+
+    #[test]
+    fn qkv_is_split_only_past_the_binding() {
+        assert!(!split_qkv(300, [100, 100, 100]));
+        assert!(split_qkv(299, [100, 100, 100]));
+        assert!(!split_qkv(16, [0, 8, 8]));
     }
 }

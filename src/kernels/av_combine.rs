@@ -47,7 +47,7 @@ pub struct AvBuffers<'a> {
     /// Probabilities `[B, H, Lq, Lk]`.
     pub probs: &'a wgpu::Buffer,
     /// Head-split V at the problem's `v_offset`.
-    pub qkv: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
     /// Combined heads `[B, Lq, H·dv]`.
     pub out: &'a wgpu::Buffer,
 }
@@ -78,6 +78,6 @@ pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Vec<Dispat
         k_end,
         ..p
     };
-    let buffers = [(1, b.probs), (2, b.qkv), (4, b.out)];
+    let buffers = [(1, b.probs), (2, b.v), (4, b.out)];
     super::depth_split(gpu, &pass, p.lk, at, &buffers, groups)
 }

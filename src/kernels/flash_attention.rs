@@ -9,7 +9,7 @@ use crate::gpu::Gpu;
 
 use super::mask::MaskBuffers;
 use super::source::Prelude;
-use super::CoreProblem;
+use super::{CoreProblem, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 
@@ -149,13 +149,22 @@ pub fn source(s: FlashShape) -> String {
     super::mask::prelude(prelude).source(&[super::mask::WGSL, WGSL])
 }
 
-/// Bindings: params, Q|K|V, output, carried state, mask words, mask params.
-const SLOTS: &[Slot] = &[Uniform(0), Read(1), Write(4), Write(5), Read(6), Uniform(7)];
+/// Bindings: params, Q, K, V, output, carried state, mask words, mask params.
+const SLOTS: &[Slot] = &[
+    Uniform(0),
+    Read(1),
+    Read(2),
+    Read(3),
+    Write(4),
+    Write(5),
+    Read(6),
+    Uniform(7),
+];
 
 /// What the pass reads and writes.
 pub struct FlashBuffers<'a> {
     /// Head-split Q, K and V at the problem's offsets.
-    pub qkv: &'a wgpu::Buffer,
+    pub qkv: QkvBuffers<'a>,
     /// Combined heads `[B, Lq, H·dv]`.
     pub out: &'a wgpu::Buffer,
     /// Running state between key ranges ([`Flash::carry_len`] floats; any buffer when the
@@ -232,7 +241,15 @@ impl Flash {
             1,
         ];
         let [words, mask_params] = b.mask.bindings();
-        let buffers = [(1, b.qkv), (4, b.out), (5, b.carry), words, mask_params];
+        let buffers = [
+            (1, b.qkv.q),
+            (2, b.qkv.k),
+            (3, b.qkv.v),
+            (4, b.out),
+            (5, b.carry),
+            words,
+            mask_params,
+        ];
         self.key_ranges(c.lk)
             .into_iter()
             .map(|(tile_begin, tile_end, carry_flags)| {

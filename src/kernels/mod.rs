@@ -76,14 +76,40 @@ pub(crate) fn depth_split<P: bytemuck::Pod>(
         .collect()
 }
 
-/// Where the head-split Q, K and V of one attention problem lie, as element offsets into one
-/// buffer; K and V have `kv_stride` rows per (batch, head) (Lk, or a KV cache's capacity).
+/// Where the head-split Q, K and V of one attention problem lie, as element offsets into their
+/// buffers ([`QkvBuffers`]); K and V have `kv_stride` rows per (batch, head) (Lk, or a KV cache's capacity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QkvLayout {
     pub q_offset: u32,
     pub k_offset: u32,
     pub v_offset: u32,
     pub kv_stride: u32,
+}
+
+/// The buffers holding head-split Q, K and V: one packed buffer (the same in all three, at
+/// the [`QkvLayout`] offsets) or, when the packed one would exceed a storage binding, one
+/// buffer each (offsets 0). The attention passes bind them separately either way.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvBuffers<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+}
+
+impl<'a> QkvBuffers<'a> {
+    /// Q, K and V in one buffer.
+    pub fn packed(qkv: &'a wgpu::Buffer) -> Self {
+        QkvBuffers {
+            q: qkv,
+            k: qkv,
+            v: qkv,
+        }
+    }
+
+    /// Whether Q, K and V share one buffer (so one GEMM may write several of them).
+    pub fn is_packed(&self) -> bool {
+        self.q == self.k && self.k == self.v
+    }
 }
 
 /// Sizes of one attention-core problem on head-split inputs: `batch·heads` independent

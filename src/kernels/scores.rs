@@ -7,7 +7,7 @@ use crate::gpu::Gpu;
 
 use super::mask::MaskBuffers;
 use super::source::Prelude;
-use super::{gemm_prelude, CoreProblem, GEMM_TILE, GEMM_TILE_WGSL};
+use super::{gemm_prelude, CoreProblem, QkvBuffers, GEMM_TILE, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/scores.wgsl");
 
@@ -48,8 +48,8 @@ impl ScoresParams {
 
 /// What the pass reads and writes.
 pub struct ScoresBuffers<'a> {
-    /// Head-split Q and K (and V) at the problem's offsets.
-    pub qkv: &'a wgpu::Buffer,
+    /// Head-split Q and K at the problem's offsets (V is not read).
+    pub qkv: QkvBuffers<'a>,
     /// `[B, H, Lq, Lk]`.
     pub scores: &'a wgpu::Buffer,
     pub mask: &'a MaskBuffers,
@@ -61,8 +61,8 @@ pub fn source() -> String {
     prelude.source(&[GEMM_TILE_WGSL, super::mask::WGSL, WGSL])
 }
 
-/// Bindings: params, Q|K, scores, mask words, mask params.
-const SLOTS: &[Slot] = &[Uniform(0), Read(1), Write(4), Read(6), Uniform(7)];
+/// Bindings: params, Q, K, scores, mask words, mask params.
+const SLOTS: &[Slot] = &[Uniform(0), Read(1), Read(2), Write(4), Read(6), Uniform(7)];
 
 /// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head); one dispatch per range of the
 /// head dimension (see [`super::depth_split`]), the last one scaling and masking.
@@ -80,6 +80,6 @@ pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Vec<Di
         k_end,
         ..p
     };
-    let buffers = [(1, b.qkv), (4, b.scores), words, params];
+    let buffers = [(1, b.qkv.q), (2, b.qkv.k), (4, b.scores), words, params];
     super::depth_split(gpu, &pass, p.head_dim, at, &buffers, groups)
 }

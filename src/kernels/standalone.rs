@@ -21,7 +21,9 @@ use crate::gpu::Gpu;
 use crate::kernels::linear::{LinearBuffers, LinearElems, LinearParams, LinearVariant, Segment};
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
 pub use crate::kernels::CoreDims;
-use crate::kernels::{av_combine, flash_attention, naive, scores, softmax, CoreProblem, QkvLayout};
+use crate::kernels::{
+    av_combine, flash_attention, naive, scores, softmax, CoreProblem, QkvBuffers, QkvLayout,
+};
 use crate::model::mask::{AttnDims, Mask};
 
 impl CoreDims {
@@ -415,7 +417,7 @@ impl Job {
             let carry = gpu.storage("flash carry", 4 * carry_len as u64, copy);
             let scores_step = || {
                 let b = scores::ScoresBuffers {
-                    qkv: &qkv,
+                    qkv: QkvBuffers::packed(&qkv),
                     scores: &scores_buf,
                     mask: &mask_buffers,
                 };
@@ -426,7 +428,7 @@ impl Job {
             let av_step = |probs: &wgpu::Buffer, c: &CoreProblem| {
                 let b = av_combine::AvBuffers {
                     probs,
-                    qkv: &qkv,
+                    v: &qkv,
                     out: &out,
                 };
                 av_combine::dispatches(gpu, c, b)
@@ -443,7 +445,7 @@ impl Job {
                 }
                 Core::Fused => {
                     let b = flash_attention::FlashBuffers {
-                        qkv: &qkv,
+                        qkv: QkvBuffers::packed(&qkv),
                         out: &out,
                         carry: &carry,
                         mask: &mask_buffers,
