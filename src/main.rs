@@ -182,6 +182,7 @@ struct DemoCase {
 }
 
 fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
+    let _note = cli::progress::SlowNote::start("the demo");
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
     // Seed 000: classic d_model 512, 8 heads, self-attention with a key-padding mask.

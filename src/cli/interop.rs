@@ -11,6 +11,8 @@ use wgpu_mha::{
     SafetensorsFile, Tensor,
 };
 
+use crate::cli::progress::SlowNote;
+
 /// Which attention core to run (`auto` = fused unless it cannot be used).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
 pub enum PathArg {
@@ -73,6 +75,7 @@ pub struct RunArgs {
 
 /// Runs every case file; one line per file, then `N passed, N failed`.
 pub fn check(options: &GpuOptions, args: &CheckArgs) -> Result<ExitCode, Error> {
+    let _note = SlowNote::start("check");
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
     let forward_options = args.path.options();
@@ -118,6 +121,7 @@ pub fn check(options: &GpuOptions, args: &CheckArgs) -> Result<ExitCode, Error> 
 
 /// Runs a case file or weights + inputs and writes `out`.
 pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
+    let _note = SlowNote::start("run");
     let forward_options = args.path.options();
     // Before any work: the output must not be an input, and its directory must take a file.
     let inputs: Vec<&std::path::Path> = [&args.case, &args.weights, &args.inputs]

@@ -3,4 +3,5 @@
 pub mod bench;
 pub mod bench_config;
 pub mod interop;
+pub mod progress;
 pub mod soak;

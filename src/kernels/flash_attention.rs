@@ -16,21 +16,36 @@ pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 /// Threads per workgroup (`THREADS` in the shader): one 8-lane SIMD vector on llvmpipe.
 pub const THREADS: u32 = 8;
 
-/// Query rows each thread owns (`ROWS` in the shader's prelude, per device); a workgroup takes
-/// `rows · THREADS` query rows.
+/// Query rows each thread owns (`ROWS` in the shader's prelude, per device and head size); a
+/// workgroup takes `rows · THREADS` query rows.
 /// * Vulkan on a CPU (lavapipe): 16. Measured at L=1024 d64 against the multi-pass core in one
 ///   run: 16 rows 2.5×, 8 rows 2.1×, 4 rows 1.6×; at 32 the loops no longer unroll.
 /// * Everything else: 4. On GL's llvmpipe the GLSL route compiles the unrolled kernel very
 ///   slowly (first use at d64, cold cache: 362 s at 16 rows, 140 s at 8, 65 s at 4); on GPUs
 ///   fewer rows keep q and the accumulators (2 · rows · head size floats) in registers. Not
 ///   measured on a GPU: this task had none.
-pub fn rows_per_thread(gpu: &Gpu) -> u32 {
+/// * Either way halved while q and the accumulators would exceed [`MAX_ROW_VEC4S`]: the
+///   kernel is unrolled over rows × head size, and lavapipe spent 285 s and 3.7 GB compiling
+///   16 rows at q/k = v = 512.
+pub fn rows_per_thread(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize) -> u32 {
     let info = gpu.info();
-    if info.backend == wgpu::Backend::Vulkan && info.device_type == wgpu::DeviceType::Cpu {
-        16
-    } else {
-        4
+    let lavapipe =
+        info.backend == wgpu::Backend::Vulkan && info.device_type == wgpu::DeviceType::Cpu;
+    rows_for_head_sizes(if lavapipe { 16 } else { 4 }, qk_head_dim, v_head_dim)
+}
+
+/// Most vec4s of q and accumulators one thread holds: 16 rows at d64 + d64 (lavapipe's
+/// default) up to d128 + d128.
+pub const MAX_ROW_VEC4S: u32 = 1024;
+
+/// `rows`, halved until `rows · (q/k + v vec4s)` is within [`MAX_ROW_VEC4S`] (never below 1).
+fn rows_for_head_sizes(rows: u32, qk_head_dim: usize, v_head_dim: usize) -> u32 {
+    let per_row = (qk_head_dim.div_ceil(4) + v_head_dim.div_ceil(4)) as u32;
+    let mut rows = rows;
+    while rows > 1 && rows * per_row > MAX_ROW_VEC4S {
+        rows /= 2;
     }
+    rows
 }
 
 /// Most keys per staged K/V tile (more gives no measurable gain and costs workgroup memory).
@@ -191,7 +206,7 @@ impl Flash {
             qk_head_dim,
             v_head_dim,
             kv_tile: kv_tile(qk_head_dim, v_head_dim, workgroup_bytes)?,
-            rows: rows_per_thread(gpu),
+            rows: rows_per_thread(gpu, qk_head_dim, v_head_dim),
             f16,
         };
         let software = gpu.info().device_type == wgpu::DeviceType::Cpu;
@@ -307,6 +322,18 @@ mod tests {
         assert!(tiles_per_dispatch(64, 64, 32, 4, true) >= software);
         // At least one tile, however large the head.
         assert_eq!(tiles_per_dispatch(100_000, 100_000, 8, 16, true), 1);
+    }
+
+    #[test]
+    fn wide_heads_get_fewer_rows_per_thread() {
+        // d128 + d128 = 64 vec4s per row: 16 rows are exactly the budget, one float more is not.
+        assert_eq!(rows_for_head_sizes(16, 64, 64), 16);
+        assert_eq!(rows_for_head_sizes(16, 128, 128), 16);
+        assert_eq!(rows_for_head_sizes(16, 128, 132), 8);
+        assert_eq!(rows_for_head_sizes(16, 512, 512), 4);
+        assert_eq!(rows_for_head_sizes(4, 512, 512), 4);
+        assert_eq!(rows_for_head_sizes(4, 1024, 1024), 2);
+        assert_eq!(rows_for_head_sizes(4, 1 << 20, 1 << 20), 1);
     }
 
     #[test]
