@@ -397,4 +397,26 @@ mod tests {
         assert_eq!(map.len(), 4);
         assert!((0..4).all(|i| map.contains_key(&format!("held {i}"))));
     }
+
+    /// Compiling and dropping passes of ever new shapes (as modules of new head sizes do)
+    /// keeps the cache bounded, while a pass still held survives.
+    #[test]
+    fn compiling_ever_new_passes_keeps_the_cache_bounded() {
+        let gpu = Gpu::new().expect("an adapter");
+        let slots = [pass::Slot::Write(1)];
+        let spec = PassSpec::main("cache probe", &slots);
+        let source = |n: usize| {
+            format!(
+                "@group(0) @binding(1) var<storage, read_write> y: array<u32>;\n\
+                 @compute @workgroup_size(1) fn main() {{ y[0] = {n}u; }}"
+            )
+        };
+        let held = gpu.compile("cache probe held", &spec, || source(0));
+        for n in 1..=3 * MAX_IDLE_PASSES {
+            drop(gpu.compile(&format!("cache probe {n}"), &spec, || source(n)));
+        }
+        assert_eq!(gpu.cached_passes(), MAX_IDLE_PASSES);
+        let again = gpu.compile("cache probe held", &spec, || unreachable!("still cached"));
+        assert!(Arc::ptr_eq(&held, &again));
+    }
 }
