@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 use crate::model::config::AttentionConfig;
-use crate::model::mask::{Mask, MaskTensor, MASKED_SCORE};
+use crate::model::mask::{broadcast_index, Mask, MASKED_SCORE};
 use crate::model::tensor::Tensor;
 use crate::model::weights::{AttentionWeights, Linear};
 
@@ -109,7 +109,7 @@ pub fn linear(x: &[f64], rows: usize, layer: &Linear) -> Vec<f64> {
     y
 }
 
-/// The seeds' masking rule for one score, read straight from the user's mask.
+/// The seeds' masking rule for one score: a hidden score is replaced by −1e9, a bias is added.
 fn mask_score(
     mask: &Mask,
     score: f64,
@@ -117,57 +117,9 @@ fn mask_score(
     lk: usize,
     at: (usize, usize, usize, usize),
 ) -> f64 {
-    let (bi, _, i, j) = at;
-    let masked = MASKED_SCORE as f64;
     match mask {
-        Mask::None => score,
-        Mask::Causal => {
-            if j as i64 <= i as i64 + lk as i64 - lq as i64 {
-                score
-            } else {
-                masked
-            }
-        }
-        Mask::KeyPadding(len) => {
-            if j < len[bi] {
-                score
-            } else {
-                masked
-            }
-        }
-        Mask::Attend(t) => {
-            if broadcast_get(t, at) != 0 {
-                score
-            } else {
-                masked
-            }
-        }
-        Mask::Block(t) => {
-            if broadcast_get(t, at) != 0 {
-                masked
-            } else {
-                score
-            }
-        }
         Mask::Bias(t) => score + t.data()[broadcast_index(t.shape(), at)] as f64,
+        _ if mask.hides(at, lq, lk) => MASKED_SCORE as f64,
+        _ => score,
     }
-}
-
-fn broadcast_get(t: &MaskTensor, at: (usize, usize, usize, usize)) -> u8 {
-    t.data()[broadcast_index(t.shape(), at)]
-}
-
-/// Row-major index into a tensor of rank 1–4 laid over `[B, H, Lq, Lk]` by the crate's rank
-/// convention (3 → `[B, Lq, Lk]`), size-1 dimensions broadcast.
-fn broadcast_index(shape: &[usize], (b, h, i, j): (usize, usize, usize, usize)) -> usize {
-    let coords: Vec<usize> = match shape.len() {
-        4 => vec![b, h, i, j],
-        3 => vec![b, i, j],
-        2 => vec![i, j],
-        _ => vec![j],
-    };
-    coords
-        .iter()
-        .zip(shape)
-        .fold(0, |idx, (&c, &n)| idx * n + if n == 1 { 0 } else { c })
 }

@@ -5,9 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use wgpu_mha::io::files::PendingOutput;
+use wgpu_mha::io::masks::read_mask;
 use wgpu_mha::io::{layouts::load_weights, safetensors::serialize_safetensors};
+use wgpu_mha::model::mask::AttnDims;
 use wgpu_mha::{
-    AttentionPath, Case, Error, ForwardOptions, Gpu, GpuOptions, Mask, MultiHeadAttention,
+    AttentionPath, Case, Error, ForwardOptions, Gpu, GpuOptions, MultiHeadAttention,
     SafetensorsFile, Tensor,
 };
 
@@ -158,7 +160,17 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         let loaded = load_weights(&weights_file, &prefix, args.heads)?;
         let inputs = SafetensorsFile::open(inputs_path)?;
         let (query, key, value) = read_inputs(&inputs)?;
-        let mask = read_mask(&inputs)?;
+        let value_shape = value.as_ref().unwrap_or(&key).shape();
+        loaded
+            .config
+            .check_inputs(query.shape(), key.shape(), value_shape)?;
+        let dims = AttnDims {
+            batch: query.shape()[0],
+            heads: loaded.config.heads,
+            lq: query.shape()[1],
+            lk: key.shape()[1],
+        };
+        let mask = read_mask(&inputs, dims)?;
         let gpu = Gpu::with_options(options)?;
         let mha = MultiHeadAttention::new(&gpu, loaded.config, &loaded.weights)?;
         let value = value.as_ref().unwrap_or(&key);
@@ -197,15 +209,4 @@ fn read_inputs(file: &SafetensorsFile) -> Result<(Tensor, Tensor, Option<Tensor>
         problem: "no inputs: expected tensors `query`, `key`, `value` (or `Q`, `K`, `V`), or `x_q`, `x_k_v`"
             .into(),
     })
-}
-
-/// `mask` (nonzero = attend) or `attn_mask` (nonzero = masked), else none.
-fn read_mask(file: &SafetensorsFile) -> Result<Mask, Error> {
-    if file.contains("mask") {
-        Ok(Mask::Attend(file.mask_tensor("mask")?))
-    } else if file.contains("attn_mask") {
-        Ok(Mask::Block(file.mask_tensor("attn_mask")?))
-    } else {
-        Ok(Mask::None)
-    }
 }

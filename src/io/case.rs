@@ -4,11 +4,14 @@
 //! * metadata `variant` = `dmodel` (classic, seed 000) or `perhead` (seed 001); metadata `config`
 //!   = JSON whose `sizes` holds `{d_model, num_heads}` or `{emb_size, q_k_size, v_size, head}`;
 //!   optional `err_f32_vs_f64` (PyTorch's own float32 error);
-//! * weights under their state-dict names; inputs `Q`, `K`, `V` (classic) or `x_q`, `x_k_v`
-//!   (per-head); mask `mask` (u8, 0 = masked → [`Mask::Attend`]) or `attn_mask`
-//!   (bool `[B, Lq, Lk]`, true = masked → [`Mask::Block`]);
+//! * weights under their state-dict names (classic: the seed's `W_q…W_o` or
+//!   `nn.MultiheadAttention`'s `in_proj_weight…out_proj.*`); inputs `Q`, `K`, `V` (classic) or
+//!   `x_q`, `x_k_v` (per-head); a mask as [`crate::io::masks`] reads it (`mask`, `attn_mask`
+//!   bool or float, `key_padding_mask`); metadata `scale` replaces 1/√d_k;
 //! * expected `out_f64` (f64), `out` (PyTorch's f32 result) and optionally `attn_f64`.
 //!
+//! `bias_k`/`bias_v` and `add_zero_attn = "true"` change the answer and are not run yet: such a
+//! file is refused, never run as a different problem.
 //! Other tensors and metadata keys are ignored. A case passes when
 //! `max|engine − out_f64| ≤ max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` when the
 //! file has no `err_f32_vs_f64`.
@@ -19,9 +22,10 @@ use crate::attention::{ForwardOptions, ForwardOutput, MultiHeadAttention};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::io::layouts::{load_weights, WeightLayout};
+use crate::io::masks::read_mask;
 use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
-use crate::model::mask::{AttnDims, Mask, MaskTensor};
+use crate::model::mask::{AttnDims, Mask};
 use crate::model::tensor::Tensor;
 use crate::model::weights::AttentionWeights;
 
@@ -120,12 +124,14 @@ impl Case {
             };
         let config = config_from_metadata(file, variant)?;
 
+        refuse_unsupported(file)?;
         let loaded = load_weights(file, "", Some(config.heads))?;
-        let expected_layout = match variant {
-            CaseVariant::Classic => WeightLayout::Classic,
-            CaseVariant::PerHead => WeightLayout::PerHead,
+        // A classic case may hold the seed's names or nn.MultiheadAttention's (same module).
+        let layout_fits = match variant {
+            CaseVariant::Classic => loaded.layout != WeightLayout::PerHead,
+            CaseVariant::PerHead => loaded.layout == WeightLayout::PerHead,
         };
-        if loaded.layout != expected_layout {
+        if !layout_fits {
             return Err(bad_meta(format!(
                 "metadata `variant` is {:?}, but the weights are in the {:?} layout",
                 variant.name(),
@@ -152,16 +158,24 @@ impl Case {
                 config.qk_head_dim, config.v_head_dim
             )));
         }
-        // Bias on/off follows the file (the seeds always have it).
-        let config = loaded.config;
+        // Bias on/off follows the file (the seeds always have it); `scale` replaces 1/√d_k.
+        let config = match file.metadata("scale") {
+            None => loaded.config,
+            Some(s) => match s.trim().parse::<f32>() {
+                Ok(v) => loaded.config.with_scale(v)?,
+                Err(_) => {
+                    return Err(bad_meta(format!(
+                        "metadata `scale` = {s:?} is not a number"
+                    )))
+                }
+            },
+        };
 
-        // Classic cases hold Q, K, V and a 0 = masked `mask`; per-head ones x_q, x_k_v (keys
-        // and values from one tensor) and a true = masked `attn_mask`.
-        let (query_name, key_name, mask_name, polarity): (_, _, _, fn(MaskTensor) -> Mask) =
-            match variant {
-                CaseVariant::Classic => ("Q", "K", "mask", Mask::Attend),
-                CaseVariant::PerHead => ("x_q", "x_k_v", "attn_mask", Mask::Block),
-            };
+        // Classic cases hold Q, K, V; per-head ones x_q, x_k_v (keys and values from one tensor).
+        let (query_name, key_name) = match variant {
+            CaseVariant::Classic => ("Q", "K"),
+            CaseVariant::PerHead => ("x_q", "x_k_v"),
+        };
         let query = file.tensor_f32(query_name)?;
         let key = file.tensor_f32(key_name)?;
         let value = match variant {
@@ -170,17 +184,16 @@ impl Case {
         };
         let value_shape = value.as_ref().unwrap_or(&key).shape();
         config.check_inputs(query.shape(), key.shape(), value_shape)?;
-        let mask = match file.contains(mask_name) {
-            true => polarity(file.mask_tensor(mask_name)?),
-            false => Mask::None,
-        };
         let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
-        mask.check(AttnDims {
-            batch,
-            heads: config.heads,
-            lq,
-            lk,
-        })?;
+        let mask = read_mask(
+            file,
+            AttnDims {
+                batch,
+                heads: config.heads,
+                lq,
+                lk,
+            },
+        )?;
 
         let out_shape = vec![batch, lq, config.output_dim()];
         let (shape, out_f64) = file.tensor_f64("out_f64")?;
@@ -383,5 +396,22 @@ fn config_from_metadata(file: &SafetensorsFile, variant: CaseVariant) -> Result<
             size("v_size")?,
             size("head")?,
         ),
+    }
+}
+
+/// `add_zero_attn = "true"` changes the answer and is not run yet: an `Err`, never a silently
+/// different problem (`bias_k`/`bias_v` are refused by the weight loader).
+fn refuse_unsupported(file: &SafetensorsFile) -> Result<()> {
+    match file.metadata("add_zero_attn").map(str::trim) {
+        None | Some("false") => Ok(()),
+        Some("true") => Err(Error::file(
+            file.name(),
+            "metadata `add_zero_attn` = \"true\" is not supported yet; refusing the case rather \
+             than ignoring it",
+        )),
+        Some(other) => Err(Error::file(
+            file.name(),
+            format!("metadata `add_zero_attn` = {other:?}; expected \"true\" or \"false\""),
+        )),
     }
 }

@@ -3,4 +3,5 @@
 pub mod case;
 pub mod files;
 pub mod layouts;
+pub mod masks;
 pub mod safetensors;

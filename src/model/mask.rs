@@ -112,6 +112,86 @@ impl Mask {
     }
 }
 
+impl Mask {
+    /// This mask combined with PyTorch's `key_padding_mask` (`padding[b·Lk + j]` true = key `j`
+    /// of batch `b` is padding), as `nn.MultiheadAttention` combines them, materialised as one
+    /// `[B, H or 1, Lq or 1, Lk]` mask: a boolean mask stays boolean (a padded key is masked; a
+    /// row with every key masked keeps the seeds' −1e9 answer, the mean of V), a bias gets −inf
+    /// at padded keys (a row with every key at −inf is NaN, as PyTorch gives).
+    pub fn with_key_padding(&self, padding: &[bool], dims: AttnDims) -> Result<Mask> {
+        let (b, lq, lk) = (dims.batch, dims.lq, dims.lk);
+        if padding.len() != b * lk {
+            return Err(Error::Mask(format!(
+                "key_padding_mask has {} values, but [B, Lk] = [{b}, {lk}] needs {}",
+                padding.len(),
+                b * lk
+            )));
+        }
+        self.check(dims)?;
+        let per_head = matches!(self, Mask::Attend(t) | Mask::Block(t) if t.shape().len() == 4 && t.shape()[1] > 1)
+            || matches!(self, Mask::Bias(t) if t.shape().len() == 4 && t.shape()[1] > 1);
+        let h = if per_head { dims.heads } else { 1 };
+        let rows = if matches!(self, Mask::None) { 1 } else { lq };
+        let shape = vec![b, h, rows, lk];
+        let at = |n: usize| {
+            let (j, rest) = (n % lk, n / lk);
+            let (i, rest) = (rest % rows, rest / rows);
+            (rest / h, rest % h, i, j)
+        };
+        let len = b * h * rows * lk;
+        if let Mask::Bias(t) = self {
+            let values = (0..len)
+                .map(|n| {
+                    let (bi, hi, i, j) = at(n);
+                    match padding[bi * lk + j] {
+                        true => f32::NEG_INFINITY,
+                        false => t.data()[broadcast_index(t.shape(), (bi, hi, i, j))],
+                    }
+                })
+                .collect();
+            return Ok(Mask::Bias(Tensor::new(shape, values)?));
+        }
+        let masked: Vec<bool> = (0..len)
+            .map(|n| {
+                let (bi, hi, i, j) = at(n);
+                padding[bi * lk + j] || self.hides((bi, hi, i, j), lq, lk)
+            })
+            .collect();
+        Ok(Mask::Block(MaskTensor::from_bools(shape, &masked)?))
+    }
+
+    /// Whether a boolean mask hides key `j` from query `i` of (batch, head) (`false` for a bias,
+    /// which is added instead).
+    pub(crate) fn hides(&self, at: (usize, usize, usize, usize), lq: usize, lk: usize) -> bool {
+        let (b, _, i, j) = at;
+        match self {
+            Mask::None | Mask::Bias(_) => false,
+            Mask::Causal => j as i64 > i as i64 + lk as i64 - lq as i64,
+            Mask::KeyPadding(len) => j >= len[b],
+            Mask::Attend(t) => t.data()[broadcast_index(t.shape(), at)] == 0,
+            Mask::Block(t) => t.data()[broadcast_index(t.shape(), at)] != 0,
+        }
+    }
+}
+
+/// Row-major index into a tensor of rank 1–4 laid over `[B, H, Lq, Lk]` by the crate's rank
+/// convention (3 → `[B, Lq, Lk]`), size-1 dimensions broadcast.
+pub(crate) fn broadcast_index(
+    shape: &[usize],
+    (b, h, i, j): (usize, usize, usize, usize),
+) -> usize {
+    let coords: &[usize] = match shape.len() {
+        4 => &[b, h, i, j],
+        3 => &[b, i, j],
+        2 => &[i, j],
+        _ => &[j],
+    };
+    coords
+        .iter()
+        .zip(shape)
+        .fold(0, |idx, (&c, &n)| idx * n + if n == 1 { 0 } else { c })
+}
+
 /// The sizes a mask is checked against: batch, heads, query and key lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnDims {
@@ -163,4 +243,59 @@ pub(crate) fn broadcast_strides(what: &str, shape: &[usize], d: AttnDims) -> Res
         )));
     }
     Ok(strides)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(batch: usize, heads: usize, lq: usize, lk: usize) -> AttnDims {
+        AttnDims {
+            batch,
+            heads,
+            lq,
+            lk,
+        }
+    }
+
+    #[test]
+    fn key_padding_alone_is_one_row_per_batch() {
+        let pad = [false, true, false, false];
+        let m = Mask::None.with_key_padding(&pad, dims(2, 3, 4, 2)).unwrap();
+        assert_eq!(m, Mask::block([2, 1, 1, 2], &pad).unwrap());
+        // One value short of [B, Lk] is an error, not a guess.
+        assert!(Mask::None
+            .with_key_padding(&pad[..3], dims(2, 3, 4, 2))
+            .is_err());
+    }
+
+    #[test]
+    fn key_padding_joins_causal_and_keeps_per_head_masks_per_head() {
+        let m = Mask::Causal
+            .with_key_padding(&[false, false, true], dims(1, 2, 2, 3))
+            .unwrap();
+        // Bottom-right causal: row 0 sees keys 0..=1, row 1 all; key 2 is padding.
+        let want = [false, false, true, false, false, true];
+        assert_eq!(m, Mask::block([1, 1, 2, 3], &want).unwrap());
+        let per_head = Mask::block([1, 2, 1, 2], &[true, false, false, false]).unwrap();
+        let m = per_head
+            .with_key_padding(&[false, true], dims(1, 2, 1, 2))
+            .unwrap();
+        assert_eq!(
+            m,
+            Mask::block([1, 2, 1, 2], &[true, true, false, true]).unwrap()
+        );
+    }
+
+    #[test]
+    fn key_padding_on_a_bias_is_minus_infinity() {
+        let bias = Mask::Bias(Tensor::new([1, 2], vec![0.5, -1.0]).unwrap());
+        match bias
+            .with_key_padding(&[true, false], dims(1, 1, 1, 2))
+            .unwrap()
+        {
+            Mask::Bias(t) => assert_eq!(t.data(), [f32::NEG_INFINITY, -1.0]),
+            other => panic!("{other:?}"),
+        }
+    }
 }

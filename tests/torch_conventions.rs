@@ -1,0 +1,142 @@
+//! PyTorch's own conventions, checked against PyTorch's own module: case files made by
+//! `tools/gen_torch_conventions.py` from `nn.MultiheadAttention` state dicts as saved, with a
+//! float `attn_mask` (0/−inf causal, ALiBi-like bias, a row of only −inf), `key_padding_mask`
+//! alone and combined with bool and float masks, and a `scale` override — on both paths. Options
+//! not run yet (`add_bias_kv`, `add_zero_attn`) are refused, never ignored.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{cli, gpu, options};
+use wgpu_mha::{AttentionPath, Case, Mask, SafetensorsFile};
+
+fn fixtures(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
+    files
+}
+
+fn name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn pytorch_conventions_match_pytorch_on_both_paths() {
+    for path in fixtures("torch") {
+        let case = Case::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", name(&path)));
+        for p in [AttentionPath::Auto, AttentionPath::MultiPass] {
+            let result = case
+                .run(gpu(), &options(p, false))
+                .unwrap_or_else(|e| panic!("{} {p:?}: {e}", name(&path)));
+            assert!(
+                result.passed(),
+                "{} ({p:?}): max|engine − out_f64| = {:.3e} > bound {:.3e}",
+                name(&path),
+                result.max_abs_err,
+                result.bound
+            );
+        }
+    }
+}
+
+#[test]
+fn masks_are_read_in_their_pytorch_meaning() {
+    let kind = |file: &str| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/torch")
+            .join(file);
+        Case::from_file(path).expect("case").mask
+    };
+    // A float mask is added (0/−inf), never read as bytes.
+    assert!(matches!(
+        kind("torch_float_causal_mask.safetensors"),
+        Mask::Bias(_)
+    ));
+    // key_padding_mask is true = padding: [B, Lk] becomes [B, 1, 1, Lk] of "masked".
+    match kind("torch_key_padding_cross.safetensors") {
+        Mask::Block(t) => {
+            assert_eq!(t.shape(), [3, 1, 1, 7]);
+            // Lengths 7, 3, 5: batch 1 masks keys 3.. and nothing before.
+            assert_eq!(&t.data()[7..14], &[0, 0, 0, 1, 1, 1, 1]);
+        }
+        other => panic!("key padding read as {other:?}"),
+    }
+    // Combined with a float bias, padding is −inf.
+    match kind("torch_alibi_bias_and_key_padding.safetensors") {
+        Mask::Bias(t) => {
+            assert_eq!(t.shape(), [2, 3, 5, 5]);
+            let batch1_row0 = &t.data()[3 * 25..3 * 25 + 5];
+            assert!(batch1_row0[..3].iter().all(|v| v.is_finite()));
+            assert!(batch1_row0[3..].iter().all(|&v| v == f32::NEG_INFINITY));
+        }
+        other => panic!("bias + key padding read as {other:?}"),
+    }
+}
+
+#[test]
+fn options_not_run_yet_are_refused_not_ignored() {
+    for (path, phrase) in fixtures("refused")
+        .into_iter()
+        .zip(["bias_k", "add_zero_attn"])
+    {
+        let err = Case::from_file(&path).expect_err("refused");
+        assert!(err.to_string().contains(phrase), "{}: {err}", name(&path));
+        let (code, out) = cli(&["check", path.to_str().unwrap()]);
+        assert_ne!(code, 0, "{out}");
+        assert!(
+            out.contains(phrase) && out.contains("0 passed, 1 failed"),
+            "{out}"
+        );
+    }
+}
+
+/// `run --weights F --inputs F`: the state dict and the inputs (with `attn_mask` and
+/// `key_padding_mask`) of one torch fixture, written out and compared with PyTorch's answer.
+#[test]
+fn run_takes_pytorch_masks_from_an_inputs_file() {
+    let dir = std::env::temp_dir().join(format!("wgpu-mha-torch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for file in [
+        "torch_alibi_bias_and_key_padding.safetensors",
+        "torch_bool_mask_and_key_padding.safetensors",
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/torch")
+            .join(file);
+        let out = dir.join(file);
+        let p = path.to_str().unwrap();
+        let (code, text) = cli(&[
+            "run",
+            "--weights",
+            p,
+            "--inputs",
+            p,
+            "--heads",
+            "3",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{text}");
+        let got = SafetensorsFile::open(&out)
+            .expect("out")
+            .tensor_f32("out")
+            .expect("out");
+        let case = Case::from_file(&path).expect("case");
+        let err = case.max_abs_err(got.data());
+        assert!(
+            err <= case.bound(),
+            "{file}: {err:.3e} > {:.3e}",
+            case.bound()
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Case files in PyTorch's own conventions, made by PyTorch's own modules.
+
+Every case is a classic ("dmodel") case file (DESIGN.md, "Real checkpoints") whose weights are
+an `nn.MultiheadAttention(batch_first=True)` state dict as saved (`in_proj_weight`,
+`in_proj_bias`, `out_proj.*`) and whose answer `out_f64` is that module's own forward in
+float64 on the same f32 data (`out`: the float32 forward, for `err_f32_vs_f64`):
+
+  tests/fixtures/torch/*.safetensors   must pass `wgpu-mha check`:
+    float attn_mask (nn.Transformer.generate_square_subsequent_mask: 0 / -inf), key_padding_mask
+    (true = padding) alone, with a bool attn_mask and with a per-head float bias (ALiBi-like),
+    a float mask with a row of only -inf (PyTorch's default call: NaN), and metadata `scale` (computed with
+    F.scaled_dot_product_attention, since nn.MultiheadAttention has no scale argument).
+  tests/fixtures/refused/*.safetensors  must be refused, never run as another problem:
+    add_bias_kv=True (`bias_k`, `bias_v`) and add_zero_attn=True.
+
+A 3-D float mask is PyTorch's [B*H, Lq, Lk]; case files store it as [B, H, Lq, Lk] (rank 4).
+Boolean masks never mask a whole row here: PyTorch turns them into -inf (NaN for such a row)
+where the seeds' -1e9 gives the mean of V.
+
+Usage:  python tools/gen_torch_conventions.py [--out tests/fixtures]
+"""
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_io  # noqa: E402
+
+E, H = 24, 3
+
+
+def seeded(name):
+    torch.manual_seed(zlib.crc32(name.encode()) % (2**31 - 1))
+
+
+def padding(lengths, lk):
+    """[B, Lk] bool, true = padding (keys at j >= length)."""
+    return torch.arange(lk)[None, :] >= torch.tensor(lengths)[:, None]
+
+
+def alibi(b, lq, lk):
+    """[B, H, Lq, Lk] float: a per-head linear distance penalty, as ALiBi adds."""
+    slopes = torch.tensor([2.0 ** (-(i + 1)) for i in range(H)])
+    dist = (torch.arange(lk)[None, :] - torch.arange(lq)[:, None]).abs().float()
+    return (-slopes[:, None, None] * dist).expand(b, H, lq, lk).contiguous()
+
+
+def run(mod, q, k, v, attn_mask, kpm):
+    """The module's output; a rank-4 float mask goes in as PyTorch's [B*H, Lq, Lk]."""
+    if attn_mask is not None and attn_mask.dim() == 4:
+        attn_mask = attn_mask.reshape(-1, *attn_mask.shape[2:])
+    # PyTorch's default call (need_weights=True). Its need_weights=False route (SDPA) differs
+    # on a row whose keys are all -inf: attention 0 (the output bias) where this one gives NaN.
+    out, _ = mod(q, k, v, attn_mask=attn_mask, key_padding_mask=kpm)
+    return out
+
+
+def scaled_forward(mod, q, k, v, scale):
+    """nn.MultiheadAttention's math with another score scale (F.scaled_dot_product_attention)."""
+    w_q, w_k, w_v = mod.in_proj_weight.chunk(3)
+    b_q, b_k, b_v = mod.in_proj_bias.chunk(3)
+    heads = lambda t: t.unflatten(-1, (H, E // H)).transpose(1, 2)  # noqa: E731
+    o = F.scaled_dot_product_attention(
+        heads(F.linear(q, w_q, b_q)), heads(F.linear(k, w_k, b_k)), heads(F.linear(v, w_v, b_v)),
+        scale=scale)
+    return mod.out_proj(o.transpose(1, 2).flatten(-2))
+
+
+CASES = [
+    # name, B, Lq, Lk, self-attention, mask builder -> (attn_mask, key_padding_mask)
+    ("torch_float_causal_mask", 2, 6, 6, True,
+     lambda b, lq, lk: (nn.Transformer.generate_square_subsequent_mask(lq), None)),
+    ("torch_key_padding_cross", 3, 4, 7, False,
+     lambda b, lq, lk: (None, padding([7, 3, 5], lk))),
+    ("torch_bool_mask_and_key_padding", 2, 5, 6, False,
+     lambda b, lq, lk: (torch.rand(lq, lk) < 0.3, padding([6, 4], lk))),
+    ("torch_causal_bool_and_key_padding_self", 2, 6, 6, True,
+     lambda b, lq, lk: (torch.ones(lq, lk, dtype=torch.bool).triu(1), padding([6, 4], lk))),
+    ("torch_alibi_bias_and_key_padding", 2, 5, 5, True,
+     lambda b, lq, lk: (alibi(b, lq, lk), padding([5, 3], lk))),
+    ("torch_float_mask_row_all_neg_inf", 1, 3, 4, False,
+     lambda b, lq, lk: (torch.tensor([[0.0, -1.0, 0.5, 0.0],
+                                      [-math.inf] * 4,
+                                      [0.0, -math.inf, 0.0, 2.0]]), None)),
+]
+
+
+def write(path, tensors, meta):
+    arrays = {k: t.detach().contiguous().numpy() for k, t in tensors.items()}
+    st_io.save(path, arrays, meta)
+    print("wrote", path)
+
+
+def metadata(name, b, lq, lk, err, **extra):
+    cfg = {"name": name, "sizes": {"d_model": E, "num_heads": H}, "batch": b, "lq": lq, "lk": lk}
+    meta = {"variant": "dmodel", "config": json.dumps(cfg, sort_keys=True),
+            "err_f32_vs_f64": repr(err), "format": "wgpu-mha-case/1",
+            "generator": "tools/gen_torch_conventions.py"}
+    meta.update(extra)
+    return meta
+
+
+def inputs(b, lq, lk, self_attn):
+    q = torch.randn(b, lq, E)
+    k = q.clone() if self_attn else torch.randn(b, lk, E)
+    v = q.clone() if self_attn else torch.randn(b, lk, E)
+    return q, k, v
+
+
+def answer_case(out_dir, name, b, lq, lk, self_attn, masks):
+    seeded(name)
+    mod = nn.MultiheadAttention(E, H, batch_first=True).eval()
+    q, k, v = inputs(b, lq, lk, self_attn)
+    attn_mask, kpm = masks(b, lq, lk)
+    with torch.no_grad():
+        out = run(mod, q, k, v, attn_mask, kpm)
+        m64 = copy.deepcopy(mod).double()
+        cast = lambda t: t.double() if t is not None and t.is_floating_point() else t  # noqa: E731
+        out64 = run(m64, q.double(), k.double(), v.double(), cast(attn_mask), kpm)
+    err = float((out.double() - out64).abs().nan_to_num(0.0).max())
+    tensors = dict(mod.state_dict())
+    tensors.update({"Q": q, "K": k, "V": v, "out": out, "out_f64": out64})
+    if attn_mask is not None:
+        tensors["attn_mask"] = attn_mask
+    if kpm is not None:
+        tensors["key_padding_mask"] = kpm
+    write(os.path.join(out_dir, "torch", name + ".safetensors"), tensors,
+          metadata(name, b, lq, lk, err))
+
+
+def scale_case(out_dir):
+    name, b, l, scale = "torch_scale_override", 2, 5, 0.9
+    seeded(name)
+    mod = nn.MultiheadAttention(E, H, batch_first=True).eval()
+    q, k, v = inputs(b, l, l, False)
+    with torch.no_grad():
+        # The rewrite reproduces the module at its own scale before it is trusted at another.
+        default = scaled_forward(mod, q, k, v, 1.0 / math.sqrt(E // H))
+        assert torch.allclose(default, run(mod, q, k, v, None, None), atol=1e-6)
+        out = scaled_forward(mod, q, k, v, scale)
+        out64 = scaled_forward(copy.deepcopy(mod).double(), q.double(), k.double(), v.double(), scale)
+    err = float((out.double() - out64).abs().max())
+    tensors = dict(mod.state_dict())
+    tensors.update({"Q": q, "K": k, "V": v, "out": out, "out_f64": out64})
+    write(os.path.join(out_dir, "torch", name + ".safetensors"), tensors,
+          metadata(name, b, l, l, err, scale=repr(scale)))
+
+
+def refused_cases(out_dir):
+    for name, kwargs, extra in [
+        ("torch_add_bias_kv", {"add_bias_kv": True}, {}),
+        ("torch_add_zero_attn", {"add_zero_attn": True}, {"add_zero_attn": "true"}),
+    ]:
+        seeded(name)
+        mod = nn.MultiheadAttention(E, H, batch_first=True, **kwargs).eval()
+        q, k, v = inputs(2, 4, 4, False)
+        with torch.no_grad():
+            out = run(mod, q, k, v, None, None)
+            out64 = run(copy.deepcopy(mod).double(), q.double(), k.double(), v.double(), None, None)
+        err = float((out.double() - out64).abs().max())
+        tensors = dict(mod.state_dict())
+        tensors.update({"Q": q, "K": k, "V": v, "out": out, "out_f64": out64})
+        write(os.path.join(out_dir, "refused", name + ".safetensors"), tensors,
+              metadata(name, 2, 4, 4, err, **extra))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join("tests", "fixtures"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # byte-identical files on every run
+    for sub in ("torch", "refused"):
+        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
+    for name, b, lq, lk, self_attn, masks in CASES:
+        answer_case(args.out, name, b, lq, lk, self_attn, masks)
+    scale_case(args.out)
+    refused_cases(args.out)
+
+
+if __name__ == "__main__":
+    main()
