@@ -140,3 +140,54 @@ fn run_takes_pytorch_masks_from_an_inputs_file() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `run --weights F --inputs F` on whole `nn.TransformerEncoder`/`Decoder` and
+/// `nn.MultiheadAttention` state dicts (the attention found by the file's `prefix`), with the
+/// inputs that reach the attention module in PyTorch's layout — sequence-first, batch-first,
+/// unbatched — and the containers' masks; output and attention weights against float64 PyTorch.
+#[test]
+fn run_takes_pytorch_layouts_and_returns_attention_weights() {
+    let dir = std::env::temp_dir().join(format!("wgpu-mha-torch-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for path in fixtures("torch_run") {
+        let file = SafetensorsFile::open(&path).expect("fixture");
+        let flags: serde_json::Value =
+            serde_json::from_str(file.metadata("run_flags").expect("run_flags")).expect("json");
+        let out = dir.join(name(&path));
+        let p = path.to_str().unwrap();
+        let mut args = vec![
+            "run",
+            "--weights",
+            p,
+            "--inputs",
+            p,
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        for flag in ["seq_first", "probs", "average"] {
+            if flags[flag] == true {
+                args.push(match flag {
+                    "seq_first" => "--seq-first",
+                    "probs" => "--probs",
+                    _ => "--average",
+                });
+            }
+        }
+        let (code, text) = cli(&args);
+        assert_eq!(code, 0, "{}: {text}", name(&path));
+        let err: f64 = file.metadata("err_f32_vs_f64").unwrap().parse().unwrap();
+        let got = SafetensorsFile::open(&out).expect("output file");
+        for (tensor, want) in [("out", "out_f64"), ("attn_weights", "attn_weights_f64")] {
+            let got = got.tensor_f32(tensor).expect("written");
+            let (shape, want) = file.tensor_f64(want).expect("expected");
+            assert_eq!(got.shape(), shape, "{} {tensor}", name(&path));
+            let e = common::max_err(got.data(), &want);
+            assert!(
+                e <= (10.0 * err).max(1e-5),
+                "{} {tensor}: {e:.3e}",
+                name(&path)
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -13,6 +13,12 @@ float64 on the same f32 data (`out`: the float32 forward, for `err_f32_vs_f64`):
     F.scaled_dot_product_attention, since nn.MultiheadAttention has no scale argument).
   tests/fixtures/refused/*.safetensors  must be refused, never run as another problem:
     add_bias_kv=True (`bias_k`, `bias_v`) and add_zero_attn=True.
+  tests/fixtures/torch_run/*.safetensors  for `run --weights F --inputs F`: a whole state dict as
+    saved (nn.TransformerEncoder, nn.TransformerDecoder, nn.MultiheadAttention; metadata
+    `prefix`, `num_heads`), the inputs that really reach the attention module in PyTorch's
+    layout (sequence-first, batch-first, unbatched) with the container's masks, and
+    `out_f64`/`attn_weights_f64` from the module in float64; metadata `run_flags` names the
+    `run` flags the file needs (seq_first, probs, average).
 
 A 3-D float mask is PyTorch's [B*H, Lq, Lk]; case files store it as [B, H, Lq, Lk] (rank 4).
 Boolean masks never mask a whole row here: PyTorch turns them into -inf (NaN for such a row)
@@ -175,17 +181,108 @@ def refused_cases(out_dir):
               metadata(name, 2, 4, 4, err, **extra))
 
 
+def capture(module, call):
+    """The (args, kwargs) of `module`'s first call during `call()`."""
+    seen = []
+    hook = module.register_forward_hook(
+        lambda m, args, kwargs, out: seen.append((args, kwargs)), with_kwargs=True)
+    try:
+        call()
+    finally:
+        hook.remove()
+    return seen[0]
+
+
+def attention_run(mod, q, k, v, attn_mask, kpm, average):
+    """Output and weights of `mod` on f32 data, and of its float64 copy on the same data."""
+    kw = dict(attn_mask=attn_mask, key_padding_mask=kpm, average_attn_weights=average)
+    with torch.no_grad():
+        out, w = mod(q, k, v, **kw)
+        m64 = copy.deepcopy(mod).double()
+        if attn_mask is not None and attn_mask.is_floating_point():
+            kw["attn_mask"] = attn_mask.double()
+        out64, w64 = m64(q.double(), k.double(), v.double(), **kw)
+    return out, out64, w64
+
+
+def run_fixture(out_dir, name, state, prefix, heads, q, k, v, attn_mask, kpm, out, out64, w64,
+                **flags):
+    """An `run --weights F --inputs F` file: a state dict as saved, inputs in PyTorch's layout."""
+    tensors = {k_: t for k_, t in state.items()}
+    tensors.update({"query": q, "key": k, "value": v, "out_f64": out64, "attn_weights_f64": w64})
+    if attn_mask is not None:
+        tensors["attn_mask"] = attn_mask
+    if kpm is not None:
+        tensors["key_padding_mask"] = kpm
+    err = float((out.double() - out64).abs().max())
+    meta = {"num_heads": str(heads), "prefix": prefix, "err_f32_vs_f64": repr(err),
+            "run_flags": json.dumps(flags, sort_keys=True),
+            "generator": "tools/gen_torch_conventions.py"}
+    write(os.path.join(out_dir, "torch_run", name + ".safetensors"), tensors, meta)
+
+
+def run_cases(out_dir):
+    # nn.TransformerEncoder as PyTorch builds it: sequence-first (batch_first=False), a float
+    # causal src_mask and a bool src_key_padding_mask; layer 1's self-attention, with the input
+    # that really reaches it. Training mode with dropout 0 keeps PyTorch off its fused fast path
+    # (which would bypass the attention module).
+    name = "encoder_layer1_self_attn_seq_first"
+    seeded(name)
+    layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=32, dropout=0.0)
+    enc = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).train()
+    L, B = 6, 2
+    src = torch.randn(L, B, E)
+    mask = nn.Transformer.generate_square_subsequent_mask(L)
+    kpm = padding([6, 4], L)
+    with torch.no_grad():
+        args, kwargs = capture(enc.layers[1].self_attn,
+                               lambda: enc(src, mask=mask, src_key_padding_mask=kpm))
+    x = args[0].detach()
+    out, out64, w64 = attention_run(enc.layers[1].self_attn, x, x, x, mask, kpm, True)
+    run_fixture(out_dir, name, enc.state_dict(), "layers.1.self_attn.", H, x, x, x, mask, kpm,
+                out, out64, w64, seq_first=True, probs=True, average=True)
+
+    # nn.TransformerDecoder (batch_first=True): the cross-attention of layer 0 over a padded
+    # memory, with the query the layer really computes.
+    name = "decoder_layer0_cross_attn_batch_first"
+    seeded(name)
+    dlayer = nn.TransformerDecoderLayer(E, H, dim_feedforward=32, dropout=0.0, batch_first=True)
+    dec = nn.TransformerDecoder(dlayer, num_layers=1).train()
+    tgt, memory = torch.randn(2, 4, E), torch.randn(2, 7, E)
+    mem_kpm = padding([7, 5], 7)
+    with torch.no_grad():
+        args, _ = capture(dec.layers[0].multihead_attn,
+                          lambda: dec(tgt, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(4),
+                                      memory_key_padding_mask=mem_kpm))
+    q = args[0].detach()
+    out, out64, w64 = attention_run(dec.layers[0].multihead_attn, q, memory, memory, None, mem_kpm,
+                                    False)
+    run_fixture(out_dir, name, dec.state_dict(), "layers.0.multihead_attn.", H, q, memory, memory,
+                None, mem_kpm, out, out64, w64, probs=True)
+
+    # Unbatched [L, E] cross-attention with a per-query float bias.
+    name = "mha_unbatched_float_mask"
+    seeded(name)
+    mod = nn.MultiheadAttention(E, H).eval()
+    q, k, v = torch.randn(3, E), torch.randn(5, E), torch.randn(5, E)
+    bias = torch.randn(3, 5)
+    out, out64, w64 = attention_run(mod, q, k, v, bias, None, False)
+    run_fixture(out_dir, name, mod.state_dict(), "", H, q, k, v, bias, None, out, out64, w64,
+                probs=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("tests", "fixtures"))
     args = ap.parse_args()
     torch.set_num_threads(1)  # byte-identical files on every run
-    for sub in ("torch", "refused"):
+    for sub in ("torch", "refused", "torch_run"):
         os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     for name, b, lq, lk, self_attn, masks in CASES:
         answer_case(args.out, name, b, lq, lk, self_attn, masks)
     scale_case(args.out)
     refused_cases(args.out)
+    run_cases(args.out)
 
 
 if __name__ == "__main__":

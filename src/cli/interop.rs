@@ -14,6 +14,7 @@ use wgpu_mha::{
 };
 
 use crate::cli::progress::SlowNote;
+use crate::cli::torch_layout::InputLayout;
 
 /// Which attention core to run (`auto` = fused unless it cannot be used).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -64,7 +65,8 @@ pub struct RunArgs {
     #[arg(long)]
     heads: Option<usize>,
     /// Inputs: `query`, `key`, `value` (or `Q`, `K`, `V`), or `x_q`, `x_k_v`; optional mask
-    /// `mask` (u8, 0 = masked) or `attn_mask` (bool, true = masked).
+    /// `mask` (u8, 0 = masked) or `attn_mask` (bool: true = masked; float: added to the scores),
+    /// and `key_padding_mask` `[B, Lk]` (true = padding), as PyTorch takes them.
     #[arg(long, value_name = "FILE", requires = "weights")]
     inputs: Option<PathBuf>,
     /// Where to write the output tensor `out` (f32, safetensors).
@@ -73,6 +75,19 @@ pub struct RunArgs {
     /// Attention core to run.
     #[arg(long, value_enum, default_value_t)]
     path: PathArg,
+    /// Inputs are sequence-first `[L, B, E]` (nn.MultiheadAttention's default,
+    /// `batch_first=False`); the output is written the same way. Unbatched `[L, E]` inputs need
+    /// no flag.
+    #[arg(long, conflicts_with = "case")]
+    seq_first: bool,
+    /// Also write the attention weights `attn_weights` `[B, H, Lq, Lk]` (runs the multi-pass
+    /// path, which computes them).
+    #[arg(long)]
+    probs: bool,
+    /// With --probs: average the weights over heads, `[B, Lq, Lk]`, as PyTorch's
+    /// `average_attn_weights=True`.
+    #[arg(long, requires = "probs")]
+    average: bool,
 }
 
 /// Runs every case file; one line per file, then `N passed, N failed`.
@@ -124,7 +139,10 @@ pub fn check(options: &GpuOptions, args: &CheckArgs) -> Result<ExitCode, Error> 
 /// Runs a case file or weights + inputs and writes `out`.
 pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
     let _note = SlowNote::start("run");
-    let forward_options = args.path.options();
+    let forward_options = ForwardOptions {
+        return_probs: args.probs,
+        ..args.path.options()
+    };
     // Before any work: the output must not be an input, and its directory must take a file.
     let inputs: Vec<&std::path::Path> = [&args.case, &args.weights, &args.inputs]
         .into_iter()
@@ -132,7 +150,7 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         .map(PathBuf::as_path)
         .collect();
     let pending = PendingOutput::create(&args.out, &inputs)?;
-    let output = if let Some(case_path) = &args.case {
+    let (output, weights) = if let Some(case_path) = &args.case {
         let case = Case::from_file(case_path)?;
         let gpu = Gpu::with_options(options)?;
         let result = case.run(&gpu, &forward_options)?;
@@ -143,7 +161,9 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
             result.max_abs_err,
             result.bound
         );
-        result.forward.output
+        let probs = result.forward.probs;
+        let weights = probs.map(|p| InputLayout::BatchFirst.weights(p, args.average));
+        (result.forward.output, weights.transpose()?)
     } else {
         // clap guarantees --weights and --inputs here; stay defensive without panicking.
         let (Some(weights_path), Some(inputs_path)) = (&args.weights, &args.inputs) else {
@@ -160,6 +180,12 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         let loaded = load_weights(&weights_file, &prefix, args.heads)?;
         let inputs = SafetensorsFile::open(inputs_path)?;
         let (query, key, value) = read_inputs(&inputs)?;
+        let layout = InputLayout::of(query.shape().len(), args.seq_first)?;
+        let query = layout.to_batch_first(query, "query")?;
+        let key = layout.to_batch_first(key, "key")?;
+        let value = value
+            .map(|v| layout.to_batch_first(v, "value"))
+            .transpose()?;
         let value_shape = value.as_ref().unwrap_or(&key).shape();
         loaded
             .config
@@ -183,10 +209,17 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
             forward.output.shape(),
             forward.path
         );
-        forward.output
+        let weights = forward.probs.map(|p| layout.weights(p, args.average));
+        (layout.output(forward.output)?, weights.transpose()?)
     };
-    pending.commit(&serialize_safetensors(&[("out", &output)], None)?)?;
-    println!("wrote `out` {:?} to {}", output.shape(), args.out.display());
+    let mut tensors = vec![("out", &output)];
+    if let Some(w) = &weights {
+        tensors.push(("attn_weights", w));
+    }
+    pending.commit(&serialize_safetensors(&tensors, None)?)?;
+    for (name, t) in &tensors {
+        println!("wrote `{name}` {:?} to {}", t.shape(), args.out.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -5,3 +5,4 @@ pub mod bench_config;
 pub mod interop;
 pub mod progress;
 pub mod soak;
+pub mod torch_layout;

@@ -2,7 +2,8 @@
 //!
 //! * `mask` (U8/BOOL, 0 = masked: seed 000) or `attn_mask` (U8/BOOL, true = masked: seed 001 and
 //!   `nn.MultiheadAttention`; F32/F16/BF16: added to the scaled scores, −inf included);
-//! * `key_padding_mask [B, Lk]` (U8/BOOL, true = padding, PyTorch's polarity), alone or combined
+//! * `key_padding_mask [B, Lk]` (`[Lk]` for one sequence; U8/BOOL, true = padding, PyTorch's
+//!   polarity), alone or combined
 //!   with either of the above as `nn.MultiheadAttention` combines them
 //!   ([`Mask::with_key_padding`]).
 //!
@@ -37,7 +38,9 @@ pub fn read_mask(file: &SafetensorsFile, dims: AttnDims) -> Result<Mask> {
         return Ok(mask);
     }
     let padding = file.mask_tensor("key_padding_mask")?;
-    if padding.shape() != [dims.batch, dims.lk] {
+    // PyTorch's unbatched inputs take a `[Lk]` padding mask.
+    let unbatched = dims.batch == 1 && padding.shape() == [dims.lk];
+    if padding.shape() != [dims.batch, dims.lk] && !unbatched {
         return Err(file.tensor_error(
             "key_padding_mask",
             format!(
