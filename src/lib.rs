@@ -48,7 +48,7 @@ pub use io::case::{Case, CaseResult, CaseVariant};
 pub use io::layouts::{LoadedWeights, WeightLayout};
 pub use io::safetensors::SafetensorsFile;
 pub use model::config::AttentionConfig;
-pub use model::mask::{Mask, MaskTensor};
+pub use model::mask::{Mask, MaskTensor, PaddingMask};
 pub use model::tensor::{max_abs_diff, max_abs_error, Tensor};
 pub use model::weights::{AttentionWeights, Linear};
 

@@ -100,21 +100,24 @@ fn options_not_run_yet_are_refused_not_ignored() {
 }
 
 /// `run --weights F --inputs F`: the state dict and the inputs (with `attn_mask` and
-/// `key_padding_mask`) of one torch fixture, written out and compared with PyTorch's answer.
+/// `key_padding_mask`, or a `--scale`) of one torch fixture, compared with PyTorch's answer.
 #[test]
-fn run_takes_pytorch_masks_from_an_inputs_file() {
+fn run_takes_pytorch_masks_and_scale_from_an_inputs_file() {
     let dir = std::env::temp_dir().join(format!("wgpu-mha-torch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    for file in [
-        "torch_alibi_bias_and_key_padding.safetensors",
-        "torch_bool_mask_and_key_padding.safetensors",
+    for (file, extra) in [
+        ("torch_alibi_bias_and_key_padding.safetensors", &[][..]),
+        ("torch_bool_mask_and_key_padding.safetensors", &[]),
+        // The case's metadata `scale` (0.9), given as the flag.
+        ("torch_scale_override.safetensors", &["--scale", "0.9"]),
     ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/torch")
             .join(file);
         let out = dir.join(file);
         let p = path.to_str().unwrap();
-        let (code, text) = cli(&[
+        let o = out.to_str().unwrap();
+        let mut args = vec![
             "run",
             "--weights",
             p,
@@ -123,8 +126,10 @@ fn run_takes_pytorch_masks_from_an_inputs_file() {
             "--heads",
             "3",
             "--out",
-            out.to_str().unwrap(),
-        ]);
+            o,
+        ];
+        args.extend_from_slice(extra);
+        let (code, text) = cli(&args);
         assert_eq!(code, 0, "{text}");
         let got = SafetensorsFile::open(&out)
             .expect("out")

@@ -80,6 +80,9 @@ pub struct RunArgs {
     /// no flag.
     #[arg(long, conflicts_with = "case")]
     seq_first: bool,
+    /// Score scale replacing 1/√d_k (F.scaled_dot_product_attention's `scale`; T5 uses 1).
+    #[arg(long, conflicts_with = "case")]
+    scale: Option<f32>,
     /// Also write the attention weights `attn_weights` `[B, H, Lq, Lk]` (runs the multi-pass
     /// path, which computes them).
     #[arg(long)]
@@ -177,7 +180,10 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
             .clone()
             .or_else(|| weights_file.metadata("prefix").map(str::to_string))
             .unwrap_or_default();
-        let loaded = load_weights(&weights_file, &prefix, args.heads)?;
+        let mut loaded = load_weights(&weights_file, &prefix, args.heads)?;
+        if let Some(scale) = args.scale {
+            loaded.config = loaded.config.with_scale(scale)?;
+        }
         let inputs = SafetensorsFile::open(inputs_path)?;
         let (query, key, value) = read_inputs(&inputs)?;
         let layout = InputLayout::of(query.shape().len(), args.seq_first)?;

@@ -13,7 +13,7 @@ use safetensors::Dtype;
 
 use crate::error::{Error, Result};
 use crate::io::safetensors::SafetensorsFile;
-use crate::model::mask::{AttnDims, Mask};
+use crate::model::mask::{AttnDims, Mask, PaddingMask};
 
 /// The file's mask for a problem of `dims` (checked against it), [`Mask::None`] without one.
 pub fn read_mask(file: &SafetensorsFile, dims: AttnDims) -> Result<Mask> {
@@ -37,20 +37,7 @@ pub fn read_mask(file: &SafetensorsFile, dims: AttnDims) -> Result<Mask> {
     if !file.contains("key_padding_mask") {
         return Ok(mask);
     }
-    let padding = file.mask_tensor("key_padding_mask")?;
-    // PyTorch's unbatched inputs take a `[Lk]` padding mask.
-    let unbatched = dims.batch == 1 && padding.shape() == [dims.lk];
-    if padding.shape() != [dims.batch, dims.lk] && !unbatched {
-        return Err(file.tensor_error(
-            "key_padding_mask",
-            format!(
-                "has shape {:?}; PyTorch's key padding mask is [B, Lk] = [{}, {}] (true = padding)",
-                padding.shape(),
-                dims.batch,
-                dims.lk
-            ),
-        ));
-    }
-    let padded: Vec<bool> = padding.data().iter().map(|&v| v != 0).collect();
-    mask.with_key_padding(&padded, dims)
+    let padding = PaddingMask::TorchPadding(file.mask_tensor("key_padding_mask")?);
+    mask.with_key_padding(&padding, dims)
+        .map_err(|e| file.tensor_error("key_padding_mask", e))
 }

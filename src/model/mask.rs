@@ -112,21 +112,43 @@ impl Mask {
     }
 }
 
-impl Mask {
-    /// This mask combined with PyTorch's `key_padding_mask` (`padding[b·Lk + j]` true = key `j`
-    /// of batch `b` is padding), as `nn.MultiheadAttention` combines them, materialised as one
-    /// `[B, H or 1, Lq or 1, Lk]` mask: a boolean mask stays boolean (a padded key is masked; a
-    /// row with every key masked keeps the seeds' −1e9 answer, the mean of V), a bias gets −inf
-    /// at padded keys (a row with every key at −inf is NaN, as PyTorch gives).
-    pub fn with_key_padding(&self, padding: &[bool], dims: AttnDims) -> Result<Mask> {
-        let (b, lq, lk) = (dims.batch, dims.lq, dims.lk);
-        if padding.len() != b * lk {
+/// A key padding mask `[B, Lk]` (`[Lk]` for a batch of one) in one of the two conventions users
+/// bring — never a bare bool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PaddingMask {
+    /// PyTorch's `key_padding_mask`: nonzero (true) = padding, masked.
+    TorchPadding(MaskTensor),
+    /// Hugging Face's `attention_mask`: nonzero (1) = a real token, 0 = padding.
+    HfAttention(MaskTensor),
+}
+
+impl PaddingMask {
+    /// `padded[b·Lk + j]`: whether key `j` of batch `b` is padding.
+    fn padded(&self, dims: AttnDims) -> Result<Vec<bool>> {
+        let (t, padding_is) = match self {
+            PaddingMask::TorchPadding(t) => (t, true),
+            PaddingMask::HfAttention(t) => (t, false),
+        };
+        let (b, lk) = (dims.batch, dims.lk);
+        if t.shape() != [b, lk] && !(b == 1 && t.shape() == [lk]) {
             return Err(Error::Mask(format!(
-                "key_padding_mask has {} values, but [B, Lk] = [{b}, {lk}] needs {}",
-                padding.len(),
-                b * lk
+                "a key padding mask must be [B, Lk] = [{b}, {lk}], got {:?}",
+                t.shape()
             )));
         }
+        Ok(t.data().iter().map(|&v| (v != 0) == padding_is).collect())
+    }
+}
+
+impl Mask {
+    /// This mask combined with a key padding mask, as `nn.MultiheadAttention` combines
+    /// `attn_mask` with `key_padding_mask`, materialised as one `[B, H or 1, Lq or 1, Lk]` mask:
+    /// a boolean mask stays boolean (a padded key is masked; a row with every key masked keeps
+    /// the seeds' −1e9 answer, the mean of V), a bias gets −inf at padded keys (a row with every
+    /// key at −inf is NaN, as PyTorch's default call gives).
+    pub fn with_key_padding(&self, padding: &PaddingMask, dims: AttnDims) -> Result<Mask> {
+        let (b, lq, lk) = (dims.batch, dims.lq, dims.lk);
+        let padding = padding.padded(dims)?;
         self.check(dims)?;
         let per_head = matches!(self, Mask::Attend(t) | Mask::Block(t) if t.shape().len() == 4 && t.shape()[1] > 1)
             || matches!(self, Mask::Bias(t) if t.shape().len() == 4 && t.shape()[1] > 1);
@@ -249,6 +271,10 @@ pub(crate) fn broadcast_strides(what: &str, shape: &[usize], d: AttnDims) -> Res
 mod tests {
     use super::*;
 
+    fn torch(shape: &[usize], padded: &[bool]) -> PaddingMask {
+        PaddingMask::TorchPadding(MaskTensor::from_bools(shape, padded).unwrap())
+    }
+
     fn dims(batch: usize, heads: usize, lq: usize, lk: usize) -> AttnDims {
         AttnDims {
             batch,
@@ -259,27 +285,37 @@ mod tests {
     }
 
     #[test]
-    fn key_padding_alone_is_one_row_per_batch() {
+    fn key_padding_alone_is_one_row_per_batch_in_either_convention() {
         let pad = [false, true, false, false];
-        let m = Mask::None.with_key_padding(&pad, dims(2, 3, 4, 2)).unwrap();
+        let m = Mask::None
+            .with_key_padding(&torch(&[2, 2], &pad), dims(2, 3, 4, 2))
+            .unwrap();
         assert_eq!(m, Mask::block([2, 1, 1, 2], &pad).unwrap());
-        // One value short of [B, Lk] is an error, not a guess.
+        // Hugging Face's polarity: 1 = a real token.
+        let hf = PaddingMask::HfAttention(MaskTensor::new([2, 2], vec![1, 0, 1, 1]).unwrap());
+        assert_eq!(
+            Mask::None.with_key_padding(&hf, dims(2, 3, 4, 2)).unwrap(),
+            m
+        );
+        // A shape other than [B, Lk] is an error, not a guess; [Lk] only for one sequence.
+        let flat = torch(&[4], &pad);
         assert!(Mask::None
-            .with_key_padding(&pad[..3], dims(2, 3, 4, 2))
+            .with_key_padding(&flat, dims(2, 3, 4, 2))
             .is_err());
+        assert!(Mask::None.with_key_padding(&flat, dims(1, 3, 4, 4)).is_ok());
     }
 
     #[test]
     fn key_padding_joins_causal_and_keeps_per_head_masks_per_head() {
         let m = Mask::Causal
-            .with_key_padding(&[false, false, true], dims(1, 2, 2, 3))
+            .with_key_padding(&torch(&[1, 3], &[false, false, true]), dims(1, 2, 2, 3))
             .unwrap();
         // Bottom-right causal: row 0 sees keys 0..=1, row 1 all; key 2 is padding.
         let want = [false, false, true, false, false, true];
         assert_eq!(m, Mask::block([1, 1, 2, 3], &want).unwrap());
         let per_head = Mask::block([1, 2, 1, 2], &[true, false, false, false]).unwrap();
         let m = per_head
-            .with_key_padding(&[false, true], dims(1, 2, 1, 2))
+            .with_key_padding(&torch(&[1, 2], &[false, true]), dims(1, 2, 1, 2))
             .unwrap();
         assert_eq!(
             m,
@@ -290,10 +326,8 @@ mod tests {
     #[test]
     fn key_padding_on_a_bias_is_minus_infinity() {
         let bias = Mask::Bias(Tensor::new([1, 2], vec![0.5, -1.0]).unwrap());
-        match bias
-            .with_key_padding(&[true, false], dims(1, 1, 1, 2))
-            .unwrap()
-        {
+        let padding = torch(&[1, 2], &[true, false]);
+        match bias.with_key_padding(&padding, dims(1, 1, 1, 2)).unwrap() {
             Mask::Bias(t) => assert_eq!(t.data(), [f32::NEG_INFINITY, -1.0]),
             other => panic!("{other:?}"),
         }
