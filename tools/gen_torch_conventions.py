@@ -18,13 +18,15 @@ float64 on the same f32 data (`out`: the float32 forward, for `err_f32_vs_f64`):
     `prefix`, `num_heads`), the inputs that really reach the attention module in PyTorch's
     layout (sequence-first, batch-first, unbatched) with the container's masks, and
     `out_f64`/`attn_weights_f64` from the module in float64; metadata `run_flags` names the
-    `run` flags the file needs (seq_first, probs, average).
+    `run` flags the file needs (seq_first, probs, average); also PyTorch's own test samples
+    for nn.MultiheadAttention (module_inputs_torch_nn_MultiheadAttention) that use no option
+    the engine refuses.
 
 A 3-D float mask is PyTorch's [B*H, Lq, Lk]; case files store it as [B, H, Lq, Lk] (rank 4).
 Boolean masks never mask a whole row here: PyTorch turns them into -inf (NaN for such a row)
 where the seeds' -1e9 gives the mean of V.
 
-Usage:  python tools/gen_torch_conventions.py [--out tests/fixtures]
+Usage:  python tools/gen_torch_conventions.py [--out tests/fixtures]   (needs torch, expecttest)
 """
 
 import argparse
@@ -271,6 +273,36 @@ def run_cases(out_dir):
                 probs=True)
 
 
+def module_input_cases(out_dir):
+    """PyTorch's own test samples for nn.MultiheadAttention (`module_inputs_torch_nn_
+    MultiheadAttention`, needs `pip install expecttest`): unbatched [3, 3] inputs, per-head
+    [H, L, L] bool masks and [L] key padding masks, with and without biases. Samples with
+    add_bias_kv or add_zero_attn are left out: the engine refuses those options for now."""
+    from torch.testing._internal.common_modules import module_db
+    info = next(m for m in module_db if m.module_cls is nn.MultiheadAttention)
+    torch.manual_seed(0)  # the sample inputs come from the global generator
+    samples = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
+                                      requires_grad=False, training=False)
+    for i, sample in enumerate(samples):
+        kwargs = sample.constructor_input.kwargs
+        if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
+            continue
+        seeded(f"module_inputs_{i}")
+        mod = nn.MultiheadAttention(*sample.constructor_input.args, **kwargs).eval()
+        q, k, v = sample.forward_input.args
+        attn_mask = sample.forward_input.kwargs.get("attn_mask")
+        kpm = sample.forward_input.kwargs.get("key_padding_mask")
+        out, out64, w64 = attention_run(mod, q, k, v, attn_mask, kpm, True)
+        if attn_mask is not None and attn_mask.dim() == 3:  # [H, L, S] unbatched
+            attn_mask = attn_mask.unsqueeze(0)
+        tags = "".join(["_bias" if kwargs.get("bias", True) else "_nobias",
+                        "_attnmask" if attn_mask is not None else "",
+                        "_padding" if kpm is not None else ""])
+        run_fixture(out_dir, f"module_inputs_{i:02d}{tags}", mod.state_dict(), "",
+                    mod.num_heads, q, k, v, attn_mask, kpm, out, out64, w64,
+                    probs=True, average=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("tests", "fixtures"))
@@ -283,6 +315,7 @@ def main():
     scale_case(args.out)
     refused_cases(args.out)
     run_cases(args.out)
+    module_input_cases(args.out)
 
 
 if __name__ == "__main__":
