@@ -25,6 +25,25 @@ fn fixtures(dir: &str) -> Vec<PathBuf> {
     files
 }
 
+/// `wgpu-mha run --weights F --inputs F --out DIR/name(F) ARGS`: a fixture holding both the
+/// state dict and the inputs. Asserts success; returns the written file.
+fn run_on_itself(dir: &Path, fixture: &Path, args: &[&str]) -> SafetensorsFile {
+    let (p, out) = (fixture.to_str().unwrap(), dir.join(name(fixture)));
+    let mut all = vec![
+        "run",
+        "--weights",
+        p,
+        "--inputs",
+        p,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let (code, text) = cli(&all);
+    assert_eq!(code, 0, "{}: {text}", name(fixture));
+    SafetensorsFile::open(&out).expect("output file")
+}
+
 fn name(path: &Path) -> String {
     path.file_name().unwrap().to_string_lossy().into_owned()
 }
@@ -114,25 +133,9 @@ fn run_takes_pytorch_masks_and_scale_from_an_inputs_file() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/torch")
             .join(file);
-        let out = dir.join(file);
-        let p = path.to_str().unwrap();
-        let o = out.to_str().unwrap();
-        let mut args = vec![
-            "run",
-            "--weights",
-            p,
-            "--inputs",
-            p,
-            "--heads",
-            "3",
-            "--out",
-            o,
-        ];
+        let mut args = vec!["--heads", "3"];
         args.extend_from_slice(extra);
-        let (code, text) = cli(&args);
-        assert_eq!(code, 0, "{text}");
-        let got = SafetensorsFile::open(&out)
-            .expect("out")
+        let got = run_on_itself(&dir, &path, &args)
             .tensor_f32("out")
             .expect("out");
         let case = Case::from_file(&path).expect("case");
@@ -158,30 +161,18 @@ fn run_takes_pytorch_layouts_and_returns_attention_weights() {
         let file = SafetensorsFile::open(&path).expect("fixture");
         let flags: serde_json::Value =
             serde_json::from_str(file.metadata("run_flags").expect("run_flags")).expect("json");
-        let out = dir.join(name(&path));
-        let p = path.to_str().unwrap();
-        let mut args = vec![
-            "run",
-            "--weights",
-            p,
-            "--inputs",
-            p,
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        for flag in ["seq_first", "probs", "average"] {
+        let mut args = vec![];
+        for (flag, arg) in [
+            ("seq_first", "--seq-first"),
+            ("probs", "--probs"),
+            ("average", "--average"),
+        ] {
             if flags[flag] == true {
-                args.push(match flag {
-                    "seq_first" => "--seq-first",
-                    "probs" => "--probs",
-                    _ => "--average",
-                });
+                args.push(arg);
             }
         }
-        let (code, text) = cli(&args);
-        assert_eq!(code, 0, "{}: {text}", name(&path));
+        let got = run_on_itself(&dir, &path, &args);
         let err: f64 = file.metadata("err_f32_vs_f64").unwrap().parse().unwrap();
-        let got = SafetensorsFile::open(&out).expect("output file");
         for (tensor, want) in [("out", "out_f64"), ("attn_weights", "attn_weights_f64")] {
             let got = got.tensor_f32(tensor).expect("written");
             let (shape, want) = file.tensor_f64(want).expect("expected");
