@@ -50,7 +50,7 @@ pub use io::safetensors::SafetensorsFile;
 pub use model::config::AttentionConfig;
 pub use model::mask::{Mask, MaskTensor, PaddingMask};
 pub use model::tensor::{max_abs_diff, max_abs_error, Tensor};
-pub use model::weights::{AttentionWeights, Linear};
+pub use model::weights::{AttentionWeights, BiasKv, Linear};
 
 /// The README's examples compile as doctests.
 #[cfg(doctest)]

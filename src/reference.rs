@@ -35,18 +35,24 @@ pub fn forward(
     mask: &Mask,
 ) -> Result<ReferenceOutput> {
     config.check_inputs(query.shape(), key.shape(), value.shape())?;
-    let (b, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
+    let (b, lq, lk_in) = (query.shape()[0], query.shape()[1], key.shape()[1]);
     let (h, dk, dv) = (config.heads, config.qk_head_dim, config.v_head_dim);
     let dims = crate::model::mask::AttnDims {
         batch: b,
         heads: h,
         lq,
-        lk,
+        lk: lk_in,
     };
     mask.check(dims)?; // same validation as the GPU path
+                       // Keys nn.MultiheadAttention appends (bias_k, a zero key) are seen by every query.
+    let mask = &mask.with_appended_keys(config.appended_keys(), dims)?;
+    let lk = lk_in + config.appended_keys();
+    let (k_rows, v_rows) = weights.appended_kv(config);
     let q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
-    let k = linear(&widen(key.data()), b * lk, &weights.k); // [B, Lk, H·dk]
-    let v = linear(&widen(value.data()), b * lk, &weights.v); // [B, Lk, H·dv]
+    let k = linear(&widen(key.data()), b * lk_in, &weights.k); // [B, Lk_in, H·dk]
+    let v = linear(&widen(value.data()), b * lk_in, &weights.v); // [B, Lk_in, H·dv]
+    let k = append_rows(&k, b, &k_rows); // [B, Lk, H·dk]
+    let v = append_rows(&v, b, &v_rows); // [B, Lk, H·dv]
     let scale = config.scale() as f64;
     let mut probs = vec![0.0f64; b * h * lq * lk];
     let mut combined = vec![0.0f64; b * lq * h * dv]; // [B, Lq, H·dv]
@@ -87,6 +93,17 @@ pub fn forward(
         output,
         probs,
     })
+}
+
+/// Each of the `batch` equal blocks of `x`, followed by `rows`.
+fn append_rows(x: &[f64], batch: usize, rows: &[f32]) -> Vec<f64> {
+    let block = x.len() / batch.max(1);
+    (0..batch)
+        .flat_map(|bi| {
+            let own = x[bi * block..(bi + 1) * block].iter().copied();
+            own.chain(rows.iter().map(|&r| r as f64))
+        })
+        .collect()
 }
 
 fn widen(x: &[f32]) -> Vec<f64> {

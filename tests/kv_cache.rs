@@ -3,7 +3,11 @@
 mod common;
 
 use common::{assert_within, module, tolerance, BOTH_PATHS};
-use wgpu_mha::{reference, AttentionConfig, AttentionPath, Error, KvCache, Mask, Tensor};
+use wgpu_mha::model::mask::AttnDims;
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionPath, Error, KvCache, Mask, MaskTensor, PaddingMask,
+    Tensor,
+};
 
 /// Rows `start..start + n` of every batch of a `[B, L, W]` tensor.
 fn rows(t: &Tensor, start: usize, n: usize) -> Tensor {
@@ -224,4 +228,72 @@ fn bad_inputs_are_errors() {
         .unwrap();
     assert_eq!(none.shape(), &[2, 0, 16]);
     assert_eq!(cache.len(), 0);
+}
+
+/// A batch of prompts of different lengths, left-padded to one length (Hugging Face's
+/// `attention_mask`, 1 = real token): each step's mask is causal combined with the padding of
+/// the positions so far. Every real token's step equals the full forward under the same
+/// composed mask. (A padding query sees no key at all; under the seeds' −1e9 rule its row is
+/// the mean of V over however many keys its call has, so those rows are not compared.)
+#[test]
+fn left_padded_prompts_decode_like_the_full_forward_with_their_padding() {
+    let config = AttentionConfig::classic(24, 3).unwrap();
+    let (b, l) = (3, 7);
+    let pads = [0, 2, 5]; // leading padding tokens per sequence
+    let keep: Vec<u8> = (0..b * l).map(|n| (n % l >= pads[n / l]) as u8).collect();
+    let padding = |len: usize| {
+        let cut: Vec<u8> = (0..b)
+            .flat_map(|bi| keep[bi * l..bi * l + len].to_vec())
+            .collect();
+        PaddingMask::HfAttention(MaskTensor::new([b, len], cut).unwrap())
+    };
+    let dims = |lq: usize, lk: usize| AttnDims {
+        batch: b,
+        heads: config.heads,
+        lq,
+        lk,
+    };
+    let x = Tensor::random([b, l, 24], 21);
+    for path in BOTH_PATHS {
+        let (weights, mha) = module(config, 22);
+        let full_mask = Mask::Causal
+            .with_key_padding(&padding(l), dims(l, l))
+            .unwrap();
+        let want = reference::forward(&config, &weights, &x, &x, &x, &full_mask).unwrap();
+        let mut cache = KvCache::with_path(&mha, b, l, path).unwrap();
+        let mut pos = 0;
+        for n in [3, 1, 1, 1, 1] {
+            let mask = Mask::Causal
+                .with_key_padding(&padding(pos + n), dims(n, pos + n))
+                .unwrap();
+            let step = mha
+                .forward_step_with(&mut cache, &rows(&x, pos, n), None, &mask)
+                .unwrap();
+            let w = config.output_dim();
+            for (bi, &pad) in pads.iter().enumerate() {
+                for i in (0..n).filter(|&i| pos + i >= pad) {
+                    let got = &step.data()[(bi * n + i) * w..][..w];
+                    let r = &want.output[(bi * l + pos + i) * w..][..w];
+                    assert_within(
+                        &format!("{path:?} batch {bi} position {}", pos + i),
+                        got,
+                        r,
+                        tolerance(&want.output),
+                    );
+                }
+            }
+            pos += n;
+        }
+        assert_eq!(cache.len(), l);
+        // The mask is checked against this step's [B, H, n, len + n] before anything runs.
+        let mut fresh = KvCache::with_path(&mha, b, l, path).unwrap();
+        let wrong = Mask::Causal
+            .with_key_padding(&padding(l), dims(1, l))
+            .unwrap();
+        let err = mha
+            .forward_step_with(&mut fresh, &rows(&x, 0, 1), None, &wrong)
+            .unwrap_err();
+        assert!(matches!(err, Error::Mask(_)), "{err}");
+        assert_eq!(fresh.len(), 0);
+    }
 }

@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::model::config::AttentionConfig;
 use crate::model::weights::{AttentionWeights, Linear};
 
 pub(crate) struct GpuWeights {
@@ -18,12 +19,20 @@ pub(crate) struct GpuWeights {
     pub b_v_offset: u32,
     /// Host copy of `W_o.bias`: the whole answer when there are no keys.
     pub output_bias: Option<Vec<f32>>,
+    /// The appended key and value rows (`AttentionWeights::appended_kv`), which each
+    /// workspace writes into its K/V buffers once.
+    pub appended_kv: (Vec<f32>, Vec<f32>),
 }
 
 impl GpuWeights {
     /// Uploads checked weights; projection weights as f16 when `half`. `Err(TooLarge)` when a
     /// packed weight buffer exceeds one storage binding.
-    pub fn upload(gpu: &Gpu, w: &AttentionWeights, half: bool) -> Result<Self> {
+    pub fn upload(
+        gpu: &Gpu,
+        config: &AttentionConfig,
+        w: &AttentionWeights,
+        half: bool,
+    ) -> Result<Self> {
         let elem = if half { 2 } else { 4 };
         let qkv_len = w.q.weight.len() + w.k.weight.len() + w.v.weight.len();
         gpu.check_fits("the Q/K/V projection weights", elem * qkv_len as u64)?;
@@ -58,6 +67,7 @@ impl GpuWeights {
                 b_v_offset: (w.q.bias.as_ref().map_or(0, Vec::len)
                     + w.k.bias.as_ref().map_or(0, Vec::len)) as u32,
                 output_bias: w.o.as_ref().and_then(|o| o.bias.clone()),
+                appended_kv: w.appended_kv(config),
             }
         })
     }

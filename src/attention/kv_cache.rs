@@ -84,6 +84,12 @@ impl KvCache {
                 what: "a KV cache over an f16 module; build the module with Precision::F32".into(),
             });
         }
+        if c.appended_keys() > 0 {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: "a KV cache over a module with add_bias_kv or add_zero_attn (its appended keys would sit among the cached ones); run forward on the whole sequence".into(),
+            });
+        }
         if batch == 0 || capacity == 0 {
             return Err(Error::Misuse(format!(
                 "a KV cache needs batch ≥ 1 and capacity ≥ 1 (got batch {batch}, capacity {capacity})"
@@ -213,7 +219,22 @@ impl MultiHeadAttention {
     /// Needs `model_dim = key_dim = value_dim` (both seed modules). For seed 001's separate
     /// `x_k_v`, see [`forward_step_cross`](Self::forward_step_cross).
     pub fn forward_step(&self, cache: &mut KvCache, x_new: &Tensor) -> Result<Tensor> {
-        self.step(cache, x_new, None)
+        self.step(cache, x_new, None, &Mask::Causal)
+    }
+
+    /// [`forward_step`](Self::forward_step) (or, with `x_k_v_new`,
+    /// [`forward_step_cross`](Self::forward_step_cross)) with `mask` over this step's scores
+    /// `[B, H, n, len + n]` in place of the causal mask — e.g. a batch of prompts padded to one
+    /// length: `Mask::Causal.with_key_padding(&padding, dims)` with `padding` cut to the first
+    /// `len + n` positions.
+    pub fn forward_step_with(
+        &self,
+        cache: &mut KvCache,
+        x_new: &Tensor,
+        x_k_v_new: Option<&Tensor>,
+        mask: &Mask,
+    ) -> Result<Tensor> {
+        self.step(cache, x_new, x_k_v_new, mask)
     }
 
     /// A decoding step of seed 001's cross form: queries from `x_q_new [B, n, model_dim]`,
@@ -226,10 +247,16 @@ impl MultiHeadAttention {
         x_q_new: &Tensor,
         x_k_v_new: &Tensor,
     ) -> Result<Tensor> {
-        self.step(cache, x_q_new, Some(x_k_v_new))
+        self.step(cache, x_q_new, Some(x_k_v_new), &Mask::Causal)
     }
 
-    fn step(&self, cache: &mut KvCache, x_q: &Tensor, x_kv: Option<&Tensor>) -> Result<Tensor> {
+    fn step(
+        &self,
+        cache: &mut KvCache,
+        x_q: &Tensor,
+        x_kv: Option<&Tensor>,
+        mask: &Mask,
+    ) -> Result<Tensor> {
         let c = &self.config;
         if cache.owner != self.weights.w_qkv {
             return Err(Error::Misuse(
@@ -279,26 +306,31 @@ impl MultiHeadAttention {
         }
         let (len0, lk) = (cache.len, cache.len + n);
         let out_len = b * n * c.output_dim();
+        // Checked (and, for the causal mask, bottom-right aligned: new token i sees cached keys
+        // j ≤ i + (lk − n) = len0 + i) before anything is written.
+        let dims = AttnDims {
+            batch: b,
+            heads: c.heads,
+            lq: n,
+            lk,
+        };
+        let mask = EncodedMask::new(mask, dims)?;
+        if !cache.mask.holds(mask.words.len()) {
+            cache.mask = MaskBuffers::new(&self.gpu, mask.words.len());
+        }
         let values = self.gpu.scoped("forward_step", || -> Result<Vec<f32>> {
             let queue = self.gpu.queue();
             queue.write_buffer(&cache.x_q, 0, bytemuck::cast_slice(x_q.data()));
             if let Some(kv) = x_kv {
                 queue.write_buffer(&cache.x_kv, 0, bytemuck::cast_slice(kv.data()));
             }
-            // Causal, bottom-right aligned: new token i sees cached keys j ≤ i + (lk − n) = len0 + i.
-            let dims = AttnDims {
-                batch: b,
-                heads: c.heads,
-                lq: n,
-                lk,
-            };
-            let mask = EncodedMask::new(&Mask::Causal, dims)?;
             cache.mask.write(queue, &mask.words, &mask.params);
             let geometry = Geometry {
                 batch: b,
                 lq: n,
                 lk,
                 kv_pos: len0,
+                appended: 0,
                 layout: cache.layout,
                 fused: cache.fused,
             };

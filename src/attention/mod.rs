@@ -157,7 +157,7 @@ impl MultiHeadAttention {
             Precision::F16 => Precision::F16,
         };
         let half = precision == Precision::F16;
-        let weights = GpuWeights::upload(gpu, weights, half)?;
+        let weights = GpuWeights::upload(gpu, &config, weights, half)?;
         let flash = gpu.scoped("building the attention module", || {
             Flash::new(gpu, config.qk_head_dim, config.v_head_dim, half)
         })?;

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::kernels::flash_attention::{self, carry_stride};
 use crate::kernels::mask::EncodedMask;
+use crate::model::config::AttentionConfig;
 use crate::model::mask::{AttnDims, Mask};
 
 use super::{AttentionPath, ForwardOptions, MultiHeadAttention, Precision};
@@ -62,6 +63,13 @@ pub(crate) struct Shape {
     pub probs: bool,
 }
 
+impl Shape {
+    /// Keys the inputs bring: `lk` less the module's appended keys.
+    pub fn input_keys(&self, config: &AttentionConfig) -> usize {
+        self.lk - config.appended_keys()
+    }
+}
+
 /// A checked call.
 pub(crate) struct Plan {
     pub dims: AttnDims,
@@ -88,11 +96,26 @@ impl MultiHeadAttention {
     ) -> Result<Plan> {
         let [query, key, value] = shapes;
         self.config.check_inputs(query, key, value)?;
-        let dims = AttnDims {
+        let input_dims = AttnDims {
             batch: query[0],
             heads: self.config.heads,
             lq: query[1],
             lk: key[1],
+        };
+        // The mask covers the input's keys; the module's appended keys (bias_k, a zero key)
+        // follow them, seen by every query.
+        let appended = self.config.appended_keys();
+        let widened;
+        let mask = match appended {
+            0 => mask,
+            _ => {
+                widened = mask.with_appended_keys(appended, input_dims)?;
+                &widened
+            }
+        };
+        let dims = AttnDims {
+            lk: key[1] + appended,
+            ..input_dims
         };
         let mask = EncodedMask::new(mask, dims)?;
         let fused = self.choose_fused(options)?;
@@ -172,6 +195,7 @@ impl MultiHeadAttention {
     pub(crate) fn check_limits(&self, shape: Shape, mask_words: usize) -> Result<()> {
         let c = &self.config;
         let (b, lq, lk, h) = (shape.batch, shape.lq, shape.lk, c.heads);
+        let lk_in = shape.input_keys(c);
         let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
         let carry = match (&self.flash, shape.fused) {
             (Some(f), true) if f.key_ranges(lk).len() > 1 => b * h * lq * carry_stride(dv),
@@ -180,8 +204,8 @@ impl MultiHeadAttention {
         let scores = if shape.fused { 0 } else { b * h * lq * lk };
         let sizes = [
             ("query input", 4 * b * lq * c.model_dim),
-            ("key input", 4 * b * lk * c.key_dim),
-            ("value input", 4 * b * lk * c.value_dim),
+            ("key input", 4 * b * lk_in * c.key_dim),
+            ("value input", 4 * b * lk_in * c.value_dim),
             // One buffer each when packed they would not fit (see `workspace::split_qkv`).
             (
                 "projected Q",

@@ -235,11 +235,12 @@ impl MultiHeadAttention {
         let out_dim = self.config.output_dim();
         let mut output = Tensor::zeros([batch, lq, out_dim]);
         let mut probs = whole.probs.then(|| Tensor::zeros([batch, heads, lq, lk]));
+        let lk_in = whole.input_keys(&self.config);
         for b0 in (0..batch).step_by(batch_chunk) {
             let nb = batch_chunk.min(batch - b0);
-            let k = slice_rows(key, b0..b0 + nb, 0..lk);
+            let k = slice_rows(key, b0..b0 + nb, 0..lk_in);
             let v = match whole.sharing {
-                Sharing::Distinct => slice_rows(value, b0..b0 + nb, 0..lk),
+                Sharing::Distinct => slice_rows(value, b0..b0 + nb, 0..lk_in),
                 _ => k.clone(),
             };
             for i0 in (0..lq).step_by(query_chunk) {

@@ -13,15 +13,17 @@ use crate::kernels::{
 use super::plan::{Shape, Sharing};
 use super::{MultiHeadAttention, Precision};
 
-/// The rows of one chain of passes: `batch` sequences of `lq` queries attending to `lk` keys,
-/// of which the last `lk − kv_pos` are new (projected by this chain) and written at rows
-/// `kv_pos..` of K/V buffers with `layout.kv_stride` rows per (batch, head).
+/// The rows of one chain of passes: `batch` sequences of `lq` queries attending to `lk` keys.
+/// Rows `kv_pos..lk − appended` of K/V buffers with `layout.kv_stride` rows per (batch, head)
+/// are new (projected by this chain); the last `appended` rows are the module's appended keys
+/// (bias_k, a zero key), written once with the buffers (see [`Workspace::new`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Geometry {
     pub batch: usize,
     pub lq: usize,
     pub lk: usize,
     pub kv_pos: usize,
+    pub appended: usize,
     pub layout: QkvLayout,
     pub fused: bool,
 }
@@ -157,8 +159,8 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
             dst: l.v_offset,
         },
     );
-    let new_keys = g.lk - g.kv_pos;
-    let plain_kv = g.kv_pos == 0 && l.kv_stride as usize == g.lk;
+    let new_keys = g.lk - g.kv_pos - g.appended;
+    let plain_kv = g.kv_pos == 0 && g.appended == 0 && l.kv_stride as usize == g.lk;
     let sharing = Sharing::of(b.query == b.key, b.key == b.value);
     // One GEMM may write several of Q, K, V only when they share a buffer.
     let packed = b.qkv.is_packed();
@@ -211,6 +213,8 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
     gemms
         .into_iter()
         .enumerate()
+        // No input keys (only appended ones): nothing to project.
+        .filter(|(_, (_, seq, ..))| *seq > 0)
         .map(|(i, (x, seq, width, w_offset, bias_offset, segments, y))| {
             let rows = (g.batch * seq) as u32;
             let mut p = LinearParams::new(rows, width as u32, seq as u32, &segments).weights_at(
@@ -268,13 +272,14 @@ impl Workspace {
         let c = &mha.config;
         let gpu = &mha.gpu;
         let (b, lq, lk, h) = (shape.batch, shape.lq, shape.lk, c.heads);
+        let lk_in = shape.input_keys(c);
         let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
         let none = wgpu::BufferUsages::empty();
         let copy = wgpu::BufferUsages::COPY_SRC;
         let widths = [
             ("query input", lq * c.model_dim),
-            ("key input", lk * c.key_dim),
-            ("value input", lk * c.value_dim),
+            ("key input", lk_in * c.key_dim),
+            ("value input", lk_in * c.value_dim),
         ];
         let inputs = widths[..shape.sharing.inputs()]
             .iter()
@@ -283,9 +288,17 @@ impl Workspace {
         let elem = mha.qkv_elem_bytes();
         let qkv_bytes =
             [b * h * lq * dk, b * h * lk * dk, b * h * lk * dv].map(|n| elem * n as u64);
-        let qkv = match split_qkv(gpu.binding_limit(), qkv_bytes) {
-            false => vec![gpu.storage("Q|K|V head-split", qkv_bytes.iter().sum(), none)],
-            true => ["Q head-split", "K head-split", "V head-split"]
+        let split = split_qkv(gpu.binding_limit(), qkv_bytes);
+        let qkv = match appended_kv_images(mha, shape, split) {
+            // The appended keys are input-independent: written once, here.
+            Some(images) => images
+                .iter()
+                .map(|(label, image)| gpu.upload_f32_as(label, image, elem == 2))
+                .collect(),
+            None if !split => {
+                vec![gpu.storage("Q|K|V head-split", qkv_bytes.iter().sum(), none)]
+            }
+            None => ["Q head-split", "K head-split", "V head-split"]
                 .iter()
                 .zip(qkv_bytes)
                 .map(|(label, bytes)| gpu.storage(label, bytes, none))
@@ -320,9 +333,6 @@ impl Workspace {
 
     fn chain(&self, mha: &MultiHeadAttention) -> Result<Vec<Dispatch>> {
         let s = self.shape;
-        let (h, dk) = (mha.config.heads, mha.config.qk_head_dim);
-        let q_elems = s.batch * h * s.lq * dk;
-        let k_elems = s.batch * h * s.lk * dk;
         let qkv = match &self.qkv[..] {
             [q, k, v] => QkvBuffers { q, k, v },
             _ => QkvBuffers::packed(&self.qkv[0]),
@@ -332,20 +342,8 @@ impl Workspace {
             lq: s.lq,
             lk: s.lk,
             kv_pos: 0,
-            layout: match qkv {
-                QkvBuffers { q, k, .. } if q != k => QkvLayout {
-                    q_offset: 0,
-                    k_offset: 0,
-                    v_offset: 0,
-                    kv_stride: s.lk as u32,
-                },
-                _ => QkvLayout {
-                    q_offset: 0,
-                    k_offset: q_elems as u32,
-                    v_offset: (q_elems + k_elems) as u32,
-                    kv_stride: s.lk as u32,
-                },
-            },
+            appended: mha.config.appended_keys(),
+            layout: qkv_layout(mha, s, !qkv.is_packed()),
             fused: s.fused,
         };
         let input = |i: usize| &self.inputs[i.min(self.inputs.len() - 1)];
@@ -404,6 +402,68 @@ impl Workspace {
                 .map(|b| b.size())
                 .sum::<u64>()
     }
+}
+
+/// Where Q, K, V of `shape` lie: packed one after the other, or each at 0 of its own buffer.
+fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
+    let c = &mha.config;
+    let q_elems = s.batch * c.heads * s.lq * c.qk_head_dim;
+    let k_elems = s.batch * c.heads * s.lk * c.qk_head_dim;
+    let (k_offset, v_offset) = match split {
+        true => (0, 0),
+        false => (q_elems, q_elems + k_elems),
+    };
+    QkvLayout {
+        q_offset: 0,
+        k_offset: k_offset as u32,
+        v_offset: v_offset as u32,
+        kv_stride: s.lk as u32,
+    }
+}
+
+/// The initial contents of the Q/K/V buffer(s) (labelled, as [`qkv_layout`] lays them out) of
+/// a module with appended keys: zero but for rows `Lk_in..Lk` of every (batch, head) of K and
+/// V, which hold the appended keys and values. `None` for a module without them.
+fn appended_kv_images(
+    mha: &MultiHeadAttention,
+    s: Shape,
+    split: bool,
+) -> Option<Vec<(&'static str, Vec<f32>)>> {
+    let c = &mha.config;
+    let appended = c.appended_keys();
+    if appended == 0 {
+        return None;
+    }
+    let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
+    let lk_in = s.input_keys(c);
+    let l = qkv_layout(mha, s, split);
+    let (k_rows, v_rows) = &mha.weights.appended_kv;
+    // Rows are `[appended, H·head_dim]`; head `hi` of row `r` goes to (batch, hi), key lk_in + r.
+    let put = |image: &mut [f32], offset: u32, head_dim: usize, rows: &[f32]| {
+        for bh in 0..s.batch * h {
+            for r in 0..appended {
+                let dst = offset as usize + (bh * s.lk + lk_in + r) * head_dim;
+                let src = (r * h + bh % h) * head_dim;
+                image[dst..dst + head_dim].copy_from_slice(&rows[src..src + head_dim]);
+            }
+        }
+    };
+    let [q, k, v] = [s.lq * dk, s.lk * dk, s.lk * dv].map(|n| s.batch * h * n);
+    Some(if split {
+        let (mut k_image, mut v_image) = (vec![0.0; k], vec![0.0; v]);
+        put(&mut k_image, 0, dk, k_rows);
+        put(&mut v_image, 0, dv, v_rows);
+        vec![
+            ("Q head-split", vec![0.0; q]),
+            ("K head-split", k_image),
+            ("V head-split", v_image),
+        ]
+    } else {
+        let mut image = vec![0.0; q + k + v];
+        put(&mut image, l.k_offset, dk, k_rows);
+        put(&mut image, l.v_offset, dv, v_rows);
+        vec![("Q|K|V head-split", image)]
+    })
 }
 
 /// Whether Q, K and V (of `bytes` each) need a buffer each: when packed they would exceed one

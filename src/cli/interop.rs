@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
+use wgpu_mha::io::case::add_zero_attn;
 use wgpu_mha::io::files::PendingOutput;
 use wgpu_mha::io::masks::read_mask;
 use wgpu_mha::io::{layouts::load_weights, safetensors::serialize_safetensors};
@@ -83,6 +84,11 @@ pub struct RunArgs {
     /// Score scale replacing 1/√d_k (F.scaled_dot_product_attention's `scale`; T5 uses 1).
     #[arg(long, conflicts_with = "case")]
     scale: Option<f32>,
+    /// nn.MultiheadAttention(add_zero_attn=True): a zero key and value after the input's (and
+    /// after `bias_k`/`bias_v`, which come with the weights). Also read from the weights file's
+    /// metadata `add_zero_attn` = "true".
+    #[arg(long, conflicts_with = "case")]
+    add_zero_attn: bool,
     /// Also write the attention weights `attn_weights` `[B, H, Lq, Lk]` (runs the multi-pass
     /// path, which computes them).
     #[arg(long)]
@@ -183,6 +189,11 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         let mut loaded = load_weights(&weights_file, &prefix, args.heads)?;
         if let Some(scale) = args.scale {
             loaded.config = loaded.config.with_scale(scale)?;
+        }
+        if args.add_zero_attn || add_zero_attn(&weights_file)? {
+            loaded.config = loaded
+                .config
+                .with_appended_keys(loaded.config.add_bias_kv, true);
         }
         let inputs = SafetensorsFile::open(inputs_path)?;
         let (query, key, value) = read_inputs(&inputs)?;

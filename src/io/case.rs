@@ -10,8 +10,8 @@
 //!   bool or float, `key_padding_mask`); metadata `scale` replaces 1/√d_k;
 //! * expected `out_f64` (f64), `out` (PyTorch's f32 result) and optionally `attn_f64`.
 //!
-//! `bias_k`/`bias_v` and `add_zero_attn = "true"` change the answer and are not run yet: such a
-//! file is refused, never run as a different problem.
+//! `bias_k`/`bias_v` (`[1, 1, E]`) and metadata `add_zero_attn = "true"` append keys every
+//! query sees, as `nn.MultiheadAttention(add_bias_kv=True, add_zero_attn=True)` does.
 //! Other tensors and metadata keys are ignored. A case passes when
 //! `max|engine − out_f64| ≤ max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` when the
 //! file has no `err_f32_vs_f64`.
@@ -123,8 +123,7 @@ impl Case {
                 )),
             };
         let config = config_from_metadata(file, variant)?;
-
-        refuse_unsupported(file)?;
+        let add_zero_attn = add_zero_attn(file)?;
         let loaded = load_weights(file, "", Some(config.heads))?;
         // A classic case may hold the seed's names or nn.MultiheadAttention's (same module).
         let layout_fits = match variant {
@@ -159,10 +158,14 @@ impl Case {
             )));
         }
         // Bias on/off follows the file (the seeds always have it); `scale` replaces 1/√d_k.
+        // `bias_k`/`bias_v` came with the weights; metadata `add_zero_attn` joins them.
+        let with_zero = loaded
+            .config
+            .with_appended_keys(loaded.config.add_bias_kv, add_zero_attn);
         let config = match file.metadata("scale") {
-            None => loaded.config,
+            None => with_zero,
             Some(s) => match s.trim().parse::<f32>() {
-                Ok(v) => loaded.config.with_scale(v)?,
+                Ok(v) => with_zero.with_scale(v)?,
                 Err(_) => {
                     return Err(bad_meta(format!(
                         "metadata `scale` = {s:?} is not a number"
@@ -211,7 +214,8 @@ impl Case {
         };
         let attn_f64 = if file.contains("attn_f64") {
             let (shape, attn) = file.tensor_f64("attn_f64")?;
-            let want = [batch, config.heads, lq, lk];
+            // nn.MultiheadAttention's weights cover the appended keys too.
+            let want = [batch, config.heads, lq, lk + config.appended_keys()];
             if shape != want {
                 return Err(Error::shape("attn_f64", format!("{want:?}"), &shape));
             }
@@ -320,7 +324,17 @@ impl Case {
             }
             other => other.kind_name().to_string(),
         };
-        format!("{sizes} B={b} Lq={lq} Lk={lk} mask={mask}")
+        let mut options = String::new();
+        if c.add_bias_kv {
+            options.push_str(" +bias_kv");
+        }
+        if c.add_zero_attn {
+            options.push_str(" +zero_attn");
+        }
+        if let Some(s) = c.scale {
+            options.push_str(&format!(" scale={s}"));
+        }
+        format!("{sizes}{options} B={b} Lq={lq} Lk={lk} mask={mask}")
     }
 
     /// Runs the case on a module built from its config and weights: `forward(Q, K, V, mask)` for
@@ -399,16 +413,12 @@ fn config_from_metadata(file: &SafetensorsFile, variant: CaseVariant) -> Result<
     }
 }
 
-/// `add_zero_attn = "true"` changes the answer and is not run yet: an `Err`, never a silently
-/// different problem (`bias_k`/`bias_v` are refused by the weight loader).
-fn refuse_unsupported(file: &SafetensorsFile) -> Result<()> {
+/// Metadata `add_zero_attn` (`nn.MultiheadAttention(add_zero_attn=True)`): `"true"` or
+/// `"false"`, absent = false; anything else is an error, never a guess.
+pub fn add_zero_attn(file: &SafetensorsFile) -> Result<bool> {
     match file.metadata("add_zero_attn").map(str::trim) {
-        None | Some("false") => Ok(()),
-        Some("true") => Err(Error::file(
-            file.name(),
-            "metadata `add_zero_attn` = \"true\" is not supported yet; refusing the case rather \
-             than ignoring it",
-        )),
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
         Some(other) => Err(Error::file(
             file.name(),
             format!("metadata `add_zero_attn` = {other:?}; expected \"true\" or \"false\""),

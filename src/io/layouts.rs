@@ -10,6 +10,9 @@
 //! | [`WeightLayout::TorchPacked`] | `nn.MultiheadAttention`: `in_proj_weight [3E,E]`, `in_proj_bias [3E]`, `out_proj.weight`, `out_proj.bias` |
 //! | [`WeightLayout::TorchSeparate`] | `nn.MultiheadAttention(kdim, vdim)`: `q_proj_weight [E,E]`, `k_proj_weight [E,kdim]`, `v_proj_weight [E,vdim]`, `in_proj_bias`, `out_proj.*` |
 //!
+//! Any layout may also hold `bias_k` and `bias_v` (`nn.MultiheadAttention(add_bias_kv=True)`,
+//! `[1, 1, E]`), which turn the config's `add_bias_kv` on.
+//!
 //! The config is inferred from the shapes; the number of heads comes from the caller or from the
 //! file's metadata (`num_heads`, `heads` or `head`). Biases are on when present (all or none).
 //! Weights may be F32, F16 or BF16. Every problem is a typed `Err` naming the tensor.
@@ -19,7 +22,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
-use crate::model::weights::{AttentionWeights, Linear};
+use crate::model::weights::{AttentionWeights, BiasKv, Linear};
 
 /// How the weights were stored (the names they were found under).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +114,7 @@ pub fn load_weights(
         }
         WeightLayout::TorchPacked | WeightLayout::TorchSeparate => loader.torch(layout, heads)?,
     };
+    let (config, weights) = loader.bias_kv(config, weights)?;
     weights.check(&config).map_err(|e| prefixed(e, prefix))?;
     Ok(LoadedWeights {
         config,
@@ -368,20 +372,63 @@ impl Loader<'_> {
         assembled(heads, bias, [lq, lk, lv], lo)
     }
 
+    /// `bias_k`, `bias_v` of `nn.MultiheadAttention(add_bias_kv=True)` (`[1, 1, E]`), in any
+    /// layout: both or neither, `heads·head_dim` values each. Present, they turn the config's
+    /// `add_bias_kv` on.
+    fn bias_kv(
+        &self,
+        config: AttentionConfig,
+        weights: AttentionWeights,
+    ) -> Result<(AttentionConfig, AttentionWeights)> {
+        let read = |name: &str, want: usize| -> Result<Option<Vec<f32>>> {
+            let full = self.full(name);
+            if !self.file.contains(&full) {
+                return Ok(None);
+            }
+            let (shape, values) = self
+                .file
+                .read_f32(&full)
+                .map_err(|p| Error::weight(&full, p))?;
+            if shape.last() != Some(&want) || values.len() != want {
+                return Err(Error::weight(
+                    full,
+                    format!("has shape {shape:?}, expected [1, 1, {want}] (heads·head_dim)"),
+                ));
+            }
+            Ok(Some(values))
+        };
+        let pair = (
+            read("bias_k", config.qk_width())?,
+            read("bias_v", config.v_width())?,
+        );
+        let (k, v) = match pair {
+            (None, None) => return Ok((config, weights)),
+            (Some(k), Some(v)) => (k, v),
+            (k, _) => {
+                let (missing, present) = match k {
+                    Some(_) => ("bias_v", "bias_k"),
+                    None => ("bias_k", "bias_v"),
+                };
+                return Err(Error::weight(
+                    self.full(missing),
+                    format!(
+                        "is missing, but `{}` is present (add_bias_kv has both)",
+                        self.full(present)
+                    ),
+                ));
+            }
+        };
+        let config = config.with_appended_keys(true, config.add_zero_attn);
+        let bias_kv = Some(BiasKv { k, v });
+        Ok((config, AttentionWeights { bias_kv, ..weights }))
+    }
+
     /// `nn.MultiheadAttention`, packed or separate projections.
     fn torch(
         &self,
         layout: WeightLayout,
         heads: usize,
     ) -> Result<(AttentionConfig, AttentionWeights)> {
-        for extra in ["bias_k", "bias_v"] {
-            if self.file.contains(&self.full(extra)) {
-                return Err(Error::weight(
-                    self.full(extra),
-                    "is present: nn.MultiheadAttention(add_bias_kv=True) is not supported",
-                ));
-            }
-        }
         let in_bias = self.optional("in_proj_bias", 1)?;
         let bias = in_bias.is_some();
         let (q, k, v, e) = if layout == WeightLayout::TorchPacked {
@@ -489,7 +536,18 @@ fn assembled(
         output_projection: o.is_some(),
         bias,
         scale: None,
+        add_bias_kv: false,
+        add_zero_attn: false,
     }
     .validated()?;
-    Ok((config, AttentionWeights { q, k, v, o }))
+    Ok((
+        config,
+        AttentionWeights {
+            q,
+            k,
+            v,
+            o,
+            bias_kv: None,
+        },
+    ))
 }

@@ -31,6 +31,11 @@ pub struct AttentionConfig {
     pub bias: bool,
     /// Score scale; `None` means `1/sqrt(qk_head_dim)`.
     pub scale: Option<f32>,
+    /// `nn.MultiheadAttention(add_bias_kv=True)`: a learned key and value
+    /// ([`crate::AttentionWeights::bias_kv`]) appended after the projected keys.
+    pub add_bias_kv: bool,
+    /// `nn.MultiheadAttention(add_zero_attn=True)`: a zero key and value appended after those.
+    pub add_zero_attn: bool,
 }
 
 impl AttentionConfig {
@@ -56,6 +61,8 @@ impl AttentionConfig {
             output_projection: true,
             bias: true,
             scale: None,
+            add_bias_kv: false,
+            add_zero_attn: false,
         }
         .validated()
     }
@@ -72,6 +79,8 @@ impl AttentionConfig {
             output_projection: false,
             bias: true,
             scale: None,
+            add_bias_kv: false,
+            add_zero_attn: false,
         }
         .validated()
     }
@@ -86,6 +95,20 @@ impl AttentionConfig {
     pub fn with_scale(mut self, scale: f32) -> Result<Self> {
         self.scale = Some(scale);
         self.validated()
+    }
+
+    /// `add_bias_kv` and `add_zero_attn` as `nn.MultiheadAttention` takes them: keys (and
+    /// values) every query sees, appended after the input's own (see [`Self::appended_keys`]).
+    pub fn with_appended_keys(mut self, add_bias_kv: bool, add_zero_attn: bool) -> Self {
+        self.add_bias_kv = add_bias_kv;
+        self.add_zero_attn = add_zero_attn;
+        self
+    }
+
+    /// How many keys the module appends after the input's: the learned `bias_k` row, then the
+    /// zero row, in `nn.MultiheadAttention`'s order. They are never masked.
+    pub fn appended_keys(&self) -> usize {
+        self.add_bias_kv as usize + self.add_zero_attn as usize
     }
 
     /// Key and value input widths, as in `nn.MultiheadAttention(kdim=.., vdim=..)`.

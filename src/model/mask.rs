@@ -182,6 +182,55 @@ impl Mask {
         Ok(Mask::Block(MaskTensor::from_bools(shape, &masked)?))
     }
 
+    /// This mask over `dims.lk` keys, widened by `appended` keys that every query sees, as
+    /// `nn.MultiheadAttention` pads `attn_mask` and `key_padding_mask` with zeros when it
+    /// appends `bias_k` or a zero key: a boolean mask becomes a `Block` mask whose new columns
+    /// are unmasked (a causal mask is materialised, still aligned to the input's keys), a bias
+    /// gets 0 there. Dimensions a tensor broadcasts over stay broadcast.
+    pub fn with_appended_keys(&self, appended: usize, dims: AttnDims) -> Result<Mask> {
+        if appended == 0 || matches!(self, Mask::None) {
+            return Ok(self.clone());
+        }
+        self.check(dims)?;
+        // The extents over (B, H, Lq) the widened mask keeps.
+        let lead = |shape: &[usize]| match shape {
+            [b, h, i, _] => [*b, *h, *i],
+            [b, i, _] => [*b, 1, *i],
+            [i, _] => [1, 1, *i],
+            _ => [1, 1, 1],
+        };
+        let [b, h, rows] = match self {
+            Mask::None | Mask::Causal => [1, 1, dims.lq],
+            Mask::KeyPadding(_) => [dims.batch, 1, 1],
+            Mask::Attend(t) | Mask::Block(t) => lead(t.shape()),
+            Mask::Bias(t) => lead(t.shape()),
+        };
+        let (lk, wide) = (dims.lk, dims.lk + appended);
+        let len = b * h * rows * wide;
+        let at = |n: usize| {
+            let (j, rest) = (n % wide, n / wide);
+            let (i, rest) = (rest % rows, rest / rows);
+            (rest / h, rest % h, i, j)
+        };
+        let shape = vec![b, h, rows, wide];
+        if let Mask::Bias(t) = self {
+            let values = (0..len)
+                .map(|n| match at(n) {
+                    (_, _, _, j) if j >= lk => 0.0,
+                    at => t.data()[broadcast_index(t.shape(), at)],
+                })
+                .collect();
+            return Ok(Mask::Bias(Tensor::new(shape, values)?));
+        }
+        let masked: Vec<bool> = (0..len)
+            .map(|n| match at(n) {
+                (_, _, _, j) if j >= lk => false,
+                at => self.hides(at, dims.lq, lk),
+            })
+            .collect();
+        Ok(Mask::Block(MaskTensor::from_bools(shape, &masked)?))
+    }
+
     /// Whether a boolean mask hides key `j` from query `i` of (batch, head) (`false` for a bias,
     /// which is added instead).
     pub(crate) fn hides(&self, at: (usize, usize, usize, usize), lq: usize, lk: usize) -> bool {
@@ -321,6 +370,46 @@ mod tests {
             m,
             Mask::block([1, 2, 1, 2], &[true, true, false, true]).unwrap()
         );
+    }
+
+    #[test]
+    fn appended_keys_are_never_masked() {
+        let d = dims(2, 3, 2, 2);
+        assert_eq!(Mask::None.with_appended_keys(2, d).unwrap(), Mask::None);
+        assert_eq!(Mask::Causal.with_appended_keys(0, d).unwrap(), Mask::Causal);
+        // Causal stays aligned to the input's two keys; the appended one is seen by all.
+        let want = [false, true, false, false, false, false];
+        assert_eq!(
+            Mask::Causal.with_appended_keys(1, d).unwrap(),
+            Mask::block([1, 1, 2, 3], &want).unwrap()
+        );
+        // Key padding keeps its batch dimension; a length no longer hides what follows it.
+        let want = [false, true, false, false, false, false];
+        assert_eq!(
+            Mask::KeyPadding(vec![1, 2])
+                .with_appended_keys(1, d)
+                .unwrap(),
+            Mask::block([2, 1, 1, 3], &want).unwrap()
+        );
+        // Attend polarity turns into Block; a broadcast key dimension is expanded first.
+        let attend = Mask::attend([1, 1], vec![0]).unwrap();
+        assert_eq!(
+            attend.with_appended_keys(2, d).unwrap(),
+            Mask::block([1, 1, 1, 4], &[true, true, false, false]).unwrap()
+        );
+        let bias = Mask::Bias(Tensor::new([2], vec![f32::NEG_INFINITY, 0.5]).unwrap());
+        match bias.with_appended_keys(1, d).unwrap() {
+            Mask::Bias(t) => {
+                assert_eq!(t.shape(), [1, 1, 1, 3]);
+                assert_eq!(t.data(), [f32::NEG_INFINITY, 0.5, 0.0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A mask that does not fit the input's keys is still an error.
+        assert!(Mask::block([3], &[false; 3])
+            .unwrap()
+            .with_appended_keys(1, d)
+            .is_err());
     }
 
     #[test]

@@ -95,6 +95,18 @@ pub struct AttentionWeights {
     pub v: Linear,
     /// `model_dim × heads·v_head_dim`, when the config has an output projection.
     pub o: Option<Linear>,
+    /// `nn.MultiheadAttention`'s `bias_k`, `bias_v`, when the config has `add_bias_kv`.
+    pub bias_kv: Option<BiasKv>,
+}
+
+/// The learned key and value of `nn.MultiheadAttention(add_bias_kv=True)`, in projected space:
+/// head `h` owns elements `h·head_dim..(h+1)·head_dim`, as after `split_heads`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BiasKv {
+    /// `bias_k`: `heads·qk_head_dim` values.
+    pub k: Vec<f32>,
+    /// `bias_v`: `heads·v_head_dim` values.
+    pub v: Vec<f32>,
 }
 
 impl AttentionWeights {
@@ -108,7 +120,34 @@ impl AttentionWeights {
         let o = c
             .output_projection
             .then(|| Linear::random(c.model_dim, c.v_width(), c.bias, &mut rng));
-        AttentionWeights { q, k, v, o }
+        let bias_kv = c.add_bias_kv.then(|| BiasKv {
+            k: (0..c.qk_width()).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+            v: (0..c.v_width()).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+        });
+        AttentionWeights {
+            q,
+            k,
+            v,
+            o,
+            bias_kv,
+        }
+    }
+
+    /// The key and value rows appended after the projected input's (see
+    /// [`AttentionConfig::appended_keys`]): `bias_k`/`bias_v`, then a zero row, each
+    /// `[appended, heads·head_dim]` row-major.
+    pub fn appended_kv(&self, config: &AttentionConfig) -> (Vec<f32>, Vec<f32>) {
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        if let Some(b) = &self.bias_kv {
+            k.extend_from_slice(&b.k);
+            v.extend_from_slice(&b.v);
+        }
+        if config.add_zero_attn {
+            k.extend(std::iter::repeat_n(0.0, config.qk_width()));
+            v.extend(std::iter::repeat_n(0.0, config.v_width()));
+        }
+        (k, v)
     }
 
     /// State-dict names of the four projections for this config (`W_q` / `w_q`).
@@ -128,11 +167,41 @@ impl AttentionWeights {
         self.k.check(nk, c.qk_width(), c.key_dim, c.bias)?;
         self.v.check(nv, c.v_width(), c.value_dim, c.bias)?;
         match (&self.o, c.output_projection) {
-            (Some(o), true) => o.check(no, c.model_dim, c.v_width(), c.bias),
-            (None, true) => Err(Error::weight(format!("{no}.weight"), "is missing")),
+            (Some(o), true) => o.check(no, c.model_dim, c.v_width(), c.bias)?,
+            (None, true) => return Err(Error::weight(format!("{no}.weight"), "is missing")),
+            (Some(_), false) => {
+                return Err(Error::weight(
+                    format!("{no}.weight"),
+                    "is present, but the config has no output projection",
+                ))
+            }
+            (None, false) => {}
+        }
+        match (&self.bias_kv, c.add_bias_kv) {
+            (Some(b), true) => {
+                for (name, values, want) in [
+                    ("bias_k", &b.k, c.qk_width()),
+                    ("bias_v", &b.v, c.v_width()),
+                ] {
+                    if values.len() != want {
+                        return Err(Error::weight(
+                            name,
+                            format!(
+                                "has {} values, expected heads·head_dim = {want}",
+                                values.len()
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            (None, true) => Err(Error::weight(
+                "bias_k",
+                "is missing, but the config has add_bias_kv",
+            )),
             (Some(_), false) => Err(Error::weight(
-                format!("{no}.weight"),
-                "is present, but the config has no output projection",
+                "bias_k",
+                "is present, but the config has add_bias_kv off",
             )),
             (None, false) => Ok(()),
         }
