@@ -1,8 +1,10 @@
 //! PyTorch's own conventions, checked against PyTorch's own module: case files made by
 //! `tools/gen_torch_conventions.py` from `nn.MultiheadAttention` state dicts as saved, with a
 //! float `attn_mask` (0/−inf causal, ALiBi-like bias, a row of only −inf), `key_padding_mask`
-//! alone and combined with bool and float masks, and a `scale` override — on both paths. Options
-//! not run yet (`add_bias_kv`, `add_zero_attn`) are refused, never ignored.
+//! alone and combined with bool and float masks, a `scale` override, and `add_bias_kv` /
+//! `add_zero_attn` alone and with masks — on both paths; PyTorch's own test samples for
+//! `nn.MultiheadAttention` and `F.multi_head_attention_forward`. Malformed options are
+//! refused, never guessed.
 
 mod common;
 
@@ -50,7 +52,19 @@ fn name(path: &Path) -> String {
 
 #[test]
 fn pytorch_conventions_match_pytorch_on_both_paths() {
-    for path in fixtures("torch") {
+    check_both_paths("torch");
+}
+
+/// `sample_inputs_multi_head_attention_forward`: packed and separate weights, bias_k/bias_v,
+/// 2-D and 3-D float masks, sequence-first and unbatched inputs (stored batch-first).
+#[test]
+fn pytorch_functional_samples_match_pytorch_on_both_paths() {
+    assert_eq!(fixtures("torch_functional").len(), 96);
+    check_both_paths("torch_functional");
+}
+
+fn check_both_paths(dir: &str) {
+    for path in fixtures(dir) {
         let case = Case::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", name(&path)));
         for p in [AttentionPath::Auto, AttentionPath::MultiPass] {
             let result = case
@@ -99,13 +113,21 @@ fn masks_are_read_in_their_pytorch_meaning() {
         }
         other => panic!("bias + key padding read as {other:?}"),
     }
+    // bias_k/bias_v come with the weights, add_zero_attn from the metadata.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch/torch_bias_kv_zero_attn_bool_mask_and_key_padding.safetensors");
+    let case = Case::from_file(path).expect("case");
+    assert!(case.config.add_bias_kv && case.config.add_zero_attn);
+    assert_eq!(case.config.appended_keys(), 2);
+    let bias_kv = case.weights.bias_kv.as_ref().expect("bias_k, bias_v");
+    assert_eq!((bias_kv.k.len(), bias_kv.v.len()), (24, 24));
 }
 
 #[test]
-fn options_not_run_yet_are_refused_not_ignored() {
+fn malformed_pytorch_options_are_refused_not_guessed() {
     for (path, phrase) in fixtures("refused")
         .into_iter()
-        .zip(["bias_k", "add_zero_attn"])
+        .zip(["add_zero_attn", "bias_v"])
     {
         let err = Case::from_file(&path).expect_err("refused");
         assert!(err.to_string().contains(phrase), "{}: {err}", name(&path));
@@ -157,6 +179,14 @@ fn run_takes_pytorch_masks_and_scale_from_an_inputs_file() {
 fn run_takes_pytorch_layouts_and_returns_attention_weights() {
     let dir = std::env::temp_dir().join(format!("wgpu-mha-torch-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
+    let samples = fixtures("torch_run")
+        .iter()
+        .filter(|p| name(p).starts_with("module_inputs_"))
+        .count();
+    assert_eq!(
+        samples, 64,
+        "every module_inputs_torch_nn_MultiheadAttention sample"
+    );
     for path in fixtures("torch_run") {
         let file = SafetensorsFile::open(&path).expect("fixture");
         let flags: serde_json::Value =
@@ -166,6 +196,7 @@ fn run_takes_pytorch_layouts_and_returns_attention_weights() {
             ("seq_first", "--seq-first"),
             ("probs", "--probs"),
             ("average", "--average"),
+            ("add_zero_attn", "--add-zero-attn"),
         ] {
             if flags[flag] == true {
                 args.push(arg);

@@ -9,18 +9,22 @@ float64 on the same f32 data (`out`: the float32 forward, for `err_f32_vs_f64`):
   tests/fixtures/torch/*.safetensors   must pass `wgpu-mha check`:
     float attn_mask (nn.Transformer.generate_square_subsequent_mask: 0 / -inf), key_padding_mask
     (true = padding) alone, with a bool attn_mask and with a per-head float bias (ALiBi-like),
-    a float mask with a row of only -inf (PyTorch's default call: NaN), and metadata `scale` (computed with
-    F.scaled_dot_product_attention, since nn.MultiheadAttention has no scale argument).
+    a float mask with a row of only -inf (PyTorch's default call: NaN), metadata `scale`
+    (computed with F.scaled_dot_product_attention, since nn.MultiheadAttention has no scale
+    argument), and add_bias_kv=True (`bias_k`, `bias_v`) / add_zero_attn=True (metadata
+    `add_zero_attn`), alone and together with masks and key padding.
   tests/fixtures/refused/*.safetensors  must be refused, never run as another problem:
-    add_bias_kv=True (`bias_k`, `bias_v`) and add_zero_attn=True.
+    `bias_k` without `bias_v`, and metadata `add_zero_attn` that is not "true"/"false".
   tests/fixtures/torch_run/*.safetensors  for `run --weights F --inputs F`: a whole state dict as
     saved (nn.TransformerEncoder, nn.TransformerDecoder, nn.MultiheadAttention; metadata
     `prefix`, `num_heads`), the inputs that really reach the attention module in PyTorch's
     layout (sequence-first, batch-first, unbatched) with the container's masks, and
     `out_f64`/`attn_weights_f64` from the module in float64; metadata `run_flags` names the
-    `run` flags the file needs (seq_first, probs, average); also PyTorch's own test samples
-    for nn.MultiheadAttention (module_inputs_torch_nn_MultiheadAttention) that use no option
-    the engine refuses.
+    `run` flags the file needs (seq_first, probs, average, add_zero_attn); also all 64 of
+    PyTorch's own test samples for nn.MultiheadAttention (module_inputs_torch_nn_MultiheadAttention).
+  tests/fixtures/torch_functional/*.safetensors  must pass `wgpu-mha check`: PyTorch's own test
+    samples for F.multi_head_attention_forward (sample_inputs_multi_head_attention_forward)
+    without dropout, as classic case files.
 
 A 3-D float mask is PyTorch's [B*H, Lq, Lk]; case files store it as [B, H, Lq, Lk] (rank 4).
 Boolean masks never mask a whole row here: PyTorch turns them into -inf (NaN for such a row)
@@ -103,6 +107,21 @@ CASES = [
                                       [0.0, -math.inf, 0.0, 2.0]]), None)),
 ]
 
+BOTH = {"add_bias_kv": True, "add_zero_attn": True}
+APPENDED_KEY_CASES = [
+    # name, B, Lq, Lk, self-attention, masks, nn.MultiheadAttention options. The appended keys
+    # are never masked: batch 2 of the padded cases has every key of its own padded.
+    ("torch_add_bias_kv_cross", 2, 4, 5, False, lambda b, lq, lk: (None, None),
+     {"add_bias_kv": True}),
+    ("torch_add_zero_attn_float_causal_self", 2, 5, 5, True,
+     lambda b, lq, lk: (nn.Transformer.generate_square_subsequent_mask(lq), None),
+     {"add_zero_attn": True}),
+    ("torch_bias_kv_zero_attn_bool_mask_and_key_padding", 3, 4, 6, False,
+     lambda b, lq, lk: (torch.rand(lq, lk) < 0.3, padding([6, 2, 0], lk)), BOTH),
+    ("torch_bias_kv_zero_attn_alibi_and_key_padding", 3, 5, 5, True,
+     lambda b, lq, lk: (alibi(b, lq, lk), padding([5, 3, 0], lk)), BOTH),
+]
+
 
 def write(path, tensors, meta):
     arrays = {k: t.detach().contiguous().numpy() for k, t in tensors.items()}
@@ -126,9 +145,11 @@ def inputs(b, lq, lk, self_attn):
     return q, k, v
 
 
-def answer_case(out_dir, name, b, lq, lk, self_attn, masks):
+def answer_case(out_dir, name, b, lq, lk, self_attn, masks, options=None):
+    """`options`: add_bias_kv / add_zero_attn, as nn.MultiheadAttention takes them."""
+    options = options or {}
     seeded(name)
-    mod = nn.MultiheadAttention(E, H, batch_first=True).eval()
+    mod = nn.MultiheadAttention(E, H, batch_first=True, **options).eval()
     q, k, v = inputs(b, lq, lk, self_attn)
     attn_mask, kpm = masks(b, lq, lk)
     with torch.no_grad():
@@ -143,8 +164,9 @@ def answer_case(out_dir, name, b, lq, lk, self_attn, masks):
         tensors["attn_mask"] = attn_mask
     if kpm is not None:
         tensors["key_padding_mask"] = kpm
+    extra = {"add_zero_attn": "true"} if options.get("add_zero_attn") else {}
     write(os.path.join(out_dir, "torch", name + ".safetensors"), tensors,
-          metadata(name, b, lq, lk, err))
+          metadata(name, b, lq, lk, err, **extra))
 
 
 def scale_case(out_dir):
@@ -166,18 +188,20 @@ def scale_case(out_dir):
 
 
 def refused_cases(out_dir):
-    for name, kwargs, extra in [
-        ("torch_add_bias_kv", {"add_bias_kv": True}, {}),
-        ("torch_add_zero_attn", {"add_zero_attn": True}, {"add_zero_attn": "true"}),
+    """Files that must be refused, never run as another problem: `bias_k` without `bias_v`,
+    and `add_zero_attn` that is neither "true" nor "false"."""
+    for name, drop, extra in [
+        ("torch_bias_k_without_bias_v", "bias_v", {}),
+        ("torch_add_zero_attn_not_a_bool", None, {"add_zero_attn": "yes"}),
     ]:
         seeded(name)
-        mod = nn.MultiheadAttention(E, H, batch_first=True, **kwargs).eval()
+        mod = nn.MultiheadAttention(E, H, batch_first=True, add_bias_kv=True).eval()
         q, k, v = inputs(2, 4, 4, False)
         with torch.no_grad():
             out = run(mod, q, k, v, None, None)
             out64 = run(copy.deepcopy(mod).double(), q.double(), k.double(), v.double(), None, None)
         err = float((out.double() - out64).abs().max())
-        tensors = dict(mod.state_dict())
+        tensors = {n: t for n, t in mod.state_dict().items() if n != drop}
         tensors.update({"Q": q, "K": k, "V": v, "out": out, "out_f64": out64})
         write(os.path.join(out_dir, "refused", name + ".safetensors"), tensors,
               metadata(name, 2, 4, 4, err, **extra))
@@ -275,9 +299,9 @@ def run_cases(out_dir):
 
 def module_input_cases(out_dir):
     """PyTorch's own test samples for nn.MultiheadAttention (`module_inputs_torch_nn_
-    MultiheadAttention`, needs `pip install expecttest`): unbatched [3, 3] inputs, per-head
-    [H, L, L] bool masks and [L] key padding masks, with and without biases. Samples with
-    add_bias_kv or add_zero_attn are left out: the engine refuses those options for now."""
+    MultiheadAttention`, needs `pip install expecttest`), all 64: unbatched [3, 3] inputs,
+    per-head [H, L, L] bool masks and [L] key padding masks, with and without biases,
+    add_bias_kv and add_zero_attn."""
     from torch.testing._internal.common_modules import module_db
     info = next(m for m in module_db if m.module_cls is nn.MultiheadAttention)
     torch.manual_seed(0)  # the sample inputs come from the global generator
@@ -285,8 +309,6 @@ def module_input_cases(out_dir):
                                       requires_grad=False, training=False)
     for i, sample in enumerate(samples):
         kwargs = sample.constructor_input.kwargs
-        if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
-            continue
         seeded(f"module_inputs_{i}")
         mod = nn.MultiheadAttention(*sample.constructor_input.args, **kwargs).eval()
         q, k, v = sample.forward_input.args
@@ -296,11 +318,71 @@ def module_input_cases(out_dir):
         if attn_mask is not None and attn_mask.dim() == 3:  # [H, L, S] unbatched
             attn_mask = attn_mask.unsqueeze(0)
         tags = "".join(["_bias" if kwargs.get("bias", True) else "_nobias",
+                        "_biaskv" if kwargs.get("add_bias_kv") else "",
+                        "_zeroattn" if kwargs.get("add_zero_attn") else "",
                         "_attnmask" if attn_mask is not None else "",
                         "_padding" if kpm is not None else ""])
+        flags = {"add_zero_attn": True} if kwargs.get("add_zero_attn") else {}
         run_fixture(out_dir, f"module_inputs_{i:02d}{tags}", mod.state_dict(), "",
                     mod.num_heads, q, k, v, attn_mask, kpm, out, out64, w64,
-                    probs=True, average=True)
+                    probs=True, average=True, **flags)
+
+
+def functional_cases(out_dir):
+    """PyTorch's own test samples for F.multi_head_attention_forward (`sample_inputs_multi_
+    head_attention_forward`) as classic case files: sequence-first and unbatched inputs (stored
+    batch-first), packed and separate projection weights, bias_k/bias_v ([E]), float masks
+    2-D and 3-D ([B·H, Lq, Lk], stored as [B, H, Lq, Lk]). Samples with dropout are left out
+    (random by design)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    info = next(o for o in op_db if o.name == "nn.functional.multi_head_attention_forward")
+    torch.manual_seed(0)
+    samples = list(info.sample_inputs("cpu", torch.float32, requires_grad=False))
+    kept = 0
+    for i, sample in enumerate(samples):
+        (k, v, e, heads, in_w, in_b, bias_k, bias_v, zero_attn, dropout, out_w,
+         out_b) = sample.args
+        kw = dict(sample.kwargs)
+        if dropout > 0.0:
+            continue
+        q = sample.input
+        mask = kw["attn_mask"]
+        def forward(cast):  # noqa: E306
+            c = lambda t: None if t is None else cast(t)  # noqa: E731
+            out, _ = F.multi_head_attention_forward(
+                c(q), c(k), c(v), e, heads, c(in_w), c(in_b), c(bias_k), c(bias_v), zero_attn,
+                0.0, c(out_w), c(out_b), training=False, attn_mask=c(mask),
+                use_separate_proj_weight=kw["use_separate_proj_weight"],
+                q_proj_weight=c(kw["q_proj_weight"]), k_proj_weight=c(kw["k_proj_weight"]),
+                v_proj_weight=c(kw["v_proj_weight"]))
+            return out
+        with torch.no_grad():
+            out, out64 = forward(lambda t: t), forward(lambda t: t.double())
+        batched = q.dim() == 3
+        first = (lambda t: t.transpose(0, 1)) if batched else (lambda t: t.unsqueeze(0))  # noqa: E731
+        b = q.shape[1] if batched else 1
+        tensors = {"out_proj.weight": out_w, "out_proj.bias": out_b, "in_proj_bias": in_b,
+                   "bias_k": bias_k, "bias_v": bias_v}
+        if kw["use_separate_proj_weight"]:
+            tensors.update({n: kw[n] for n in ("q_proj_weight", "k_proj_weight", "v_proj_weight")})
+        else:
+            tensors["in_proj_weight"] = in_w
+        tensors.update({"Q": first(q), "K": first(k), "V": first(v), "out": first(out),
+                        "out_f64": first(out64)})
+        if mask is not None:
+            tensors["attn_mask"] = (mask.reshape(b, heads, *mask.shape[1:]) if mask.dim() == 3
+                                    else mask)
+        err = float((out.double() - out64).abs().max())
+        name = "mha_forward_{:02d}_{}_{}_e{}_h{}_lk{}_{}".format(
+            i, "batched" if batched else "unbatched",
+            "separate" if kw["use_separate_proj_weight"] else "packed", e, heads, k.shape[0],
+            "nomask" if mask is None else f"mask{mask.dim()}d")
+        meta = metadata(name, b, q.shape[0], k.shape[0], err)
+        meta["config"] = json.dumps({"name": name, "sizes": {"d_model": e, "num_heads": heads}},
+                                    sort_keys=True)
+        write(os.path.join(out_dir, "torch_functional", name + ".safetensors"), tensors, meta)
+        kept += 1
+    assert kept == 96, kept
 
 
 def main():
@@ -308,14 +390,17 @@ def main():
     ap.add_argument("--out", default=os.path.join("tests", "fixtures"))
     args = ap.parse_args()
     torch.set_num_threads(1)  # byte-identical files on every run
-    for sub in ("torch", "refused", "torch_run"):
+    for sub in ("torch", "refused", "torch_run", "torch_functional"):
         os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     for name, b, lq, lk, self_attn, masks in CASES:
         answer_case(args.out, name, b, lq, lk, self_attn, masks)
+    for name, b, lq, lk, self_attn, masks, options in APPENDED_KEY_CASES:
+        answer_case(args.out, name, b, lq, lk, self_attn, masks, options)
     scale_case(args.out)
     refused_cases(args.out)
     run_cases(args.out)
     module_input_cases(args.out)
+    functional_cases(args.out)
 
 
 if __name__ == "__main__":
