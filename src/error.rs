@@ -57,6 +57,15 @@ pub enum Error {
         problem: String,
     },
 
+    /// A checkpoint's attention module needs something the engine does not run yet (RoPE, a
+    /// sliding window, …): named, never run as another problem.
+    #[error("{module}: {what} is not supported yet ({why})")]
+    UnsupportedModule {
+        module: String,
+        what: String,
+        why: String,
+    },
+
     /// A feature the call needs is missing on this adapter (e.g. f16 on GL).
     #[error("unsupported on adapter `{adapter}`: {what}")]
     Unsupported { adapter: String, what: String },

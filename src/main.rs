@@ -37,8 +37,12 @@ enum Command {
     Demo,
     /// Run case files on the GPU and compare with their `out_f64`; ends with `N passed, N failed`.
     Check(cli::interop::CheckArgs),
-    /// Run a case file, or weights + inputs, and write the output tensor `out` to safetensors.
+    /// Run a case file, weights + inputs, or a Hugging Face module (--hf), and write the output
+    /// tensor `out` to safetensors.
     Run(cli::interop::RunArgs),
+    /// List the attention modules of a Hugging Face checkpoint (or any safetensors file): family,
+    /// prefix, sizes, heads, position scheme, and whether it runs.
+    Inspect(cli::hf::InspectArgs),
     /// Run many small forwards and print process RSS and live GPU objects (leak check).
     Soak {
         /// Number of forwards.
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
         Command::Demo => demo(&options),
         Command::Check(args) => cli::interop::check(&options, &args),
         Command::Run(args) => cli::interop::run(&options, &args),
+        Command::Inspect(args) => cli::hf::inspect(&args),
         Command::Soak { iters, every } => soak(&options, iters, every),
         Command::Bench {
             only,

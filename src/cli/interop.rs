@@ -27,7 +27,7 @@ pub enum PathArg {
 }
 
 impl PathArg {
-    fn options(self) -> ForwardOptions {
+    pub(crate) fn options(self) -> ForwardOptions {
         ForwardOptions {
             return_probs: false,
             path: match self {
@@ -52,27 +52,35 @@ pub struct CheckArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// A case file: its weights, inputs and mask are used.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["weights", "inputs", "prefix", "heads"], required_unless_present = "weights")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["weights", "hf", "inputs", "prefix", "heads"], required_unless_present_any = ["weights", "hf"])]
     case: Option<PathBuf>,
     /// Weights: a state dict in safetensors (`W_q.*`, `w_q.*`, or nn.MultiheadAttention's
     /// `in_proj_weight`/`q_proj_weight`, `out_proj.*`).
-    #[arg(long, value_name = "FILE", requires = "inputs")]
+    #[arg(long, value_name = "FILE", requires = "inputs", conflicts_with = "hf")]
     weights: Option<PathBuf>,
+    /// A Hugging Face checkpoint as saved: a directory (`config.json` + `model.safetensors` or
+    /// its shards) or one safetensors file; pick the module with --layer or --prefix. Inputs:
+    /// `hidden_states`, `key_value_states` (cross-attention), `attention_mask` (1 = real token).
+    #[arg(long, value_name = "DIR|FILE", requires = "inputs")]
+    pub(crate) hf: Option<PathBuf>,
+    /// With --hf: the layer whose attention module runs (when the layer has several, use --prefix).
+    #[arg(long, requires = "hf", conflicts_with = "prefix")]
+    pub(crate) layer: Option<usize>,
     /// Prefix of the attention tensors in the weights file (e.g. `encoder.layers.0.self_attn.`);
     /// default: the file's `prefix` metadata, else none.
     #[arg(long)]
-    prefix: Option<String>,
-    /// Number of heads (default: the weights file's `num_heads`/`heads` metadata).
+    pub(crate) prefix: Option<String>,
+    /// Number of heads (default: the weights file's `num_heads`/`heads` metadata, or config.json).
     #[arg(long)]
-    heads: Option<usize>,
+    pub(crate) heads: Option<usize>,
     /// Inputs: `query`, `key`, `value` (or `Q`, `K`, `V`), or `x_q`, `x_k_v`; optional mask
     /// `mask` (u8, 0 = masked) or `attn_mask` (bool: true = masked; float: added to the scores),
     /// and `key_padding_mask` `[B, Lk]` (true = padding), as PyTorch takes them.
-    #[arg(long, value_name = "FILE", requires = "weights")]
-    inputs: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub(crate) inputs: Option<PathBuf>,
     /// Where to write the output tensor `out` (f32, safetensors).
     #[arg(long, value_name = "FILE")]
-    out: PathBuf,
+    pub(crate) out: PathBuf,
     /// Attention core to run.
     #[arg(long, value_enum, default_value_t)]
     path: PathArg,
@@ -92,11 +100,11 @@ pub struct RunArgs {
     /// Also write the attention weights `attn_weights` `[B, H, Lq, Lk]` (runs the multi-pass
     /// path, which computes them).
     #[arg(long)]
-    probs: bool,
+    pub(crate) probs: bool,
     /// With --probs: average the weights over heads, `[B, Lq, Lk]`, as PyTorch's
     /// `average_attn_weights=True`.
     #[arg(long, requires = "probs")]
-    average: bool,
+    pub(crate) average: bool,
 }
 
 /// Runs every case file; one line per file, then `N passed, N failed`.
@@ -153,7 +161,7 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         ..args.path.options()
     };
     // Before any work: the output must not be an input, and its directory must take a file.
-    let inputs: Vec<&std::path::Path> = [&args.case, &args.weights, &args.inputs]
+    let inputs: Vec<&std::path::Path> = [&args.case, &args.weights, &args.hf, &args.inputs]
         .into_iter()
         .flatten()
         .map(PathBuf::as_path)
@@ -173,6 +181,8 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         let probs = result.forward.probs;
         let weights = probs.map(|p| InputLayout::BatchFirst.weights(p, args.average));
         (result.forward.output, weights.transpose()?)
+    } else if let Some(hf) = &args.hf {
+        crate::cli::hf::run(options, args, hf, &forward_options)?
     } else {
         // clap guarantees --weights and --inputs here; stay defensive without panicking.
         let (Some(weights_path), Some(inputs_path)) = (&args.weights, &args.inputs) else {

@@ -36,6 +36,9 @@ pub enum CaseVariant {
     Classic,
     /// `variant = "perhead"`: seed 001, inputs `x_q, x_k_v`, mask `attn_mask` (true = masked).
     PerHead,
+    /// `variant = "hf"`: a Hugging Face attention module as saved, inputs `hidden_states` (and
+    /// `key_value_states`), mask from `causal` and `attention_mask` (see [`crate::io::hf::case`]).
+    Hf,
 }
 
 impl CaseVariant {
@@ -44,6 +47,7 @@ impl CaseVariant {
         match self {
             CaseVariant::Classic => "dmodel",
             CaseVariant::PerHead => "perhead",
+            CaseVariant::Hf => "hf",
         }
     }
 }
@@ -53,6 +57,8 @@ impl CaseVariant {
 pub struct Case {
     /// The file's name (its path when read with [`Case::from_file`]).
     pub name: String,
+    /// For a Hugging Face case: the module (family, prefix, how it attends).
+    pub module: Option<String>,
     pub variant: CaseVariant,
     pub config: AttentionConfig,
     pub weights: AttentionWeights,
@@ -107,28 +113,28 @@ impl Case {
     /// Reads a case from an opened safetensors file.
     pub fn from_safetensors(file: &SafetensorsFile) -> Result<Self> {
         let bad_meta = |problem: String| Error::file(file.name(), problem);
-        let variant =
-            match file.metadata("variant") {
-                Some("dmodel") => CaseVariant::Classic,
-                Some("perhead") => CaseVariant::PerHead,
-                Some(other) => {
-                    return Err(bad_meta(format!(
-                        "metadata `variant` = {other:?}; a case file has \"dmodel\" or \"perhead\""
-                    )))
-                }
-                None => return Err(bad_meta(
+        let variant = match file.metadata("variant") {
+            Some("dmodel") => CaseVariant::Classic,
+            Some("perhead") => CaseVariant::PerHead,
+            Some("hf") => return crate::io::hf::case::from_file(file),
+            Some(other) => return Err(bad_meta(format!(
+                "metadata `variant` = {other:?}; a case file has \"dmodel\", \"perhead\" or \"hf\""
+            ))),
+            None => {
+                return Err(bad_meta(
                     "metadata `variant` is missing; is this a case file? (weight files are loaded \
                      with `run --weights`)"
                         .into(),
-                )),
-            };
+                ))
+            }
+        };
         let config = config_from_metadata(file, variant)?;
         let add_zero_attn = add_zero_attn(file)?;
         let loaded = load_weights(file, "", Some(config.heads))?;
         // A classic case may hold the seed's names or nn.MultiheadAttention's (same module).
         let layout_fits = match variant {
             CaseVariant::Classic => loaded.layout != WeightLayout::PerHead,
-            CaseVariant::PerHead => loaded.layout == WeightLayout::PerHead,
+            CaseVariant::PerHead | CaseVariant::Hf => loaded.layout == WeightLayout::PerHead,
         };
         if !layout_fits {
             return Err(bad_meta(format!(
@@ -177,13 +183,13 @@ impl Case {
         // Classic cases hold Q, K, V; per-head ones x_q, x_k_v (keys and values from one tensor).
         let (query_name, key_name) = match variant {
             CaseVariant::Classic => ("Q", "K"),
-            CaseVariant::PerHead => ("x_q", "x_k_v"),
+            CaseVariant::PerHead | CaseVariant::Hf => ("x_q", "x_k_v"),
         };
         let query = file.tensor_f32(query_name)?;
         let key = file.tensor_f32(key_name)?;
         let value = match variant {
             CaseVariant::Classic => Some(file.tensor_f32("V")?),
-            CaseVariant::PerHead => None,
+            CaseVariant::PerHead | CaseVariant::Hf => None,
         };
         let value_shape = value.as_ref().unwrap_or(&key).shape();
         config.check_inputs(query.shape(), key.shape(), value_shape)?;
@@ -199,19 +205,7 @@ impl Case {
         )?;
 
         let out_shape = vec![batch, lq, config.output_dim()];
-        let (shape, out_f64) = file.tensor_f64("out_f64")?;
-        if shape != out_shape {
-            return Err(Error::shape("out_f64", format!("{out_shape:?}"), &shape));
-        }
-        let out_f32 = if file.contains("out") {
-            let out = file.tensor_f32("out")?;
-            if out.shape() != out_shape.as_slice() {
-                return Err(Error::shape("out", format!("{out_shape:?}"), out.shape()));
-            }
-            Some(out)
-        } else {
-            None
-        };
+        let (out_f64, out_f32, err_f32_vs_f64) = read_expected(file, &out_shape)?;
         let attn_f64 = if file.contains("attn_f64") {
             let (shape, attn) = file.tensor_f64("attn_f64")?;
             // nn.MultiheadAttention's weights cover the appended keys too.
@@ -223,19 +217,9 @@ impl Case {
         } else {
             None
         };
-        let err_f32_vs_f64 = match file.metadata("err_f32_vs_f64") {
-            None => None,
-            Some(s) => match s.trim().parse::<f64>() {
-                Ok(v) if v.is_finite() && v >= 0.0 => Some(v),
-                _ => {
-                    return Err(bad_meta(format!(
-                        "metadata `err_f32_vs_f64` = {s:?} is not a finite, non-negative number"
-                    )))
-                }
-            },
-        };
         Ok(Case {
             name: file.name().to_string(),
+            module: None,
             variant,
             config,
             weights: loaded.weights,
@@ -316,6 +300,13 @@ impl Case {
                 "perhead emb={} q_k={} v={} head={}",
                 c.model_dim, c.qk_head_dim, c.v_head_dim, c.heads
             ),
+            CaseVariant::Hf => format!(
+                "hf {} E={} heads={} head_dim={}",
+                self.module.as_deref().unwrap_or("?"),
+                c.model_dim,
+                c.heads,
+                c.qk_head_dim
+            ),
         };
         let mask = match &self.mask {
             Mask::Attend(t) | Mask::Block(t) => {
@@ -378,6 +369,41 @@ impl Case {
     }
 }
 
+/// `out_f64` (which must be `out_shape`), `out` if present, and metadata `err_f32_vs_f64`.
+pub(crate) fn read_expected(
+    file: &SafetensorsFile,
+    out_shape: &[usize],
+) -> Result<(Vec<f64>, Option<Tensor>, Option<f64>)> {
+    let (shape, out_f64) = file.tensor_f64("out_f64")?;
+    if shape != out_shape {
+        return Err(Error::shape("out_f64", format!("{out_shape:?}"), &shape));
+    }
+    let out_f32 = match file.contains("out") {
+        false => None,
+        true => {
+            let out = file.tensor_f32("out")?;
+            if out.shape() != out_shape {
+                return Err(Error::shape("out", format!("{out_shape:?}"), out.shape()));
+            }
+            Some(out)
+        }
+    };
+    let err =
+        match file.metadata("err_f32_vs_f64") {
+            None => None,
+            Some(s) => match s.trim().parse::<f64>() {
+                Ok(v) if v.is_finite() && v >= 0.0 => Some(v),
+                _ => return Err(Error::file(
+                    file.name(),
+                    format!(
+                        "metadata `err_f32_vs_f64` = {s:?} is not a finite, non-negative number"
+                    ),
+                )),
+            },
+        };
+    Ok((out_f64, out_f32, err))
+}
+
 /// The config from metadata `config` → `sizes`.
 fn config_from_metadata(file: &SafetensorsFile, variant: CaseVariant) -> Result<AttentionConfig> {
     let bad = |problem: String| Error::file(file.name(), problem);
@@ -410,13 +436,21 @@ fn config_from_metadata(file: &SafetensorsFile, variant: CaseVariant) -> Result<
             size("v_size")?,
             size("head")?,
         ),
+        // Read by `io::hf::case` from `hf_config`; never asked here.
+        CaseVariant::Hf => Err(bad(
+            "a Hugging Face case takes its sizes from metadata `hf_config`".into(),
+        )),
     }
 }
 
 /// Metadata `add_zero_attn` (`nn.MultiheadAttention(add_zero_attn=True)`): `"true"` or
-/// `"false"`, absent = false; anything else is an error, never a guess.
+/// `"false"` in any case, absent = false; anything else is an error, never a guess.
 pub fn add_zero_attn(file: &SafetensorsFile) -> Result<bool> {
-    match file.metadata("add_zero_attn").map(str::trim) {
+    let value = file
+        .metadata("add_zero_attn")
+        .map(|v| v.trim().to_ascii_lowercase());
+    match value.as_deref() {
+        // Python's str(True) is "True"; accept either case.
         None | Some("false") => Ok(false),
         Some("true") => Ok(true),
         Some(other) => Err(Error::file(

@@ -2,6 +2,7 @@
 
 pub mod case;
 pub mod files;
+pub mod hf;
 pub mod layouts;
 pub mod masks;
 pub mod safetensors;

@@ -194,6 +194,14 @@ pub fn serialize_safetensors(
     tensors: &[(&str, &Tensor)],
     metadata: Option<HashMap<String, String>>,
 ) -> Result<Vec<u8>> {
+    // The safetensors crate indexes out of bounds on a repeated name; refuse it first.
+    let mut seen = std::collections::HashSet::new();
+    if let Some((name, _)) = tensors.iter().find(|(name, _)| !seen.insert(*name)) {
+        return Err(Error::file(
+            "output",
+            format!("tensor name `{name}` is given twice"),
+        ));
+    }
     let bytes: Vec<Vec<u8>> = tensors
         .iter()
         .map(|(_, t)| t.data().iter().flat_map(|v| v.to_le_bytes()).collect())

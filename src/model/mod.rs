@@ -2,5 +2,6 @@
 
 pub mod config;
 pub mod mask;
+pub mod relative_bias;
 pub mod tensor;
 pub mod weights;

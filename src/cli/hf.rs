@@ -1,0 +1,168 @@
+//! `wgpu-mha inspect` and `wgpu-mha run --hf`: Hugging Face checkpoints as saved.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
+use wgpu_mha::model::mask::AttnDims;
+use wgpu_mha::{
+    Error, ForwardOptions, Gpu, GpuOptions, MultiHeadAttention, SafetensorsFile, Tensor,
+};
+
+use crate::cli::interop::RunArgs;
+use crate::cli::torch_layout::InputLayout;
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// A model directory (`config.json` + `model.safetensors` or shards) or a safetensors file.
+    #[arg(value_name = "DIR|FILE")]
+    path: PathBuf,
+}
+
+/// Lists every attention module found: family, prefix, how it attends, sizes, position scheme,
+/// and whether it runs (or exactly why not).
+pub fn inspect(args: &InspectArgs) -> Result<ExitCode, Error> {
+    let ckpt = HfCheckpoint::open(&args.path)?;
+    let modules = ckpt.modules();
+    let model_type = ckpt.config().and_then(|c| c.model_type()).unwrap_or("?");
+    println!(
+        "{}: model_type {model_type}, {} tensors, {} attention modules",
+        ckpt.name(),
+        ckpt.names().len(),
+        modules.len()
+    );
+    for (family, prefix) in &modules {
+        let line = match ckpt.attention(prefix, None) {
+            Ok(m) => format!("{}  runs", describe(&m)),
+            Err(e) => {
+                let rope = match (family.uses_rope(), ckpt.config()) {
+                    (true, Some(c)) => {
+                        let r = c.rope();
+                        let kv = c.kv_heads().ok().flatten();
+                        let window = c.sliding_window().ok().flatten();
+                        format!(
+                            " rope θ={} type={} rotary_fraction={}{}{}",
+                            r.theta,
+                            r.rope_type,
+                            r.partial,
+                            kv.map(|k| format!(" kv_heads={k}")).unwrap_or_default(),
+                            window.map(|w| format!(" window={w}")).unwrap_or_default()
+                        )
+                    }
+                    _ => String::new(),
+                };
+                format!("{} {prefix}{rope}  NOT RUN: {e}", family.name())
+            }
+        };
+        println!("  {line}");
+    }
+    if modules.is_empty() {
+        println!("  (no attention module recognised; DESIGN.md lists the families)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe(m: &HfAttention) -> String {
+    let c = &m.config;
+    let mut s = format!(
+        "{} {}  {}{}  E={} heads={} head_dim={}",
+        m.model_type.as_deref().unwrap_or(m.family.name()),
+        m.prefix,
+        if m.cross { "cross" } else { "self" },
+        if m.causal { " causal" } else { "" },
+        c.model_dim,
+        c.heads,
+        c.qk_head_dim
+    );
+    if let Some(scale) = c.scale {
+        s.push_str(&format!(" scale={scale}"));
+    }
+    if let Some(b) = &m.relative_bias {
+        s.push_str(&format!(
+            " relative_bias(buckets={}, max_distance={}, {})",
+            b.buckets,
+            b.max_distance,
+            if b.bidirectional {
+                "bidirectional"
+            } else {
+                "one-way"
+            }
+        ));
+    }
+    s
+}
+
+/// `run --hf`: the module picked by `--layer`/`--prefix` on `hidden_states` (and
+/// `key_value_states` for cross-attention) with its own causal mask, the `attention_mask`
+/// padding and T5's relative bias. Returns the output and, with `--probs`, the weights.
+pub fn run(
+    options: &GpuOptions,
+    args: &RunArgs,
+    hf: &Path,
+    forward_options: &ForwardOptions,
+) -> Result<(Tensor, Option<Tensor>), Error> {
+    let ckpt = HfCheckpoint::open(hf)?;
+    let prefix = match (args.layer, &args.prefix) {
+        (Some(layer), _) => ckpt.layer_prefix(layer)?,
+        (None, Some(p)) => p.clone(),
+        (None, None) => {
+            return Err(Error::Misuse(
+                "run --hf needs --layer N or --prefix P (`wgpu-mha inspect` lists the modules)"
+                    .into(),
+            ))
+        }
+    };
+    let module = ckpt.attention(&prefix, args.heads)?;
+    let Some(inputs_path) = &args.inputs else {
+        return Err(Error::Misuse("run --hf needs --inputs FILE".into()));
+    };
+    let inputs = SafetensorsFile::open(inputs_path)?;
+    let hidden = inputs.tensor_f32("hidden_states")?;
+    let kv = match (module.cross, inputs.contains("key_value_states")) {
+        (true, true) => Some(inputs.tensor_f32("key_value_states")?),
+        (true, false) => {
+            return Err(Error::File {
+                source_name: inputs.name().into(),
+                problem: format!("`{prefix}` is a cross-attention module: give `key_value_states`"),
+            })
+        }
+        (false, true) => {
+            return Err(Error::File {
+                source_name: inputs.name().into(),
+                problem: format!(
+                    "`{prefix}` is a self-attention module, but `key_value_states` is given"
+                ),
+            })
+        }
+        (false, false) => None,
+    };
+    let key = kv.as_ref().unwrap_or(&hidden);
+    let c = &module.config;
+    c.check_inputs(hidden.shape(), key.shape(), key.shape())?;
+    let dims = AttnDims {
+        batch: hidden.shape()[0],
+        heads: c.heads,
+        lq: hidden.shape()[1],
+        lk: key.shape()[1],
+    };
+    let padding = match inputs.contains("attention_mask") {
+        true => Some(inputs.mask_tensor("attention_mask")?),
+        false => None,
+    };
+    let mask = module.mask(dims, padding.as_ref())?;
+    let gpu = Gpu::with_options(options)?;
+    let mha = MultiHeadAttention::new(&gpu, module.config, &module.weights)?;
+    let forward = mha.forward_with(&hidden, key, key, &mask, forward_options)?;
+    println!(
+        "{}: {} ({:?} path)",
+        ckpt.name(),
+        describe(&module),
+        forward.path
+    );
+    let weights = forward
+        .probs
+        .map(|p| InputLayout::BatchFirst.weights(p, args.average))
+        .transpose()?;
+    Ok((forward.output, weights))
+}

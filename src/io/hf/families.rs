@@ -1,0 +1,331 @@
+//! Attention modules of Hugging Face checkpoints, recognised by tensor names under a prefix
+//! (DESIGN.md's families table), and loaded into the crate's `[out, in]` projections.
+
+use crate::error::{Error, Result};
+use crate::model::config::AttentionConfig;
+use crate::model::weights::{AttentionWeights, Linear};
+
+use super::HfCheckpoint;
+
+/// A layout of attention tensors, named after the family that made it known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// bert, roberta, …: `self.query/key/value`, `output.dense` (prefix `….attention.`).
+    Bert,
+    /// vit: `attention.query/key/value`, `output.dense`.
+    Vit,
+    /// distilbert: `q_lin`, `k_lin`, `v_lin`, `out_lin`.
+    DistilBert,
+    /// gpt2: packed Conv1D `c_attn [E, 3E]` (stored transposed), `c_proj`.
+    Gpt2,
+    /// bart, mbart, whisper, opt, …: `q_proj`, `k_proj`, `v_proj`, `out_proj`.
+    Bart,
+    /// t5: `q`, `k`, `v`, `o`, no biases, no 1/√d scale, relative position bias.
+    T5,
+    /// llama, mistral, qwen2, gemma, …: `q_proj`, `k_proj`, `v_proj`, `o_proj` with RoPE.
+    Llama,
+    /// phi3: packed `qkv_proj`, `o_proj`, RoPE.
+    Phi3,
+    /// gpt_neox: per-head packed `query_key_value`, `dense`, partial RoPE.
+    GptNeox,
+}
+
+/// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
+const MARKERS: [(Family, &str, Option<&str>); 9] = [
+    (
+        Family::Bert,
+        "self.query.weight",
+        Some("output.dense.weight"),
+    ),
+    (
+        Family::Vit,
+        "attention.query.weight",
+        Some("output.dense.weight"),
+    ),
+    (Family::DistilBert, "q_lin.weight", Some("out_lin.weight")),
+    (Family::Gpt2, "c_attn.weight", Some("c_proj.weight")),
+    (Family::Bart, "q_proj.weight", Some("out_proj.weight")),
+    (Family::Llama, "q_proj.weight", Some("o_proj.weight")),
+    (Family::Phi3, "qkv_proj.weight", Some("o_proj.weight")),
+    (
+        Family::GptNeox,
+        "query_key_value.weight",
+        Some("dense.weight"),
+    ),
+    (Family::T5, "q.weight", Some("o.weight")),
+];
+
+impl Family {
+    /// The name used by `inspect` and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Bert => "bert",
+            Family::Vit => "vit",
+            Family::DistilBert => "distilbert",
+            Family::Gpt2 => "gpt2",
+            Family::Bart => "bart",
+            Family::T5 => "t5",
+            Family::Llama => "llama",
+            Family::Phi3 => "phi3",
+            Family::GptNeox => "gpt_neox",
+        }
+    }
+
+    /// Whether the family rotates queries and keys (RoPE).
+    pub fn uses_rope(self) -> bool {
+        matches!(self, Family::Llama | Family::Phi3 | Family::GptNeox)
+    }
+
+    /// Whether a self-attention module of this family at `prefix` is causal: decoder-only
+    /// families always, encoder-decoder ones in their decoder stack.
+    pub fn causal_self_attention(self, prefix: &str) -> bool {
+        match self {
+            Family::Gpt2 | Family::Llama | Family::Phi3 | Family::GptNeox => true,
+            Family::Bart | Family::T5 => prefix.contains("decoder"),
+            Family::Bert | Family::Vit | Family::DistilBert => false,
+        }
+    }
+}
+
+/// Whether the module at `prefix` attends to another sequence (by the names families give
+/// their cross-attention).
+pub fn is_cross_attention(prefix: &str) -> bool {
+    [
+        "encoder_attn",
+        "EncDecAttention",
+        "crossattention",
+        "cross_attn",
+    ]
+    .iter()
+    .any(|n| prefix.contains(n))
+}
+
+/// Every attention module among `names`, as `(family, prefix)`, sorted by prefix.
+pub fn find_modules(names: &[&str]) -> Vec<(Family, String)> {
+    let set: std::collections::HashSet<&str> = names.iter().copied().collect();
+    let mut found: Vec<(Family, String)> = names
+        .iter()
+        .filter_map(|name| {
+            MARKERS.iter().find_map(|&(family, marker, companion)| {
+                let prefix = name.strip_suffix(marker)?;
+                // A marker starts a name or follows a dot (`q.weight` is not `…seq.weight`).
+                if !(prefix.is_empty() || prefix.ends_with('.')) {
+                    return None;
+                }
+                let beside =
+                    companion.is_none_or(|c| set.contains(format!("{prefix}{c}").as_str()));
+                beside.then(|| (family, prefix.to_string()))
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.1.cmp(&b.1));
+    found.dedup();
+    found
+}
+
+/// Loads the projections of `family` at `prefix` with `heads` query heads. A bias that some
+/// projections have and others lack (whisper's `k_proj`) is zero where missing: the same
+/// answer, one bias switch.
+pub fn load(
+    ckpt: &HfCheckpoint,
+    family: Family,
+    prefix: &str,
+    heads: usize,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let names: [&str; 4] = match family {
+        Family::Bert => ["self.query", "self.key", "self.value", "output.dense"],
+        Family::Vit => [
+            "attention.query",
+            "attention.key",
+            "attention.value",
+            "output.dense",
+        ],
+        Family::DistilBert => ["q_lin", "k_lin", "v_lin", "out_lin"],
+        Family::Bart => ["q_proj", "k_proj", "v_proj", "out_proj"],
+        Family::T5 => ["q", "k", "v", "o"],
+        Family::Gpt2 => return gpt2(ckpt, prefix, heads),
+        Family::Llama | Family::Phi3 | Family::GptNeox => {
+            return Err(Error::UnsupportedModule {
+                module: format!("{} attention `{prefix}`", family.name()),
+                what: "rotary position embeddings (RoPE)".into(),
+                why: "queries and keys must be rotated by position before attention; running \
+                      without would give a different answer"
+                    .into(),
+            })
+        }
+    };
+    let [q, k, v, o] = names.map(|n| linear(ckpt, prefix, n, false));
+    assembled(prefix, heads, [q?, k?, v?, o?])
+}
+
+/// GPT-2's Conv1D projections: `weight [in, out]`, the transpose of `nn.Linear`'s.
+fn gpt2(
+    ckpt: &HfCheckpoint,
+    prefix: &str,
+    heads: usize,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let packed = linear(ckpt, prefix, "c_attn", true)?;
+    let e = packed.in_features;
+    if packed.out_features != 3 * e {
+        return Err(Error::weight(
+            format!("{prefix}c_attn.weight"),
+            format!(
+                "is Conv1D [in, out] = [{e}, {}], expected [E, 3·E] = [{e}, {}] (GPT-2 stores \
+                 its projections transposed)",
+                packed.out_features,
+                3 * e
+            ),
+        ));
+    }
+    let part = |i: usize| Linear {
+        out_features: e,
+        in_features: e,
+        weight: packed.weight[i * e * e..(i + 1) * e * e].to_vec(),
+        bias: packed.bias.as_ref().map(|b| b[i * e..(i + 1) * e].to_vec()),
+    };
+    let o = linear(ckpt, prefix, "c_proj", true)?;
+    assembled(prefix, heads, [part(0), part(1), part(2), o])
+}
+
+/// `name.weight` (`[out, in]`, or Conv1D's `[in, out]` when `conv1d`) and `name.bias` if present.
+fn linear(ckpt: &HfCheckpoint, prefix: &str, name: &str, conv1d: bool) -> Result<Linear> {
+    let weight_name = format!("{prefix}{name}.weight");
+    let (shape, values) = ckpt.read(&weight_name)?;
+    let [rows, cols] = shape[..] else {
+        return Err(Error::weight(
+            weight_name,
+            format!("has shape {shape:?}, expected rank 2"),
+        ));
+    };
+    let (out_features, in_features, weight) = match conv1d {
+        false => (rows, cols, values),
+        true => {
+            let mut t = vec![0.0; values.len()];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[c * rows + r] = values[r * cols + c];
+                }
+            }
+            (cols, rows, t)
+        }
+    };
+    let bias_name = format!("{prefix}{name}.bias");
+    let bias = match ckpt.contains(&bias_name) {
+        false => None,
+        true => {
+            let (bs, b) = ckpt.read(&bias_name)?;
+            if b.len() != out_features {
+                return Err(Error::weight(
+                    bias_name,
+                    format!("has shape {bs:?}, expected [{out_features}]"),
+                ));
+            }
+            Some(b)
+        }
+    };
+    Ok(Linear {
+        out_features,
+        in_features,
+        weight,
+        bias,
+    })
+}
+
+/// The config the four projections imply with `heads` query heads, checked, and the weights
+/// (missing biases zero-filled when any projection has one).
+fn assembled(
+    prefix: &str,
+    heads: usize,
+    mut layers: [Linear; 4],
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let bias = layers.iter().any(|l| l.bias.is_some());
+    for l in layers.iter_mut().filter(|l| bias && l.bias.is_none()) {
+        l.bias = Some(vec![0.0; l.out_features]);
+    }
+    let [q, k, v, o] = layers;
+    for (what, rows) in [("query", q.out_features), ("value", v.out_features)] {
+        if !rows.is_multiple_of(heads) {
+            return Err(Error::Config(format!(
+                "`{prefix}`: the {what} projection has {rows} outputs, which do not split \
+                 into {heads} heads"
+            )));
+        }
+    }
+    if k.out_features != q.out_features {
+        return Err(Error::UnsupportedModule {
+            module: format!("attention `{prefix}`"),
+            what: format!(
+                "grouped-query attention ({} key outputs for {} query outputs)",
+                k.out_features, q.out_features
+            ),
+            why: "key/value heads fewer than query heads".into(),
+        });
+    }
+    let config = AttentionConfig {
+        model_dim: q.in_features,
+        key_dim: k.in_features,
+        value_dim: v.in_features,
+        heads,
+        qk_head_dim: q.out_features / heads,
+        v_head_dim: v.out_features / heads,
+        output_projection: true,
+        bias,
+        scale: None,
+        add_bias_kv: false,
+        add_zero_attn: false,
+    }
+    .validated()?;
+    let weights = AttentionWeights {
+        q,
+        k,
+        v,
+        o: Some(o),
+        bias_kv: None,
+    };
+    weights.check(&config).map_err(|e| match e {
+        Error::Weight { name, problem } => Error::Weight {
+            name: format!("{prefix}{name}"),
+            problem,
+        },
+        other => other,
+    })?;
+    Ok((config, weights))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modules_are_found_by_marker_and_companion() {
+        let names = [
+            "encoder.layer.0.attention.self.query.weight",
+            "encoder.layer.0.attention.output.dense.weight",
+            "h.1.attn.c_attn.weight",
+            "h.1.attn.c_proj.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+            "decoder.layers.0.encoder_attn.q_proj.weight",
+            "decoder.layers.0.encoder_attn.out_proj.weight",
+            "encoder.block.0.layer.0.SelfAttention.q.weight",
+            "encoder.block.0.layer.0.SelfAttention.o.weight",
+            // No companion: not a module. A name merely ending in `q.weight` is not T5's.
+            "x.q_proj.weight",
+            "embed.seq.weight",
+        ];
+        let found = find_modules(&names);
+        let got: Vec<(Family, &str)> = found.iter().map(|(f, p)| (*f, p.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                (Family::Bart, "decoder.layers.0.encoder_attn."),
+                (Family::T5, "encoder.block.0.layer.0.SelfAttention."),
+                (Family::Bert, "encoder.layer.0.attention."),
+                (Family::Gpt2, "h.1.attn."),
+                (Family::Llama, "model.layers.0.self_attn."),
+            ]
+        );
+        assert!(is_cross_attention("decoder.layers.0.encoder_attn."));
+        assert!(!is_cross_attention("decoder.layers.0.self_attn."));
+    }
+}

@@ -1,0 +1,290 @@
+//! Hugging Face checkpoints as saved, built here from seeded tensors so every loader rule has a
+//! case of its own: families found by tensor names, GPT-2's transposed Conv1D, biases some
+//! projections lack, heads from `config.json`, sharded checkpoints, and errors that name what
+//! is wrong (the tensors under the prefix, the modules found, RoPE, grouped-query attention).
+//! `tests/hf.rs` checks the answers against `transformers` itself.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use common::{assert_close, gpu};
+use wgpu_mha::io::hf::families::Family;
+use wgpu_mha::io::hf::HfCheckpoint;
+use wgpu_mha::io::safetensors::write_safetensors;
+use wgpu_mha::{reference, Error, Mask, MultiHeadAttention, Tensor};
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("wgpu-mha-hf-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+/// Seeded tensors of the given shapes, under the given names.
+fn tensors(specs: &[(&str, &[usize])]) -> Vec<(String, Tensor)> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            (
+                name.to_string(),
+                Tensor::random(shape.to_vec(), i as u64 + 1),
+            )
+        })
+        .collect()
+}
+
+/// Writes a model directory: `config.json` and the tensors in one file, or over two shards
+/// with an index.
+fn model_dir(tag: &str, config: &str, tensors: &[(String, Tensor)], sharded: bool) -> TempDir {
+    let dir = TempDir::new(tag);
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    if !sharded {
+        write_safetensors(dir.path().join("model.safetensors"), &refs, None).unwrap();
+        return dir;
+    }
+    let (a, b) = refs.split_at(refs.len() / 2);
+    let mut map = HashMap::new();
+    for (file, part) in [
+        ("model-00001-of-00002.safetensors", a),
+        ("model-00002-of-00002.safetensors", b),
+    ] {
+        write_safetensors(dir.path().join(file), part, None).unwrap();
+        for (name, _) in part {
+            map.insert(name.to_string(), file.to_string());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    dir
+}
+
+const BERT_CONFIG: &str = r#"{"model_type": "bert", "hidden_size": 16, "num_attention_heads": 4}"#;
+
+fn bert_layer(layer: usize) -> Vec<(String, Tensor)> {
+    let p = format!("encoder.layer.{layer}.attention.");
+    let names: Vec<(String, Vec<usize>)> = [
+        ("self.query.weight", vec![16, 16]),
+        ("self.query.bias", vec![16]),
+        ("self.key.weight", vec![16, 16]),
+        ("self.key.bias", vec![16]),
+        ("self.value.weight", vec![16, 16]),
+        ("self.value.bias", vec![16]),
+        ("output.dense.weight", vec![16, 16]),
+        ("output.dense.bias", vec![16]),
+        ("output.LayerNorm.weight", vec![16]),
+    ]
+    .into_iter()
+    .map(|(n, s)| (format!("{p}{n}"), s))
+    .collect();
+    let specs: Vec<(&str, &[usize])> = names
+        .iter()
+        .map(|(n, s)| (n.as_str(), s.as_slice()))
+        .collect();
+    let mut t = tensors(&specs);
+    t.push((
+        "embeddings.word_embeddings.weight".into(),
+        Tensor::random([8, 16], 99),
+    ));
+    t
+}
+
+#[test]
+fn a_bert_layer_loads_as_saved_sharded_or_not_and_runs() {
+    let mut all = bert_layer(0);
+    all.extend(
+        bert_layer(1)
+            .into_iter()
+            .filter(|(n, _)| n.starts_with("encoder.")),
+    );
+    // Two tensors of one name cannot be written: an error, not the crate's panic.
+    let twice = [("a", &all[0].1), ("a", &all[1].1)];
+    assert!(wgpu_mha::io::safetensors::serialize_safetensors(&twice, None).is_err());
+    let x = Tensor::random([2, 5, 16], 7);
+    for sharded in [false, true] {
+        let dir = model_dir(&format!("bert{sharded}"), BERT_CONFIG, &all, sharded);
+        let ckpt = HfCheckpoint::open(dir.path()).unwrap();
+        let modules = ckpt.modules();
+        assert_eq!(modules.len(), 2, "{modules:?}");
+        assert_eq!(ckpt.layer_prefix(1).unwrap(), "encoder.layer.1.attention.");
+        let m = ckpt.attention("encoder.layer.1.attention.", None).unwrap();
+        assert_eq!(
+            (m.family, m.config.heads, m.causal, m.cross),
+            (Family::Bert, 4, false, false)
+        );
+        // The weights are the file's, row for row (nn.Linear layout, no transpose).
+        let (_, w) = ckpt
+            .read("encoder.layer.1.attention.self.key.weight")
+            .unwrap();
+        assert_eq!(m.weights.k.weight, w);
+        let mha = MultiHeadAttention::new(gpu(), m.config, &m.weights).unwrap();
+        let got = mha.forward(&x, &x, &x, &Mask::None).unwrap();
+        let want = reference::forward(&m.config, &m.weights, &x, &x, &x, &Mask::None).unwrap();
+        assert_close("bert layer 1", got.data(), &want.output);
+    }
+}
+
+#[test]
+fn gpt2_conv1d_weights_are_transposed_and_split() {
+    let p = "h.0.attn.";
+    let specs: [(&str, &[usize]); 4] = [
+        ("h.0.attn.c_attn.weight", &[8, 24]),
+        ("h.0.attn.c_attn.bias", &[24]),
+        ("h.0.attn.c_proj.weight", &[8, 8]),
+        ("h.0.attn.c_proj.bias", &[8]),
+    ];
+    let t = tensors(&specs);
+    let dir = model_dir("gpt2", r#"{"model_type": "gpt2", "n_head": 2}"#, &t, false);
+    let ckpt = HfCheckpoint::open(dir.path()).unwrap();
+    let m = ckpt.attention(p, None).unwrap();
+    assert!(m.causal, "GPT-2 self-attention is causal");
+    let c_attn = t[0].1.data(); // [in 8, out 24]
+                                // W_v row n (an output), column k (an input) is c_attn[k, 16 + n].
+    for (n, k) in [(0, 0), (3, 5), (7, 7)] {
+        assert_eq!(m.weights.v.weight[n * 8 + k], c_attn[k * 24 + 16 + n]);
+    }
+    assert_eq!(m.weights.k.bias.as_deref(), Some(&t[1].1.data()[8..16]));
+    // A c_attn that is not [E, 3E] says Conv1D is stored transposed.
+    let bad = tensors(&[
+        ("h.0.attn.c_attn.weight", &[24, 8]),
+        ("h.0.attn.c_proj.weight", &[8, 8]),
+    ]);
+    let dir = model_dir("gpt2bad", r#"{"n_head": 2}"#, &bad, false);
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("transposed"), "{err}");
+}
+
+#[test]
+fn a_bias_one_projection_lacks_is_zero_there() {
+    // whisper: k_proj has no bias; q, v and out do.
+    let specs: [(&str, &[usize]); 7] = [
+        ("model.encoder.layers.0.self_attn.q_proj.weight", &[8, 8]),
+        ("model.encoder.layers.0.self_attn.q_proj.bias", &[8]),
+        ("model.encoder.layers.0.self_attn.k_proj.weight", &[8, 8]),
+        ("model.encoder.layers.0.self_attn.v_proj.weight", &[8, 8]),
+        ("model.encoder.layers.0.self_attn.v_proj.bias", &[8]),
+        ("model.encoder.layers.0.self_attn.out_proj.weight", &[8, 8]),
+        ("model.encoder.layers.0.self_attn.out_proj.bias", &[8]),
+    ];
+    let config =
+        r#"{"model_type": "whisper", "encoder_attention_heads": 2, "decoder_attention_heads": 4}"#;
+    let dir = model_dir("whisper", config, &tensors(&specs), false);
+    let m = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention("model.encoder.layers.0.self_attn.", None)
+        .unwrap();
+    assert_eq!(m.config.heads, 2, "the encoder's head count");
+    assert_eq!(m.weights.k.bias, Some(vec![0.0; 8]));
+}
+
+#[test]
+fn errors_name_the_tensors_under_the_prefix_and_the_modules_found() {
+    let dir = model_dir("errors", BERT_CONFIG, &bert_layer(0), false);
+    let ckpt = HfCheckpoint::open(dir.path()).unwrap();
+    let text = ckpt
+        .attention("encoder.layer.0.", None)
+        .unwrap_err()
+        .to_string();
+    for phrase in [
+        "no attention module at prefix \"encoder.layer.0.\"",
+        "encoder.layer.0.attention.self.query.weight",
+        "\"encoder.layer.0.attention.\" (bert)",
+    ] {
+        assert!(text.contains(phrase), "`{text}` lacks `{phrase}`");
+    }
+    // Never the whole file's first tensors: the embeddings are not under the prefix.
+    assert!(!text.contains("embeddings"), "{text}");
+    let text = ckpt.layer_prefix(3).unwrap_err().to_string();
+    assert!(text.contains("(layer 3)"), "{text}");
+}
+
+#[test]
+fn rope_families_and_grouped_queries_are_refused_by_name() {
+    let p = "model.layers.0.self_attn.";
+    let llama: [(&str, &[usize]); 4] = [
+        ("model.layers.0.self_attn.q_proj.weight", &[16, 16]),
+        ("model.layers.0.self_attn.k_proj.weight", &[8, 16]),
+        ("model.layers.0.self_attn.v_proj.weight", &[8, 16]),
+        ("model.layers.0.self_attn.o_proj.weight", &[16, 16]),
+    ];
+    let config = r#"{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 10000.0}"#;
+    let dir = model_dir("llama", config, &tensors(&llama), false);
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap_err();
+    match &err {
+        Error::UnsupportedModule { module, what, .. } => {
+            assert!(module.contains("llama") && module.contains(p), "{err}");
+            assert!(what.contains("RoPE"), "{err}");
+        }
+        other => panic!("expected UnsupportedModule, got {other:?}"),
+    }
+    // Fewer key than query outputs in a family without RoPE: grouped-query attention, named.
+    let bart: [(&str, &[usize]); 4] = [
+        ("enc.self_attn.q_proj.weight", &[16, 16]),
+        ("enc.self_attn.k_proj.weight", &[8, 16]),
+        ("enc.self_attn.v_proj.weight", &[8, 16]),
+        ("enc.self_attn.out_proj.weight", &[16, 16]),
+    ];
+    let dir = model_dir(
+        "gqa",
+        r#"{"num_attention_heads": 4}"#,
+        &tensors(&bart),
+        false,
+    );
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention("enc.self_attn.", None)
+        .unwrap_err();
+    assert!(err.to_string().contains("grouped-query"), "{err}");
+}
+
+#[test]
+fn without_a_config_the_heads_must_be_given() {
+    let t = bert_layer(0);
+    let dir = TempDir::new("noconfig");
+    let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let file = dir.path().join("layer.safetensors");
+    write_safetensors(&file, &refs, None).unwrap();
+    let ckpt = HfCheckpoint::open(&file).unwrap();
+    let p = "encoder.layer.0.attention.";
+    let err = ckpt.attention(p, None).unwrap_err();
+    assert!(err.to_string().contains("--heads"), "{err}");
+    assert_eq!(ckpt.attention(p, Some(2)).unwrap().config.heads, 2);
+    // A shard the index places outside the directory is refused.
+    let dir = TempDir::new("badindex");
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        r#"{"weight_map": {"a": "../elsewhere.safetensors"}}"#,
+    )
+    .unwrap();
+    let err = HfCheckpoint::open(dir.path()).unwrap_err();
+    assert!(
+        err.to_string().contains("not a file beside the index"),
+        "{err}"
+    );
+}
