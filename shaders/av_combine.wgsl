@@ -13,7 +13,7 @@ struct AvParams {
     kv_stride: u32,   // rows of V per (batch, head): Lk, or a KV cache's capacity
     k_begin: u32,     // the keys of this dispatch: [k_begin, k_end); a range not starting
     k_end: u32,       // at 0 adds to the stored output
-    _pad0: u32,
+    kv_group: u32,    // query heads per value head (1, or H / H_kv for GQA/MQA)
     _pad1: u32,
     _pad2: u32,
 }
@@ -28,7 +28,7 @@ fn load_a(z: u32, i: u32, j: u32) -> f32 {
 }
 
 fn load_b(z: u32, j: u32, d: u32) -> f32 {
-    return v[p.v_offset + (z * p.kv_stride + j) * p.head_dim + d];
+    return v[p.v_offset + ((z / p.kv_group) * p.kv_stride + j) * p.head_dim + d];
 }
 
 @compute @workgroup_size(16, 16, 1)

@@ -16,7 +16,8 @@ struct ScoresParams {
     kv_stride: u32,   // rows of K per (batch, head): Lk, or a KV cache's capacity
     k_begin: u32,     // the head_dim range of this dispatch: [k_begin, k_end); a range not
     k_end: u32,       // starting at 0 adds to the stored partial dot products, and the one
-    _pad0: u32,       // ending at head_dim scales and masks the total
+                      // ending at head_dim scales and masks the total
+    kv_group: u32,    // query heads per key head (1, or H / H_kv for GQA/MQA)
 }
 
 @group(0) @binding(0) var<uniform> p: ScoresParams;
@@ -29,7 +30,7 @@ fn load_a(z: u32, i: u32, d: u32) -> f32 {
 }
 
 fn load_b(z: u32, d: u32, j: u32) -> f32 {
-    return k_in[p.k_offset + (z * p.kv_stride + j) * p.head_dim + d];
+    return k_in[p.k_offset + ((z / p.kv_group) * p.kv_stride + j) * p.head_dim + d];
 }
 
 @compute @workgroup_size(16, 16, 1)

@@ -49,10 +49,12 @@ pub fn forward(
     let lk = lk_in + config.appended_keys();
     let (k_rows, v_rows) = weights.appended_kv(config);
     let q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
-    let k = linear(&widen(key.data()), b * lk_in, &weights.k); // [B, Lk_in, H·dk]
-    let v = linear(&widen(value.data()), b * lk_in, &weights.v); // [B, Lk_in, H·dv]
-    let k = append_rows(&k, b, &k_rows); // [B, Lk, H·dk]
-    let v = append_rows(&v, b, &v_rows); // [B, Lk, H·dv]
+    let k = linear(&widen(key.data()), b * lk_in, &weights.k); // [B, Lk_in, H_kv·dk]
+    let v = linear(&widen(value.data()), b * lk_in, &weights.v); // [B, Lk_in, H_kv·dv]
+    let k = append_rows(&k, b, &k_rows); // [B, Lk, H_kv·dk]
+    let v = append_rows(&v, b, &v_rows); // [B, Lk, H_kv·dv]
+                                         // Query head hi reads key/value head hi / group (grouped-query attention).
+    let (kv_h, group) = (config.kv_heads, config.kv_group());
     let scale = config.scale() as f64;
     let mut probs = vec![0.0f64; b * h * lq * lk];
     let mut combined = vec![0.0f64; b * lq * h * dv]; // [B, Lq, H·dv]
@@ -64,7 +66,7 @@ pub fn forward(
                     let mut dot = 0.0;
                     for d in 0..dk {
                         dot += q[(bi * lq + i) * h * dk + hi * dk + d]
-                            * k[(bi * lk + j) * h * dk + hi * dk + d];
+                            * k[(bi * lk + j) * kv_h * dk + (hi / group) * dk + d];
                     }
                     *s = mask_score(mask, dot * scale, lq, lk, (bi, hi, i, j));
                 }
@@ -77,7 +79,7 @@ pub fn forward(
                 for d in 0..dv {
                     let mut acc = 0.0;
                     for (j, pj) in p.iter().enumerate() {
-                        acc += pj * v[(bi * lk + j) * h * dv + hi * dv + d];
+                        acc += pj * v[(bi * lk + j) * kv_h * dv + (hi / group) * dv + d];
                     }
                     combined[(bi * lq + i) * h * dv + hi * dv + d] = acc;
                 }

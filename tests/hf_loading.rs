@@ -222,7 +222,7 @@ fn errors_name_the_tensors_under_the_prefix_and_the_modules_found() {
 }
 
 #[test]
-fn rope_families_and_grouped_queries_are_refused_by_name() {
+fn rope_is_refused_by_name_and_grouped_queries_run() {
     let p = "model.layers.0.self_attn.";
     let llama: [(&str, &[usize]); 4] = [
         ("model.layers.0.self_attn.q_proj.weight", &[16, 16]),
@@ -243,7 +243,7 @@ fn rope_families_and_grouped_queries_are_refused_by_name() {
         }
         other => panic!("expected UnsupportedModule, got {other:?}"),
     }
-    // Fewer key than query outputs in a family without RoPE: grouped-query attention, named.
+    // Fewer key than query outputs in a family without RoPE: grouped-query attention, run.
     let bart: [(&str, &[usize]); 4] = [
         ("enc.self_attn.q_proj.weight", &[16, 16]),
         ("enc.self_attn.k_proj.weight", &[8, 16]),
@@ -256,11 +256,38 @@ fn rope_families_and_grouped_queries_are_refused_by_name() {
         &tensors(&bart),
         false,
     );
+    let ckpt = HfCheckpoint::open(dir.path()).unwrap();
+    let m = ckpt.attention("enc.self_attn.", None).unwrap();
+    assert_eq!(
+        (m.config.heads, m.config.kv_heads, m.config.qk_head_dim),
+        (4, 2, 4)
+    );
+    let x = Tensor::random([1, 3, 16], 5);
+    let mha = MultiHeadAttention::new(gpu(), m.config, &m.weights).unwrap();
+    let got = mha.forward(&x, &x, &x, &Mask::None).unwrap();
+    let want = reference::forward(&m.config, &m.weights, &x, &x, &x, &Mask::None).unwrap();
+    assert_close("gqa", got.data(), &want.output);
+    // Key outputs that make no whole number of key/value heads are an error naming them.
+    let odd: [(&str, &[usize]); 4] = [
+        ("enc.self_attn.q_proj.weight", &[16, 16]),
+        ("enc.self_attn.k_proj.weight", &[6, 16]),
+        ("enc.self_attn.v_proj.weight", &[6, 16]),
+        ("enc.self_attn.out_proj.weight", &[16, 16]),
+    ];
+    let dir = model_dir(
+        "gqaodd",
+        r#"{"num_attention_heads": 4}"#,
+        &tensors(&odd),
+        false,
+    );
     let err = HfCheckpoint::open(dir.path())
         .unwrap()
         .attention("enc.self_attn.", None)
         .unwrap_err();
-    assert!(err.to_string().contains("grouped-query"), "{err}");
+    assert!(
+        err.to_string().contains("key projection has 6 outputs"),
+        "{err}"
+    );
 }
 
 #[test]

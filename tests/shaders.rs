@@ -238,7 +238,11 @@ fn uniform_structs_match_their_wgsl_layout() {
                     kv_stride,
                     tile_begin,
                     tile_end,
-                    carry_flags
+                    carry_flags,
+                    kv_group,
+                    _pad0,
+                    _pad1,
+                    _pad2
                 ]
             ),
         ),
@@ -276,7 +280,7 @@ fn uniform_structs_match_their_wgsl_layout() {
                 ScoresParams,
                 [
                     lq, lk, head_dim, heads, q_offset, k_offset, scale, z_offset, kv_stride,
-                    k_begin, k_end, _pad0
+                    k_begin, k_end, kv_group
                 ]
             ),
         ),
@@ -285,8 +289,8 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(
                 AvParams,
                 [
-                    lq, lk, head_dim, heads, v_offset, z_offset, kv_stride, k_begin, k_end, _pad0,
-                    _pad1, _pad2
+                    lq, lk, head_dim, heads, v_offset, z_offset, kv_stride, k_begin, k_end,
+                    kv_group, _pad1, _pad2
                 ]
             ),
         ),

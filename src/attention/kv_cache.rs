@@ -123,10 +123,12 @@ impl KvCache {
             (AttentionPath::MultiPass, _) => false,
         };
         let (b, h, cap, dk, dv) = (batch, c.heads, capacity, c.qk_head_dim, c.v_head_dim);
+        // Keys and values of the key/value heads only (fewer than H under GQA/MQA).
+        let (k_elems, v_elems) = (b * c.kv_heads * cap * dk, b * c.kv_heads * cap * dv);
         let sizes = [
             (
                 "the KV cache with its query scratch",
-                b * h * cap * (2 * dk + dv),
+                k_elems + v_elems + b * h * cap * dk,
             ),
             ("the cache's query input", b * cap * c.model_dim),
             ("the cache's combined heads", b * cap * c.v_width()),
@@ -148,19 +150,19 @@ impl KvCache {
             let none = wgpu::BufferUsages::empty();
             let copy = wgpu::BufferUsages::COPY_SRC;
             let f32s = |elems: usize| 4 * elems as u64;
-            let (k_elems, v_elems) = (b * h * cap * dk, b * h * cap * dv);
             KvCache {
                 batch: b,
                 capacity: cap,
                 len: 0,
                 fused,
                 owner: mha.weights.w_qkv.clone(),
-                kv: gpu.storage("KV cache", f32s(2 * k_elems + v_elems), none),
+                kv: gpu.storage("KV cache", f32s(k_elems + v_elems + b * h * cap * dk), none),
                 layout: QkvLayout {
                     k_offset: 0,
                     v_offset: k_elems as u32,
                     q_offset: (k_elems + v_elems) as u32,
                     kv_stride: cap as u32,
+                    kv_group: c.kv_group() as u32,
                 },
                 x_q: gpu.storage("step query input", f32s(b * cap * c.model_dim), none),
                 x_kv: gpu.storage("step key/value input", f32s(b * cap * c.key_dim), none),

@@ -213,11 +213,11 @@ impl MultiHeadAttention {
             ),
             (
                 "projected K",
-                self.qkv_elem_bytes() as usize * b * h * lk * dk,
+                self.qkv_elem_bytes() as usize * b * c.kv_heads * lk * dk,
             ),
             (
                 "projected V",
-                self.qkv_elem_bytes() as usize * b * h * lk * dv,
+                self.qkv_elem_bytes() as usize * b * c.kv_heads * lk * dv,
             ),
             ("combined heads", 4 * b * lq * c.v_width()),
             ("output", 4 * b * lq * c.output_dim()),

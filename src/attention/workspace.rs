@@ -141,6 +141,7 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
     let c = &mha.config;
     let w = &mha.weights;
     let (h, dk, dv) = (c.heads as u32, c.qk_head_dim as u32, c.v_head_dim as u32);
+    let kv_h = c.kv_heads as u32;
     let l = g.layout;
     let (q_seg, k_seg, v_seg) = (
         Segment {
@@ -149,12 +150,12 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
             dst: l.q_offset,
         },
         Segment {
-            heads: h,
+            heads: kv_h,
             head_dim: dk,
             dst: l.k_offset,
         },
         Segment {
-            heads: h,
+            heads: kv_h,
             head_dim: dv,
             dst: l.v_offset,
         },
@@ -286,8 +287,8 @@ impl Workspace {
             .map(|(label, n)| gpu.storage(label, 4 * (b * n) as u64, none))
             .collect();
         let elem = mha.qkv_elem_bytes();
-        let qkv_bytes =
-            [b * h * lq * dk, b * h * lk * dk, b * h * lk * dv].map(|n| elem * n as u64);
+        let qkv_bytes = [h * lq * dk, c.kv_heads * lk * dk, c.kv_heads * lk * dv]
+            .map(|n| elem * (b * n) as u64);
         let split = split_qkv(gpu.binding_limit(), qkv_bytes);
         let qkv = match appended_kv_images(mha, shape, split) {
             // The appended keys are input-independent: written once, here.
@@ -408,7 +409,7 @@ impl Workspace {
 fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
     let c = &mha.config;
     let q_elems = s.batch * c.heads * s.lq * c.qk_head_dim;
-    let k_elems = s.batch * c.heads * s.lk * c.qk_head_dim;
+    let k_elems = s.batch * c.kv_heads * s.lk * c.qk_head_dim;
     let (k_offset, v_offset) = match split {
         true => (0, 0),
         false => (q_elems, q_elems + k_elems),
@@ -418,6 +419,7 @@ fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
         k_offset: k_offset as u32,
         v_offset: v_offset as u32,
         kv_stride: s.lk as u32,
+        kv_group: c.kv_group() as u32,
     }
 }
 
@@ -434,21 +436,22 @@ fn appended_kv_images(
     if appended == 0 {
         return None;
     }
-    let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
+    let (h, kv_h, dk, dv) = (c.heads, c.kv_heads, c.qk_head_dim, c.v_head_dim);
     let lk_in = s.input_keys(c);
     let l = qkv_layout(mha, s, split);
     let (k_rows, v_rows) = &mha.weights.appended_kv;
-    // Rows are `[appended, H·head_dim]`; head `hi` of row `r` goes to (batch, hi), key lk_in + r.
+    // Rows are `[appended, H_kv·head_dim]`; head `hi` of row `r` goes to (batch, hi), key
+    // lk_in + r.
     let put = |image: &mut [f32], offset: u32, head_dim: usize, rows: &[f32]| {
-        for bh in 0..s.batch * h {
+        for bh in 0..s.batch * kv_h {
             for r in 0..appended {
                 let dst = offset as usize + (bh * s.lk + lk_in + r) * head_dim;
-                let src = (r * h + bh % h) * head_dim;
+                let src = (r * kv_h + bh % kv_h) * head_dim;
                 image[dst..dst + head_dim].copy_from_slice(&rows[src..src + head_dim]);
             }
         }
     };
-    let [q, k, v] = [s.lq * dk, s.lk * dk, s.lk * dv].map(|n| s.batch * h * n);
+    let [q, k, v] = [h * s.lq * dk, kv_h * s.lk * dk, kv_h * s.lk * dv].map(|n| s.batch * n);
     Some(if split {
         let (mut k_image, mut v_image) = (vec![0.0; k], vec![0.0; v]);
         put(&mut k_image, 0, dk, k_rows);

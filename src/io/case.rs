@@ -113,21 +113,22 @@ impl Case {
     /// Reads a case from an opened safetensors file.
     pub fn from_safetensors(file: &SafetensorsFile) -> Result<Self> {
         let bad_meta = |problem: String| Error::file(file.name(), problem);
-        let variant = match file.metadata("variant") {
-            Some("dmodel") => CaseVariant::Classic,
-            Some("perhead") => CaseVariant::PerHead,
-            Some("hf") => return crate::io::hf::case::from_file(file),
-            Some(other) => return Err(bad_meta(format!(
+        let variant =
+            match file.metadata("variant") {
+                Some("dmodel") => CaseVariant::Classic,
+                Some("perhead") => CaseVariant::PerHead,
+                Some("hf") => return crate::io::hf::case::from_file(file),
+                Some(other) => {
+                    return Err(bad_meta(format!(
                 "metadata `variant` = {other:?}; a case file has \"dmodel\", \"perhead\" or \"hf\""
-            ))),
-            None => {
-                return Err(bad_meta(
+            )))
+                }
+                None => return Err(bad_meta(
                     "metadata `variant` is missing; is this a case file? (weight files are loaded \
                      with `run --weights`)"
                         .into(),
-                ))
-            }
-        };
+                )),
+            };
         let config = config_from_metadata(file, variant)?;
         let add_zero_attn = add_zero_attn(file)?;
         let loaded = load_weights(file, "", Some(config.heads))?;
@@ -388,19 +389,20 @@ pub(crate) fn read_expected(
             Some(out)
         }
     };
-    let err =
-        match file.metadata("err_f32_vs_f64") {
-            None => None,
-            Some(s) => match s.trim().parse::<f64>() {
-                Ok(v) if v.is_finite() && v >= 0.0 => Some(v),
-                _ => return Err(Error::file(
+    let err = match file.metadata("err_f32_vs_f64") {
+        None => None,
+        Some(s) => match s.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v >= 0.0 => Some(v),
+            _ => {
+                return Err(Error::file(
                     file.name(),
                     format!(
                         "metadata `err_f32_vs_f64` = {s:?} is not a finite, non-negative number"
                     ),
-                )),
-            },
-        };
+                ))
+            }
+        },
+    };
     Ok((out_f64, out_f32, err))
 }
 

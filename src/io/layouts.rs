@@ -531,6 +531,7 @@ fn assembled(
         key_dim: k.in_features,
         value_dim: v.in_features,
         heads,
+        kv_heads: heads,
         qk_head_dim: q.out_features / heads,
         v_head_dim: v.out_features / heads,
         output_projection: o.is_some(),

@@ -22,7 +22,8 @@ pub struct AvParams {
     pub kv_stride: u32,
     pub k_begin: u32,
     pub k_end: u32,
-    pub _pad0: u32,
+    /// Query heads per value head (see [`crate::kernels::QkvLayout::kv_group`]).
+    pub kv_group: u32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -37,6 +38,7 @@ impl AvParams {
             v_offset: c.layout.v_offset,
             kv_stride: c.layout.kv_stride,
             k_end: c.lk as u32,
+            kv_group: c.layout.kv_group,
             ..Default::default()
         }
     }

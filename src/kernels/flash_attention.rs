@@ -69,6 +69,11 @@ pub struct FlashParams {
     pub tile_end: u32,
     /// `CARRY_IN | CARRY_OUT` (see the shader); 0 for a single dispatch over all keys.
     pub carry_flags: u32,
+    /// Query heads per key/value head (see [`crate::kernels::QkvLayout::kv_group`]).
+    pub kv_group: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 /// Resume from the carried state (every key range but the first).
@@ -281,6 +286,10 @@ impl Flash {
                     tile_begin,
                     tile_end,
                     carry_flags,
+                    kv_group: c.layout.kv_group,
+                    _pad0: 0,
+                    _pad1: 0,
+                    _pad2: 0,
                 };
                 Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)
             })

@@ -84,6 +84,10 @@ pub struct QkvLayout {
     pub k_offset: u32,
     pub v_offset: u32,
     pub kv_stride: u32,
+    /// Query heads that share one key/value head: 1, or H / H_kv for grouped-query (and
+    /// multi-query) attention. K and V hold `B·H_kv` (batch, kv head) blocks; query head `h`
+    /// reads block `z / kv_group` of its `z = b·H + h`.
+    pub kv_group: u32,
 }
 
 /// The buffers holding head-split Q, K and V: one packed buffer (the same in all three, at

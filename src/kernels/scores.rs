@@ -26,7 +26,8 @@ pub struct ScoresParams {
     pub kv_stride: u32,
     pub k_begin: u32,
     pub k_end: u32,
-    pub _pad0: u32,
+    /// Query heads per key head (see [`crate::kernels::QkvLayout::kv_group`]).
+    pub kv_group: u32,
 }
 
 impl ScoresParams {
@@ -41,6 +42,7 @@ impl ScoresParams {
             scale: c.scale,
             kv_stride: c.layout.kv_stride,
             k_end: c.qk_head_dim as u32,
+            kv_group: c.layout.kv_group,
             ..Default::default()
         }
     }

@@ -54,6 +54,7 @@ impl CoreDims {
                 k_offset: self.q_len() as u32,
                 v_offset: (self.q_len() + self.k_len()) as u32,
                 kv_stride: self.lk as u32,
+                kv_group: 1,
             },
         }
     }

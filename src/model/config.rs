@@ -19,8 +19,11 @@ pub struct AttentionConfig {
     pub key_dim: usize,
     /// Width of the value input (equals `model_dim` for both seeds).
     pub value_dim: usize,
-    /// Number of heads.
+    /// Number of (query) heads.
     pub heads: usize,
+    /// Key/value heads: `heads` for multi-head attention, fewer for grouped-query attention
+    /// (query head `h` reads key/value head `h / (heads / kv_heads)`), 1 for multi-query.
+    pub kv_heads: usize,
     /// Per-head width of queries and keys.
     pub qk_head_dim: usize,
     /// Per-head width of values.
@@ -56,6 +59,7 @@ impl AttentionConfig {
             key_dim: d_model,
             value_dim: d_model,
             heads: num_heads,
+            kv_heads: num_heads,
             qk_head_dim: d_model / num_heads,
             v_head_dim: d_model / num_heads,
             output_projection: true,
@@ -74,6 +78,7 @@ impl AttentionConfig {
             key_dim: emb_size,
             value_dim: emb_size,
             heads: head,
+            kv_heads: head,
             qk_head_dim: q_k_size,
             v_head_dim: v_size,
             output_projection: false,
@@ -111,6 +116,29 @@ impl AttentionConfig {
         self.add_bias_kv as usize + self.add_zero_attn as usize
     }
 
+    /// Grouped-query (`kv_heads` < `heads`, dividing it) or multi-query (`kv_heads` = 1)
+    /// attention: W_k and W_v project to `kv_heads` heads, each shared by
+    /// `heads / kv_heads` query heads.
+    pub fn with_kv_heads(mut self, kv_heads: usize) -> Result<Self> {
+        self.kv_heads = kv_heads;
+        self.validated()
+    }
+
+    /// Query heads per key/value head.
+    pub fn kv_group(&self) -> usize {
+        self.heads / self.kv_heads.max(1)
+    }
+
+    /// Width of projected keys (`kv_heads · qk_head_dim`).
+    pub fn k_width(&self) -> usize {
+        self.kv_heads * self.qk_head_dim
+    }
+
+    /// Width of projected values (`kv_heads · v_head_dim`).
+    pub fn kv_v_width(&self) -> usize {
+        self.kv_heads * self.v_head_dim
+    }
+
     /// Key and value input widths, as in `nn.MultiheadAttention(kdim=.., vdim=..)`.
     pub fn with_kv_dims(mut self, key_dim: usize, value_dim: usize) -> Result<Self> {
         self.key_dim = key_dim;
@@ -139,12 +167,19 @@ impl AttentionConfig {
                 )));
             }
         }
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(Error::Config(format!(
+                "kv_heads = {} must divide heads = {} (each key/value head serves a whole group \
+                 of query heads)",
+                self.kv_heads, self.heads
+            )));
+        }
         // No device binds more than 4 GiB, so a projection weight past 2^30 floats can never
         // run; refusing it here also keeps `AttentionWeights::random` from huge allocations.
         let weights = [
             ("W_q", self.qk_width(), self.model_dim),
-            ("W_k", self.qk_width(), self.key_dim),
-            ("W_v", self.v_width(), self.value_dim),
+            ("W_k", self.k_width(), self.key_dim),
+            ("W_v", self.kv_v_width(), self.value_dim),
             ("W_o", self.model_dim, self.v_width()),
         ];
         for (name, rows, cols) in weights {
@@ -229,8 +264,8 @@ impl AttentionConfig {
         let (b, lq, lk) = (batch as f64, lq as f64, lk as f64);
         let h = self.heads as f64;
         let mut f = 2.0 * b * lq * self.model_dim as f64 * self.qk_width() as f64
-            + 2.0 * b * lk * self.key_dim as f64 * self.qk_width() as f64
-            + 2.0 * b * lk * self.value_dim as f64 * self.v_width() as f64
+            + 2.0 * b * lk * self.key_dim as f64 * self.k_width() as f64
+            + 2.0 * b * lk * self.value_dim as f64 * self.kv_v_width() as f64
             + 2.0 * b * h * lq * lk * self.qk_head_dim as f64
             + 2.0 * b * h * lq * lk * self.v_head_dim as f64;
         if self.output_projection {

@@ -89,9 +89,9 @@ impl Linear {
 pub struct AttentionWeights {
     /// `heads·qk_head_dim × model_dim`
     pub q: Linear,
-    /// `heads·qk_head_dim × key_dim`
+    /// `kv_heads·qk_head_dim × key_dim`
     pub k: Linear,
-    /// `heads·v_head_dim × value_dim`
+    /// `kv_heads·v_head_dim × value_dim`
     pub v: Linear,
     /// `model_dim × heads·v_head_dim`, when the config has an output projection.
     pub o: Option<Linear>,
@@ -103,9 +103,9 @@ pub struct AttentionWeights {
 /// head `h` owns elements `h·head_dim..(h+1)·head_dim`, as after `split_heads`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BiasKv {
-    /// `bias_k`: `heads·qk_head_dim` values.
+    /// `bias_k`: `kv_heads·qk_head_dim` values.
     pub k: Vec<f32>,
-    /// `bias_v`: `heads·v_head_dim` values.
+    /// `bias_v`: `kv_heads·v_head_dim` values.
     pub v: Vec<f32>,
 }
 
@@ -115,14 +115,16 @@ impl AttentionWeights {
         let mut rng = SplitMix64::new(seed);
         let c = config;
         let q = Linear::random(c.qk_width(), c.model_dim, c.bias, &mut rng);
-        let k = Linear::random(c.qk_width(), c.key_dim, c.bias, &mut rng);
-        let v = Linear::random(c.v_width(), c.value_dim, c.bias, &mut rng);
+        let k = Linear::random(c.k_width(), c.key_dim, c.bias, &mut rng);
+        let v = Linear::random(c.kv_v_width(), c.value_dim, c.bias, &mut rng);
         let o = c
             .output_projection
             .then(|| Linear::random(c.model_dim, c.v_width(), c.bias, &mut rng));
         let bias_kv = c.add_bias_kv.then(|| BiasKv {
-            k: (0..c.qk_width()).map(|_| rng.uniform(-1.0, 1.0)).collect(),
-            v: (0..c.v_width()).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+            k: (0..c.k_width()).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+            v: (0..c.kv_v_width())
+                .map(|_| rng.uniform(-1.0, 1.0))
+                .collect(),
         });
         AttentionWeights {
             q,
@@ -135,7 +137,7 @@ impl AttentionWeights {
 
     /// The key and value rows appended after the projected input's (see
     /// [`AttentionConfig::appended_keys`]): `bias_k`/`bias_v`, then a zero row, each
-    /// `[appended, heads·head_dim]` row-major.
+    /// `[appended, kv_heads·head_dim]` row-major.
     pub fn appended_kv(&self, config: &AttentionConfig) -> (Vec<f32>, Vec<f32>) {
         let mut k = Vec::new();
         let mut v = Vec::new();
@@ -144,8 +146,8 @@ impl AttentionWeights {
             v.extend_from_slice(&b.v);
         }
         if config.add_zero_attn {
-            k.extend(std::iter::repeat_n(0.0, config.qk_width()));
-            v.extend(std::iter::repeat_n(0.0, config.v_width()));
+            k.extend(std::iter::repeat_n(0.0, config.k_width()));
+            v.extend(std::iter::repeat_n(0.0, config.kv_v_width()));
         }
         (k, v)
     }
@@ -164,8 +166,8 @@ impl AttentionWeights {
         let c = config;
         let [nq, nk, nv, no] = Self::names(c);
         self.q.check(nq, c.qk_width(), c.model_dim, c.bias)?;
-        self.k.check(nk, c.qk_width(), c.key_dim, c.bias)?;
-        self.v.check(nv, c.v_width(), c.value_dim, c.bias)?;
+        self.k.check(nk, c.k_width(), c.key_dim, c.bias)?;
+        self.v.check(nv, c.kv_v_width(), c.value_dim, c.bias)?;
         match (&self.o, c.output_projection) {
             (Some(o), true) => o.check(no, c.model_dim, c.v_width(), c.bias)?,
             (None, true) => return Err(Error::weight(format!("{no}.weight"), "is missing")),
@@ -180,8 +182,8 @@ impl AttentionWeights {
         match (&self.bias_kv, c.add_bias_kv) {
             (Some(b), true) => {
                 for (name, values, want) in [
-                    ("bias_k", &b.k, c.qk_width()),
-                    ("bias_v", &b.v, c.v_width()),
+                    ("bias_k", &b.k, c.k_width()),
+                    ("bias_v", &b.v, c.kv_v_width()),
                 ] {
                     if values.len() != want {
                         return Err(Error::weight(

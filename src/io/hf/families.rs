@@ -243,31 +243,41 @@ fn assembled(
         l.bias = Some(vec![0.0; l.out_features]);
     }
     let [q, k, v, o] = layers;
-    for (what, rows) in [("query", q.out_features), ("value", v.out_features)] {
-        if !rows.is_multiple_of(heads) {
-            return Err(Error::Config(format!(
-                "`{prefix}`: the {what} projection has {rows} outputs, which do not split \
-                 into {heads} heads"
-            )));
+    let split = |what: &str, rows: usize, parts: usize| -> Result<usize> {
+        match rows.is_multiple_of(parts) {
+            true => Ok(rows / parts),
+            false => Err(Error::Config(format!(
+                "`{prefix}`: the {what} projection has {rows} outputs, which do not split into \
+                 {parts} heads"
+            ))),
         }
+    };
+    let qk_head_dim = split("query", q.out_features, heads)?;
+    // Fewer key than query outputs: grouped-query (or multi-query) attention, one key/value
+    // head per group of query heads.
+    if !k.out_features.is_multiple_of(qk_head_dim) {
+        return Err(Error::Config(format!(
+            "`{prefix}`: the key projection has {} outputs, which do not split into key heads \
+             of {qk_head_dim} (the query head size)",
+            k.out_features
+        )));
     }
-    if k.out_features != q.out_features {
-        return Err(Error::UnsupportedModule {
-            module: format!("attention `{prefix}`"),
-            what: format!(
-                "grouped-query attention ({} key outputs for {} query outputs)",
-                k.out_features, q.out_features
-            ),
-            why: "key/value heads fewer than query heads".into(),
-        });
+    let kv_heads = k.out_features / qk_head_dim;
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(Error::Config(format!(
+            "`{prefix}`: {} key outputs make {kv_heads} key/value heads of {qk_head_dim}, which \
+             do not divide {heads} query heads",
+            k.out_features
+        )));
     }
     let config = AttentionConfig {
         model_dim: q.in_features,
         key_dim: k.in_features,
         value_dim: v.in_features,
         heads,
-        qk_head_dim: q.out_features / heads,
-        v_head_dim: v.out_features / heads,
+        kv_heads,
+        qk_head_dim,
+        v_head_dim: split("value", v.out_features, kv_heads)?,
         output_projection: true,
         bias,
         scale: None,
