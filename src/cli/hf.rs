@@ -26,6 +26,10 @@ pub fn inspect(args: &InspectArgs) -> Result<ExitCode, Error> {
     let ckpt = HfCheckpoint::open(&args.path)?;
     let modules = ckpt.modules();
     let model_type = ckpt.config().and_then(|c| c.model_type()).unwrap_or("?");
+    let model_type_or = |family: &'static str| match model_type {
+        "?" => family.to_string(),
+        known => known.to_string(),
+    };
     println!(
         "{}: model_type {model_type}, {} tensors, {} attention modules",
         ckpt.name(),
@@ -52,7 +56,10 @@ pub fn inspect(args: &InspectArgs) -> Result<ExitCode, Error> {
                     }
                     _ => String::new(),
                 };
-                format!("{} {prefix}{rope}  NOT RUN: {e}", family.name())
+                format!(
+                    "{} {prefix}{rope}  NOT RUN: {e}",
+                    model_type_or(family.name())
+                )
             }
         };
         println!("  {line}");

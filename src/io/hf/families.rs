@@ -123,12 +123,13 @@ pub fn find_modules(names: &[&str]) -> Vec<(Family, String)> {
     found
 }
 
-/// Loads the projections of `family` at `prefix` with `heads` query heads. A bias that some
-/// projections have and others lack (whisper's `k_proj`) is zero where missing: the same
-/// answer, one bias switch.
+/// Loads the projections of `family` at `prefix` with `heads` query heads; `model` names the
+/// model in messages (its `model_type`, or the family). A bias that some projections have and
+/// others lack (whisper's `k_proj`) is zero where missing: the same answer, one bias switch.
 pub fn load(
     ckpt: &HfCheckpoint,
     family: Family,
+    model: &str,
     prefix: &str,
     heads: usize,
 ) -> Result<(AttentionConfig, AttentionWeights)> {
@@ -146,8 +147,8 @@ pub fn load(
         Family::Gpt2 => return gpt2(ckpt, prefix, heads),
         Family::Llama | Family::Phi3 | Family::GptNeox => {
             return Err(Error::UnsupportedModule {
-                module: format!("{} attention `{prefix}`", family.name()),
-                what: "rotary position embeddings (RoPE)".into(),
+                module: format!("{model} attention `{prefix}`"),
+                what: "RoPE (rotary position embeddings)".into(),
                 why: "queries and keys must be rotated by position before attention; running \
                       without would give a different answer"
                     .into(),

@@ -177,7 +177,9 @@ impl HfCheckpoint {
                 ))
             }
         };
-        let (mut config, weights) = families::load(self, family, prefix, heads)?;
+        let model = self.config.as_ref().and_then(HfConfig::model_type);
+        let (mut config, weights) =
+            families::load(self, family, model.unwrap_or(family.name()), prefix, heads)?;
         let cross = families::is_cross_attention(prefix);
         let mut relative_bias = None;
         if family == Family::T5 {

@@ -1,0 +1,181 @@
+//! Hugging Face attention modules as saved, checked against `transformers` itself: case files
+//! and whole tiny models made by `tools/gen_hf_cases.py` (random-init models, float64 answers).
+//! bert, distilbert, vit, gpt2, bart (self and cross), whisper, t5 (self with its relative
+//! bias, in block 0 and a later block, and cross) run on both paths; the RoPE families (llama,
+//! mistral, qwen2, gemma, phi3, gpt_neox) are refused by name until rotary embeddings run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{cli, gpu, options};
+use wgpu_mha::{AttentionPath, Case, Error, SafetensorsFile};
+
+fn fixtures(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn hugging_face_modules_match_transformers_on_both_paths() {
+    let files = fixtures("hf");
+    let families: std::collections::BTreeSet<String> = files
+        .iter()
+        .map(|p| name(p).split('_').next().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        families.into_iter().collect::<Vec<_>>(),
+        ["bart", "bert", "distilbert", "gpt2", "t5", "vit", "whisper"]
+    );
+    for path in files {
+        let case = Case::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", name(&path)));
+        for p in [AttentionPath::Auto, AttentionPath::MultiPass] {
+            let result = case
+                .run(gpu(), &options(p, false))
+                .unwrap_or_else(|e| panic!("{} {p:?}: {e}", name(&path)));
+            assert!(
+                result.passed(),
+                "{} ({p:?}): max|engine − out_f64| = {:.3e} > bound {:.3e}",
+                name(&path),
+                result.max_abs_err,
+                result.bound
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_families_are_refused_by_name_never_run_without_rotation() {
+    let files = fixtures("hf_rope");
+    assert_eq!(
+        files.len(),
+        8,
+        "llama ×2, mistral, qwen2, gemma, phi3, gpt_neox ×2"
+    );
+    for path in &files {
+        match Case::from_file(path) {
+            Err(Error::UnsupportedModule { module, what, .. }) => {
+                let family = name(path).split("_self").next().unwrap().to_string();
+                assert!(module.contains(&family), "{module} should name {family}");
+                assert!(what.contains("RoPE"), "{what}");
+            }
+            other => panic!("{}: expected UnsupportedModule, got {other:?}", name(path)),
+        }
+    }
+    let (code, out) = cli(&["check", files[0].to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("RoPE") && out.contains("0 passed, 1 failed"),
+        "{out}"
+    );
+}
+
+/// `run --hf DIR --layer N` (or `--prefix`) on a whole saved model, with a case's inputs: the
+/// case files were cut from these same models, so their `out_f64` is the answer.
+#[test]
+fn run_hf_on_saved_models_matches_transformers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = std::env::temp_dir().join(format!("wgpu-mha-hf-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (model, select, case) in [
+        ("bert", ["--layer", "1"], "bert_self_layer1_padding"),
+        ("gpt2", ["--layer", "1"], "gpt2_self_layer1_causal_padding"),
+        (
+            "t5",
+            ["--prefix", "encoder.block.1.layer.0.SelfAttention."],
+            "t5_encoder_self_block1_padding",
+        ),
+        (
+            "t5",
+            ["--prefix", "decoder.block.1.layer.1.EncDecAttention."],
+            "t5_decoder_cross_block1_padding",
+        ),
+    ] {
+        let case_path = root.join("hf").join(format!("{case}.safetensors"));
+        let out = dir.join(format!("{case}.out.safetensors"));
+        let model_dir = root.join("hf_models").join(model);
+        let mut args = vec![
+            "run",
+            "--hf",
+            model_dir.to_str().unwrap(),
+            "--inputs",
+            case_path.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend(select);
+        let (code, text) = cli(&args);
+        assert_eq!(code, 0, "{case}: {text}");
+        let got = SafetensorsFile::open(&out)
+            .and_then(|f| f.tensor_f32("out"))
+            .expect("out");
+        let case = Case::from_file(&case_path).expect("case");
+        let err = case.max_abs_err(got.data());
+        assert!(err <= case.bound(), "{}: {err:.3e}", case.name);
+    }
+    // A layer with several modules (t5 block 1: self and cross) needs --prefix, and says which.
+    let t5 = root.join("hf_models/t5");
+    let inputs = root.join("hf/t5_encoder_self_block1_padding.safetensors");
+    let out = dir.join("never.safetensors");
+    let (code, text) = cli(&[
+        "run",
+        "--hf",
+        t5.to_str().unwrap(),
+        "--layer",
+        "1",
+        "--inputs",
+        inputs.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("--prefix") && text.contains("EncDecAttention"),
+        "{text}"
+    );
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn inspect_lists_every_module_with_what_it_needs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let (code, text) = cli(&["inspect", root.join("hf_models/t5").to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    for phrase in [
+        "model_type t5",
+        "encoder.block.0.layer.0.SelfAttention.  self  E=32 heads=4 head_dim=6 scale=1 \
+         relative_bias(buckets=8, max_distance=20, bidirectional)  runs",
+        "decoder.block.1.layer.0.SelfAttention.  self causal",
+        "one-way",
+        "decoder.block.1.layer.1.EncDecAttention.  cross",
+    ] {
+        assert!(
+            text.contains(phrase),
+            "inspect output lacks `{phrase}`:\n{text}"
+        );
+    }
+    // 2 encoder self, 2 decoder self, 2 decoder cross.
+    assert_eq!(text.matches("  runs").count(), 6, "{text}");
+    let llama = root.join("hf_rope/llama_self_layer1_causal_padding_gqa_llama3.safetensors");
+    let (code, text) = cli(&["inspect", llama.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    for phrase in ["type=llama3", "kv_heads=2", "NOT RUN", "RoPE"] {
+        assert!(
+            text.contains(phrase),
+            "inspect output lacks `{phrase}`:\n{text}"
+        );
+    }
+}

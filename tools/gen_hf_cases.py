@@ -1,0 +1,583 @@
+#!/usr/bin/env python3
+"""Hugging Face case files, made by `transformers`' own modules (DESIGN.md, "Real checkpoints").
+
+Each family is one tiny model (hidden 32, 2 layers, vocab 64, `attn_implementation="eager"`) built
+from a config with random init, seeded by the family name; its matrices keep transformers' init
+(initializer_range 0.2, so attention is far from uniform) and every 1-D parameter (biases, norms)
+gets seeded noise, so that no bias is zero. Tensors and `hf_config` are what `save_pretrained`
+writes (saved names may differ from the in-memory ones: ViT saves the legacy `attention.query…`,
+`output.dense` names).
+
+  tests/fixtures/hf/<family>_<what>.safetensors   one attention module each (variant "hf"):
+    metadata `hf_config` (config.json text), `prefix`, `attention` (self/cross), `causal`,
+    `err_f32_vs_f64`, `family`, `generator`; the saved tensors under `prefix` (T5 self-attention of
+    a block > 0 also carries block 0's `relative_attention_bias.weight`); `hidden_states` and
+    `key_value_states` as captured by a forward hook during a real f32 model forward on random
+    input_ids; `position_ids` (RoPE families); `attention_mask` [B, Lk] u8 (1 = real token, right
+    padding only); `out` (the f32 module) and `out_f64` (a float64 copy of the module on the same
+    f32 data): the module's output after its output projection (BERT: `attention.output.dense`).
+  tests/fixtures/hf_rope/<family>_<what>.safetensors   the same for the RoPE families (llama,
+    mistral, qwen2, gemma, phi3, gpt_neox), kept apart while the engine refuses RoPE.
+  tests/fixtures/hf_models/{bert,gpt2,t5}/   config.json + model.safetensors of the same models.
+
+The replay builds the additive mask itself (0 / finfo(dtype).min: padding, causal, sliding
+window), T5's position bias with block 0's `compute_bias` and RoPE's cos/sin (computed in
+float64 from the config for out_f64, llama3 scaling included), and asserts that the f32 replay
+equals the output hooked during the model forward. For out_f64, softmax(..., dtype=float32) in
+the eager attention functions (vit, llama, mistral, qwen2, gemma, phi3, gpt_neox) is kept in
+float64. `llama_*_rope4x` repeats a llama case with `hf_config` in transformers 4.x spelling
+(`rope_theta`, `rope_scaling`); `gpt_neox_*_rope4x` likewise (`rotary_pct`, `rotary_emb_base`).
+
+Usage:  python tools/gen_hf_cases.py [--out tests/fixtures]   (needs torch, transformers 5)
+"""
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import zlib
+
+import safetensors.numpy
+import torch
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_io  # noqa: E402
+
+import transformers as tf  # noqa: E402
+
+tf.logging.set_verbosity_error()
+tf.utils.logging.disable_progress_bar()
+
+GENERATOR = "tools/gen_hf_cases.py"
+B = 2
+EAGER = {"attn_implementation": "eager"}
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+# wavelengths 2π·{1, 10, 100, 1000} against 64/4 = 16 and 64/1 = 64: one kept, one smoothed,
+# two divided by the factor.
+LM = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+          num_attention_heads=4, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2)
+
+FAMILIES = {
+    "bert": (tf.BertModel, tf.BertConfig, dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=16, initializer_range=0.2)),
+    "distilbert": (tf.DistilBertModel, tf.DistilBertConfig, dict(
+        vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=16,
+        initializer_range=0.2)),
+    "vit": (tf.ViTModel, tf.ViTConfig, dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        image_size=8, patch_size=4, num_channels=3, initializer_range=0.2)),
+    "gpt2": (tf.GPT2Model, tf.GPT2Config, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=16, initializer_range=0.2,
+        bos_token_id=1, eos_token_id=2)),
+    "bart": (tf.BartModel, tf.BartConfig, dict(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=16, init_std=0.2)),
+    "whisper": (tf.WhisperModel, tf.WhisperConfig, dict(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
+        max_source_positions=6, max_target_positions=16, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=0, init_std=0.2)),
+    # d_kv 6 ≠ d_model / num_heads; 8 buckets up to distance 20 put distances ≥ 2 (encoder) and
+    # ≥ 4 (decoder) in the logarithmic buckets.
+    "t5": (tf.T5Model, tf.T5Config, dict(
+        vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20)),
+    "llama": (tf.LlamaModel, tf.LlamaConfig, dict(
+        LM, num_key_value_heads=2, max_position_embeddings=64, rope_parameters=dict(LLAMA3))),
+    "mistral": (tf.MistralModel, tf.MistralConfig, dict(
+        LM, num_key_value_heads=2, sliding_window=3)),
+    "qwen2": (tf.Qwen2Model, tf.Qwen2Config, dict(LM, num_key_value_heads=2)),
+    "gemma": (tf.GemmaModel, tf.GemmaConfig, dict(LM, num_key_value_heads=1, head_dim=12)),
+    "phi3": (tf.Phi3Model, tf.Phi3Config, dict(LM, num_key_value_heads=2)),
+    "gpt_neox": (tf.GPTNeoXModel, tf.GPTNeoXConfig, dict(LM, rotary_pct=0.5)),
+}
+HF_MODELS = ("bert", "gpt2", "t5")
+
+
+def seeded(name):
+    torch.manual_seed(zlib.crc32(name.encode()) % (2**31 - 1))
+
+
+def build(family):
+    cls, config_cls, kw = FAMILIES[family]
+    seeded(family)
+    model = cls(config_cls(**copy.deepcopy(kw), **EAGER)).eval()
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def saved(model, keep=None):
+    """config.json text and tensors (numpy) as `save_pretrained` writes them; the reload must
+    give back every in-memory tensor."""
+    tmp = tempfile.mkdtemp()
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        with open(os.path.join(tmp, "config.json")) as f:
+            config_text = f.read()
+        tensors, _ = st_io.load(os.path.join(tmp, "model.safetensors"))
+        again = type(model).from_pretrained(tmp, **EAGER)
+        mine, theirs = model.state_dict(), again.state_dict()
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine), "save/reload changed a tensor"
+        if keep is not None:
+            os.makedirs(keep, exist_ok=True)
+            for f in ("config.json", "model.safetensors"):
+                shutil.copyfile(os.path.join(tmp, f), os.path.join(keep, f))
+            print("wrote", keep)
+    finally:
+        shutil.rmtree(tmp)
+    return config_text, tensors
+
+
+def lengths_mask(lengths, length):
+    """[B, L] int64, 1 = real token (right padding)."""
+    return (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+
+def additive_mask(pad, lq, lk, causal, window, dtype):
+    """[B, 1, Lq, Lk] in `dtype`: 0 where a key is seen, finfo(dtype).min where not, as
+    transformers' eager masks; None when nothing is masked."""
+    if pad is None and not causal:
+        return None
+    i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
+    keep = torch.ones(B, 1, lq, lk, dtype=torch.bool)
+    if pad is not None:
+        keep &= pad.bool()[:, None, None, :]
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        keep &= j > i - window
+    assert keep.any(-1).all(), "a query row without keys"
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+@contextlib.contextmanager
+def softmax_in_float64():
+    """Keep `softmax(x, dtype=torch.float32)` (the eager attention of several families) in
+    float64 when x is float64; everything else is transformers' own code."""
+    original = torch.nn.functional.softmax
+
+    def softmax(input, dim=None, _stacklevel=3, dtype=None):
+        if dtype is not None and input.dtype == torch.float64:
+            dtype = None
+        return original(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+
+    torch.nn.functional.softmax = softmax
+    try:
+        yield
+    finally:
+        torch.nn.functional.softmax = original
+
+
+def capture(module, call):
+    """(args, kwargs, output) of `module`'s one call during `call()`."""
+    seen = []
+    hook = module.register_forward_hook(lambda m, a, k, o: seen.append((a, k, o)), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            call()
+    finally:
+        hook.remove()
+    assert len(seen) == 1, len(seen)
+    return seen[0]
+
+
+def first_arg(args, kwargs, name):
+    return (args[0] if args else kwargs[name]).detach()
+
+
+def rope_tables(config, position_ids, dtype):
+    """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default and llama3)."""
+    rp = config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
+    inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+    if rp["rope_type"] == "llama3":
+        factor, low, high = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+        old = rp["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    else:
+        assert rp["rope_type"] == "default", rp
+    freqs = position_ids[..., None].to(dtype) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin(), inv_freq
+
+
+def write_case(out_dir, name, family, config_text, state, prefix, attention, causal, inputs,
+               out, out64, extra=()):
+    tensors = {k: v for k, v in state.items() if k.startswith(prefix) or k in extra}
+    assert tensors and all(k in state for k in extra)
+    tensors.update({k: v.detach().contiguous().numpy() for k, v in inputs.items()})
+    tensors["out"] = out.detach().numpy()
+    tensors["out_f64"] = out64.detach().numpy()
+    assert out.dtype == torch.float32 and out64.dtype == torch.float64
+    assert out.shape == inputs["hidden_states"].shape
+    assert not torch.isnan(out64).any() and not torch.isnan(out).any()
+    err = float((out.double() - out64).abs().max())
+    assert err < 1e-4 * (1.0 + float(out64.abs().max())), (name, err)
+    meta = {"variant": "hf", "hf_config": config_text, "prefix": prefix, "attention": attention,
+            "causal": "true" if causal else "false", "err_f32_vs_f64": repr(err),
+            "generator": GENERATOR, "family": family}
+    # RoPE families apart: the engine refuses them (by name) until it runs rotary embeddings.
+    sub = "hf_rope" if family in ROPE_FAMILIES else "hf"
+    path = os.path.join(out_dir, sub, name + ".safetensors")
+    st_io.save(path, tensors, meta)
+    back = safetensors.numpy.load_file(path)  # the official reader agrees
+    assert back.keys() == tensors.keys() and all((back[k] == tensors[k]).all() for k in back)
+    print("wrote", path, f"err_f32_vs_f64={err:.3g}")
+
+
+def replay_case(out_dir, name, family, model, config_text, state, *, module, prefix, run,
+                replay, attention="self", causal=False, pad=None, window=None, position_ids=None,
+                hooked_out=None, kv_from=None, extra=()):
+    """Capture what enters `module` during `run()` (the f32 model forward), replay it with a
+    mask built here, check the replay against the hooked output, then replay a float64 copy.
+
+    `replay(mod, x, kv, mask, dtype)` -> the module's output; `hooked_out`: the submodule whose
+    output is the answer (default: `module` itself, output [0])."""
+    args, kwargs, output = capture(module, run)
+    if hooked_out is not None:
+        _, _, expected = capture(hooked_out, run)
+    else:
+        expected = output[0]
+    x = first_arg(args, kwargs, "hidden_states")
+    kv = kwargs.get(kv_from).detach() if kv_from else None
+    lq, lk = x.shape[1], (kv.shape[1] if kv is not None else x.shape[1])
+    inputs = {"hidden_states": x}
+    if kv is not None:
+        inputs["key_value_states"] = kv
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
+    if pad is not None:
+        assert pad.shape == (B, lk)
+        inputs["attention_mask"] = pad.to(torch.uint8)
+    with torch.no_grad():
+        out = replay(module, x, kv, additive_mask(pad, lq, lk, causal, window, torch.float32),
+                     torch.float32)
+        assert torch.allclose(out, expected, atol=1e-5, rtol=0), (name, (out - expected).abs().max())
+        m64 = copy.deepcopy(module).double()
+        with softmax_in_float64():
+            out64 = replay(m64, x.double(), None if kv is None else kv.double(),
+                           additive_mask(pad, lq, lk, causal, window, torch.float64), torch.float64)
+    write_case(out_dir, name, family, config_text, state, prefix, attention, causal, inputs, out,
+               out64, extra)
+
+
+def ids(length, low=3):
+    return torch.randint(low, 64, (B, length))
+
+
+def plain(mod, x, kv, mask, dtype):
+    return mod(x, attention_mask=mask)[0]
+
+
+def cross(mod, x, kv, mask, dtype):
+    return mod(x, key_value_states=kv, attention_mask=mask)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-RoPE families
+
+
+def bert_cases(out_dir, hf_models_dir):
+    model = build("bert")
+    config_text, state = saved(model, os.path.join(hf_models_dir, "bert"))
+    name, length = "bert_self_layer1_padding", 6
+    seeded(name)
+    input_ids, pad = ids(length), lengths_mask([6, 4], length)
+    att = model.encoder.layer[1].attention
+    replay_case(out_dir, name, "bert", model, config_text, state, module=att,
+                prefix="encoder.layer.1.attention.",
+                run=lambda: model(input_ids, attention_mask=pad),
+                replay=lambda mod, x, kv, mask, dt: mod.output.dense(
+                    mod.self(x, attention_mask=mask)[0]),
+                pad=pad, hooked_out=att.output.dense)
+
+
+def distilbert_cases(out_dir):
+    model = build("distilbert")
+    config_text, state = saved(model)
+    name, length = "distilbert_self_layer0_padding", 7
+    seeded(name)
+    input_ids, pad = ids(length), lengths_mask([7, 5], length)
+    replay_case(out_dir, name, "distilbert", model, config_text, state,
+                module=model.transformer.layer[0].attention,
+                prefix="transformer.layer.0.attention.",
+                run=lambda: model(input_ids, attention_mask=pad), replay=plain, pad=pad)
+
+
+def vit_cases(out_dir):
+    model = build("vit")
+    config_text, state = saved(model)
+    name = "vit_self_layer1"
+    seeded(name)
+    pixels = torch.randn(B, 3, 8, 8)  # 2x2 patches of 4 + [CLS]: L = 5
+    # In memory the module is `layers.1.attention` (q_proj … o_proj); saved under the legacy
+    # names `encoder.layer.1.attention.attention.{query,key,value}`, `….output.dense`.
+    replay_case(out_dir, name, "vit", model, config_text, state,
+                module=model.layers[1].attention, prefix="encoder.layer.1.attention.",
+                run=lambda: model(pixels), replay=lambda mod, x, kv, mask, dt: mod(x)[0])
+
+
+def gpt2_cases(out_dir, hf_models_dir):
+    model = build("gpt2")
+    config_text, state = saved(model, os.path.join(hf_models_dir, "gpt2"))
+    name, length = "gpt2_self_layer1_causal_padding", 6
+    seeded(name)
+    input_ids, pad = ids(length), lengths_mask([6, 4], length)
+    replay_case(out_dir, name, "gpt2", model, config_text, state, module=model.h[1].attn,
+                prefix="h.1.attn.",
+                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                replay=plain, causal=True, pad=pad)
+
+
+def bart_cases(out_dir):
+    model = build("bart")
+    config_text, state = saved(model)
+
+    name, length = "bart_encoder_self_layer0_padding", 7
+    seeded(name)
+    input_ids, pad = ids(length), lengths_mask([7, 5], length)
+    dec_ids = ids(5)
+    run = lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,  # noqa: E731
+                        use_cache=False)
+    replay_case(out_dir, name, "bart", model, config_text, state,
+                module=model.encoder.layers[0].self_attn, prefix="encoder.layers.0.self_attn.",
+                run=run, replay=plain, pad=pad)
+
+    name = "bart_decoder_self_layer1_causal"
+    seeded(name)
+    input_ids, pad, dec_ids = ids(7), lengths_mask([7, 6], 7), ids(6)
+    replay_case(out_dir, name, "bart", model, config_text, state,
+                module=model.decoder.layers[1].self_attn, prefix="decoder.layers.1.self_attn.",
+                run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                  use_cache=False),
+                replay=plain, causal=True)
+
+    name = "bart_decoder_cross_layer0_padding"
+    seeded(name)
+    input_ids, pad, dec_ids = ids(7), lengths_mask([5, 7], 7), ids(5)
+    run = lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,  # noqa: E731
+                        use_cache=False)
+    with torch.no_grad():
+        enc = model.encoder(input_ids, attention_mask=pad).last_hidden_state
+    replay_case(out_dir, name, "bart", model, config_text, state,
+                module=model.decoder.layers[0].encoder_attn, prefix="decoder.layers.0.encoder_attn.",
+                run=run, replay=cross, attention="cross", pad=pad, kv_from="key_value_states")
+    check_kv(out_dir, name, enc)
+
+
+def check_kv(out_dir, name, enc):
+    """The captured key_value_states are the encoder output."""
+    tensors, _ = st_io.load(os.path.join(out_dir, "hf", name + ".safetensors"))
+    assert torch.equal(torch.from_numpy(tensors["key_value_states"]), enc), name
+
+
+def whisper_cases(out_dir):
+    model = build("whisper")
+    config_text, state = saved(model)
+    # The encoder reads exactly 2 * max_source_positions frames; neither the encoder nor the
+    # decoder's cross-attention takes a padding mask.
+    name = "whisper_encoder_self_layer0"
+    seeded(name)
+    feats, dec_ids = torch.randn(B, 8, 12), ids(5)
+    replay_case(out_dir, name, "whisper", model, config_text, state,
+                module=model.encoder.layers[0].self_attn, prefix="encoder.layers.0.self_attn.",
+                run=lambda: model(feats, decoder_input_ids=dec_ids, use_cache=False),
+                replay=lambda mod, x, kv, mask, dt: mod(x)[0])
+
+    name = "whisper_decoder_cross_layer0"
+    seeded(name)
+    feats, dec_ids = torch.randn(B, 8, 12), ids(5)
+    with torch.no_grad():
+        enc = model.encoder(feats).last_hidden_state
+    replay_case(out_dir, name, "whisper", model, config_text, state,
+                module=model.decoder.layers[0].encoder_attn,
+                prefix="decoder.layers.0.encoder_attn.",
+                run=lambda: model(feats, decoder_input_ids=dec_ids, use_cache=False),
+                replay=lambda mod, x, kv, mask, dt: mod(x, key_value_states=kv)[0],
+                attention="cross", kv_from="key_value_states")
+    check_kv(out_dir, name, enc)
+
+
+def t5_cases(out_dir, hf_models_dir):
+    model = build("t5")
+    config_text, state = saved(model, os.path.join(hf_models_dir, "t5"))
+
+    def self_replay(table_module):
+        """T5 self-attention with the bias of block 0's table, computed in the replay's dtype by
+        that module (a float64 copy for float64) and passed as `position_bias`; the mask goes in
+        separately, as T5's stack does."""
+        def replay(mod, x, kv, mask, dtype):
+            table = table_module if dtype == torch.float32 else copy.deepcopy(table_module).double()
+            bias = table.compute_bias(x.shape[1], x.shape[1])
+            assert bias.dtype == dtype
+            return mod(x, mask=mask, position_bias=bias)[0]
+        return replay
+
+    enc_table = model.encoder.block[0].layer[0].SelfAttention
+    dec_table = model.decoder.block[0].layer[0].SelfAttention
+    table_name = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    for block in (0, 1):
+        name = f"t5_encoder_self_block{block}_padding"
+        seeded(name)
+        input_ids, pad, dec_ids = ids(7), lengths_mask([7, 4], 7), ids(5)
+        replay_case(out_dir, name, "t5", model, config_text, state,
+                    module=model.encoder.block[block].layer[0].SelfAttention,
+                    prefix=f"encoder.block.{block}.layer.0.SelfAttention.",
+                    run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                      use_cache=False),
+                    replay=self_replay(enc_table), pad=pad,
+                    extra=(table_name,) if block else ())
+
+    name = "t5_decoder_self_block0_causal_padding"
+    seeded(name)
+    input_ids, pad, dec_ids, dec_pad = ids(6), lengths_mask([6, 5], 6), ids(7), lengths_mask([7, 5], 7)
+    replay_case(out_dir, name, "t5", model, config_text, state, module=dec_table,
+                prefix="decoder.block.0.layer.0.SelfAttention.",
+                run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                  decoder_attention_mask=dec_pad, use_cache=False),
+                replay=self_replay(dec_table), causal=True, pad=dec_pad)
+
+    name = "t5_decoder_cross_block1_padding"
+    seeded(name)
+    input_ids, pad, dec_ids = ids(7), lengths_mask([7, 5], 7), ids(5)
+    with torch.no_grad():
+        enc = model.encoder(input_ids, attention_mask=pad).last_hidden_state
+    replay_case(out_dir, name, "t5", model, config_text, state,
+                module=model.decoder.block[1].layer[1].EncDecAttention,
+                prefix="decoder.block.1.layer.1.EncDecAttention.",
+                run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                  use_cache=False),
+                replay=lambda mod, x, kv, mask, dt: mod(x, mask=mask, key_value_states=kv)[0],
+                attention="cross", pad=pad, kv_from="key_value_states")
+    check_kv(out_dir, name, enc)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE families: self-attention of layer 1, causal, with position_ids
+
+
+def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellings=()):
+    """`spellings`: (suffix, config-text rewrite) for copies whose hf_config is spelled
+    another way."""
+    model = build(family)
+    config_text, state = saved(model)
+    seeded(name)
+    length = position_ids.shape[1]
+    input_ids = ids(length)
+    pad = lengths_mask(lengths, length) if lengths else None
+    attn_name = "attention" if family == "gpt_neox" else "self_attn"
+    module = getattr(model.layers[1], attn_name)
+    cfg = model.config
+    cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64)
+    assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+    with torch.no_grad():
+        cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+
+    def replay(mod, x, kv, mask, dtype):
+        tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+        return mod(x, position_embeddings=tables, attention_mask=mask)[0]
+
+    kwargs = dict(module=module, prefix=f"layers.1.{attn_name}.",
+                  run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                    use_cache=False),
+                  replay=replay, causal=True, pad=pad, window=window, position_ids=position_ids)
+    replay_case(out_dir, name, family, model, config_text, state, **kwargs)
+    for suffix, rewrite in spellings:
+        text = rewrite(config_text)
+        # transformers 5 reads the other spelling back to the same RoPE settings.
+        again = type(cfg).from_dict(json.loads(text))
+        assert again.rope_parameters == cfg.rope_parameters, (again.rope_parameters,
+                                                               cfg.rope_parameters)
+        replay_case(out_dir, name + suffix, family, model, text, state, **kwargs)
+
+
+def dump(d):
+    return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+
+def llama_4x(config_text):
+    """transformers 4.x spelling: `rope_theta` and `rope_scaling` instead of `rope_parameters`."""
+    d = json.loads(config_text)
+    rp = dict(d.pop("rope_parameters"))
+    d["rope_theta"] = rp.pop("rope_theta")
+    d["rope_scaling"] = rp if rp.get("rope_type", "default") != "default" else None
+    return dump(d)
+
+
+def gpt_neox_4x(config_text):
+    """transformers 4.x spelling: `rotary_pct`, `rotary_emb_base`."""
+    d = json.loads(config_text)
+    rp = d.pop("rope_parameters")
+    assert rp["rope_type"] == "default"
+    d["rotary_pct"] = rp["partial_rotary_factor"]
+    d["rotary_emb_base"] = rp["rope_theta"]
+    d["rope_scaling"] = None
+    return dump(d)
+
+
+def rope_cases(out_dir):
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    # llama: GQA 4/2, llama3 scaling, gapped position_ids (as after a packed or edited prompt).
+    rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_gqa_llama3",
+              [7, 5], torch.tensor([[0, 1, 2, 5, 6, 7, 11], [3, 4, 5, 6, 9, 10, 12]]),
+              spellings=[("_rope4x", llama_4x)])
+    # mistral: sliding window 3 over 7 positions.
+    rope_case(out_dir, "mistral", "mistral_self_layer1_causal_padding_window3", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]), window=3)
+    # qwen2: q/k/v biases; positions not starting at 0.
+    rope_case(out_dir, "qwen2", "qwen2_self_layer1_causal_padding", [6, 4],
+              torch.stack([arange(2, 6), arange(0, 6)]))
+    # gemma: MQA (one key/value head), head_dim 12 ≠ 32 / 4.
+    rope_case(out_dir, "gemma", "gemma_self_layer1_causal_mqa", None,
+              torch.stack([arange(0, 5), arange(0, 5)]))
+    # phi3: packed qkv_proj (q rows, then k, then v), 2 key/value heads.
+    rope_case(out_dir, "phi3", "phi3_self_layer1_causal_padding", [6, 3],
+              torch.stack([arange(0, 6), arange(0, 6)]))
+    # gpt_neox: query_key_value packed per head, rotary on the first half of each head.
+    rope_case(out_dir, "gpt_neox", "gpt_neox_self_layer1_causal_padding_partial", [6, 5],
+              torch.stack([arange(0, 6), arange(0, 6)]), spellings=[("_rope4x", gpt_neox_4x)])
+
+
+ROPE_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join("tests", "fixtures"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # byte-identical files on every run
+    for sub in ("hf", "hf_rope"):
+        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
+    hf_models = os.path.join(args.out, "hf_models")
+    bert_cases(args.out, hf_models)
+    distilbert_cases(args.out)
+    vit_cases(args.out)
+    gpt2_cases(args.out, hf_models)
+    bart_cases(args.out)
+    whisper_cases(args.out)
+    t5_cases(args.out, hf_models)
+    rope_cases(args.out)
+
+
+if __name__ == "__main__":
+    main()
