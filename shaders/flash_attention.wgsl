@@ -63,7 +63,8 @@ var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
 // One past the last tile any row of queries [i0, i1) can see (uniform over the workgroup).
 fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     let all_tiles = (p.lk + KV_TILE - 1u) / KV_TILE;
-    if (mask.kind == MASK_CAUSAL) {
+    // A sliding window is causal too: no key past the diagonal.
+    if (mask.kind == MASK_CAUSAL || mask.kind == MASK_SLIDING_WINDOW) {
         // Every row sees a key iff the first row does (i0 + offset >= 0).
         if (i32(i0) + mask.causal_offset >= 0) {
             let last_key = u32(i32(i1 - 1u) + mask.causal_offset);

@@ -3,6 +3,7 @@
 // A masked score is *replaced* by MASKED_SCORE (-1e9), as the seeds' masked_fill does; the
 // bias kind adds.
 //   MASK_CAUSAL       key j visible iff j <= i + (Lk - Lq)
+//   MASK_SLIDING_WINDOW  causal, and at most `window` keys back: i + off - window < j <= i + off
 //   MASK_KEY_PADDING  mask_words[b] = number of valid keys
 //   MASK_KEEP         one keep byte per element, 4 per word
 //   MASK_BIAS         f32 bits, added to the score
@@ -13,6 +14,10 @@ struct MaskParams {
     base: u32,                // element offset of this chunk's (b = 0, i = 0) in the mask
     batch_base: u32,          // first batch of this chunk (key padding lengths)
     strides: vec4<u32>,       // element strides over (b, h, i, j); 0 where broadcast
+    window: u32,              // MASK_SLIDING_WINDOW: keys a query sees, itself included
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(6) var<storage, read> mask_words: array<u32>;
@@ -26,6 +31,12 @@ fn apply_mask(score: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
     switch mask.kind {
         case MASK_CAUSAL: {
             if (i32(j) > i32(i) + mask.causal_offset) {
+                return MASKED_SCORE;
+            }
+        }
+        case MASK_SLIDING_WINDOW: {
+            let last = i32(i) + mask.causal_offset;
+            if (i32(j) > last || i32(j) <= last - i32(mask.window)) {
                 return MASKED_SCORE;
             }
         }

@@ -25,7 +25,8 @@ impl ReferenceOutput {
 }
 
 /// Full forward of either seed module. Inputs are `[B, L, width]`; validation is the GPU
-/// module's job, this function assumes consistent shapes (it is checked by `forward`).
+/// module's job, this function assumes consistent shapes (it is checked by `forward`). A
+/// module with RoPE rotates keys at positions `0..Lk` and queries at the last `Lq` of them.
 pub fn forward(
     config: &AttentionConfig,
     weights: &AttentionWeights,
@@ -33,6 +34,20 @@ pub fn forward(
     key: &Tensor,
     value: &Tensor,
     mask: &Mask,
+) -> Result<ReferenceOutput> {
+    forward_at(config, weights, query, key, value, mask, None)
+}
+
+/// [`forward`] with the keys' RoPE positions (`[B, Lk]` row-major; the queries take the last
+/// `Lq` of them), as [`crate::ForwardOptions::positions`].
+pub fn forward_at(
+    config: &AttentionConfig,
+    weights: &AttentionWeights,
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    mask: &Mask,
+    positions: Option<&[usize]>,
 ) -> Result<ReferenceOutput> {
     config.check_inputs(query.shape(), key.shape(), value.shape())?;
     let (b, lq, lk_in) = (query.shape()[0], query.shape()[1], key.shape()[1]);
@@ -48,8 +63,24 @@ pub fn forward(
     let mask = &mask.with_appended_keys(config.appended_keys(), dims)?;
     let lk = lk_in + config.appended_keys();
     let (k_rows, v_rows) = weights.appended_kv(config);
-    let q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
-    let k = linear(&widen(key.data()), b * lk_in, &weights.k); // [B, Lk_in, H_kv·dk]
+    let mut q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
+    let mut k = linear(&widen(key.data()), b * lk_in, &weights.k); // [B, Lk_in, H_kv·dk]
+    if let Some(rope) = &config.rope {
+        // Rotate every head row of Q and K by its position.
+        let default: Vec<usize> = (0..b).flat_map(|_| 0..lk_in).collect();
+        let pos = positions.unwrap_or(&default);
+        for (row, x) in q.chunks_mut(h * dk).enumerate() {
+            let (bi, i) = (row / lq, row % lq);
+            for head in x.chunks_mut(dk) {
+                rope.rotate(head, pos[bi * lk_in + lk_in - lq + i]);
+            }
+        }
+        for (row, x) in k.chunks_mut(config.kv_heads * dk).enumerate() {
+            for head in x.chunks_mut(dk) {
+                rope.rotate(head, pos[row]);
+            }
+        }
+    }
     let v = linear(&widen(value.data()), b * lk_in, &weights.v); // [B, Lk_in, H_kv·dv]
     let k = append_rows(&k, b, &k_rows); // [B, Lk, H_kv·dk]
     let v = append_rows(&v, b, &v_rows); // [B, Lk, H_kv·dv]

@@ -326,8 +326,8 @@ fn long_keys_with_large_heads_match_the_reference() {
     let kv = Tensor::random([2, 700, 64], 7);
     for mask in [Mask::None, Mask::Causal, Mask::KeyPadding(vec![300, 0])] {
         let fused = ForwardOptions {
-            return_probs: false,
             path: AttentionPath::Fused,
+            ..Default::default()
         };
         let got = mha
             .forward_with(&q, &kv, &kv, &mask, &fused)

@@ -1,15 +1,17 @@
 //! Hugging Face attention modules as saved, checked against `transformers` itself: case files
 //! and whole tiny models made by `tools/gen_hf_cases.py` (random-init models, float64 answers).
 //! bert, distilbert, vit, gpt2, bart (self and cross), whisper, t5 (self with its relative
-//! bias, in block 0 and a later block, and cross) run on both paths; the RoPE families (llama,
-//! mistral, qwen2, gemma, phi3, gpt_neox) are refused by name until rotary embeddings run.
+//! bias, in block 0 and a later block, and cross), and the RoPE families — llama (GQA, llama3
+//! scaling, gapped positions, configs in both spellings), mistral (sliding window), qwen2,
+//! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
+//! rotary) — all on both paths.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
 use common::{cli, gpu, options};
-use wgpu_mha::{AttentionPath, Case, Error, SafetensorsFile};
+use wgpu_mha::{AttentionPath, Case, SafetensorsFile};
 
 fn fixtures(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -37,7 +39,21 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
         .collect();
     assert_eq!(
         families.into_iter().collect::<Vec<_>>(),
-        ["bart", "bert", "distilbert", "gpt2", "t5", "vit", "whisper"]
+        [
+            "bart",
+            "bert",
+            "distilbert",
+            "gemma",
+            "gpt",
+            "gpt2",
+            "llama",
+            "mistral",
+            "phi3",
+            "qwen2",
+            "t5",
+            "vit",
+            "whisper"
+        ]
     );
     for path in files {
         let case = Case::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", name(&path)));
@@ -57,28 +73,40 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
 }
 
 #[test]
-fn rope_families_are_refused_by_name_never_run_without_rotation() {
-    let files = fixtures("hf_rope");
-    assert_eq!(
-        files.len(),
-        8,
-        "llama ×2, mistral, qwen2, gemma, phi3, gpt_neox ×2"
-    );
-    for path in &files {
-        match Case::from_file(path) {
-            Err(Error::UnsupportedModule { module, what, .. }) => {
-                let family = name(path).split("_self").next().unwrap().to_string();
-                assert!(module.contains(&family), "{module} should name {family}");
-                assert!(what.contains("RoPE"), "{what}");
-            }
-            other => panic!("{}: expected UnsupportedModule, got {other:?}", name(path)),
+fn case_files_say_what_each_module_needs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    for (file, phrases) in [
+        (
+            "llama_self_layer1_causal_padding_gqa_llama3",
+            &["+rope", "kv_heads=2", "causal"][..],
+        ),
+        (
+            "mistral_self_layer1_causal_padding_window3",
+            &["+rope", "window=3"],
+        ),
+        (
+            "gemma_self_layer1_causal_mqa",
+            &["kv_heads=1", "head_dim=12"],
+        ),
+        (
+            "t5_encoder_self_block1_padding",
+            &["+relative bias", "scale=1"],
+        ),
+    ] {
+        let case = Case::from_file(root.join(format!("{file}.safetensors"))).expect("case");
+        let text = case.describe();
+        for phrase in phrases {
+            assert!(text.contains(phrase), "{file}: `{text}` lacks `{phrase}`");
         }
     }
-    let (code, out) = cli(&["check", files[0].to_str().unwrap()]);
-    assert_ne!(code, 0, "{out}");
+    // Gapped positions are the file's, not 0..L.
+    let llama =
+        Case::from_file(root.join("llama_self_layer1_causal_padding_gqa_llama3.safetensors"))
+            .expect("case");
+    let positions = llama.positions.as_ref().expect("position_ids");
     assert!(
-        out.contains("RoPE") && out.contains("0 passed, 1 failed"),
-        "{out}"
+        positions.windows(2).any(|w| w[1] > w[0] + 1),
+        "{positions:?}"
     );
 }
 
@@ -169,10 +197,10 @@ fn inspect_lists_every_module_with_what_it_needs() {
     }
     // 2 encoder self, 2 decoder self, 2 decoder cross.
     assert_eq!(text.matches("  runs").count(), 6, "{text}");
-    let llama = root.join("hf_rope/llama_self_layer1_causal_padding_gqa_llama3.safetensors");
+    let llama = root.join("hf/llama_self_layer1_causal_padding_gqa_llama3.safetensors");
     let (code, text) = cli(&["inspect", llama.to_str().unwrap()]);
     assert_eq!(code, 0, "{text}");
-    for phrase in ["type=llama3", "kv_heads=2", "NOT RUN", "RoPE"] {
+    for phrase in ["llama3×8", "kv_heads=2", "rotary_dims=8", "runs"] {
         assert!(
             text.contains(phrase),
             "inspect output lacks `{phrase}`:\n{text}"

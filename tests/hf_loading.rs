@@ -222,7 +222,7 @@ fn errors_name_the_tensors_under_the_prefix_and_the_modules_found() {
 }
 
 #[test]
-fn rope_is_refused_by_name_and_grouped_queries_run() {
+fn rope_needs_its_config_and_grouped_queries_run() {
     let p = "model.layers.0.self_attn.";
     let llama: [(&str, &[usize]); 4] = [
         ("model.layers.0.self_attn.q_proj.weight", &[16, 16]),
@@ -230,19 +230,33 @@ fn rope_is_refused_by_name_and_grouped_queries_run() {
         ("model.layers.0.self_attn.v_proj.weight", &[8, 16]),
         ("model.layers.0.self_attn.o_proj.weight", &[16, 16]),
     ];
-    let config = r#"{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 10000.0}"#;
-    let dir = model_dir("llama", config, &tensors(&llama), false);
+    // RoPE settings only config.json gives: without it, an error naming why.
+    let dir = TempDir::new("llama-noconfig");
+    let t = tensors(&llama);
+    let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let file = dir.path().join("layer.safetensors");
+    write_safetensors(&file, &refs, None).unwrap();
+    let err = HfCheckpoint::open(&file)
+        .unwrap()
+        .attention(p, Some(4))
+        .unwrap_err();
+    assert!(err.to_string().contains("RoPE"), "{err}");
+    // A rope_type the engine does not run is refused by name, never approximated.
+    let config = r#"{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#;
+    let dir = model_dir("llama-yarn", config, &t, false);
+    match HfCheckpoint::open(dir.path()).unwrap().attention(p, None) {
+        Err(Error::UnsupportedModule { what, .. }) => assert!(what.contains("yarn"), "{what}"),
+        other => panic!("expected UnsupportedModule, got {other:?}"),
+    }
+    // num_key_value_heads that the shapes contradict is an error, not a guess.
+    let config = r#"{"num_attention_heads": 4, "num_key_value_heads": 1}"#;
+    let dir = model_dir("llama-kv", config, &t, false);
     let err = HfCheckpoint::open(dir.path())
         .unwrap()
         .attention(p, None)
         .unwrap_err();
-    match &err {
-        Error::UnsupportedModule { module, what, .. } => {
-            assert!(module.contains("llama") && module.contains(p), "{err}");
-            assert!(what.contains("RoPE"), "{err}");
-        }
-        other => panic!("expected UnsupportedModule, got {other:?}"),
-    }
+    assert!(err.to_string().contains("num_key_value_heads = 1"), "{err}");
     // Fewer key than query outputs in a family without RoPE: grouped-query attention, run.
     let bart: [(&str, &[usize]); 4] = [
         ("enc.self_attn.q_proj.weight", &[16, 16]),

@@ -468,7 +468,7 @@ fn rejects_unreadable_dtypes() {
 }
 
 #[test]
-fn rejects_unknown_heads_and_unsupported_extras() {
+fn rejects_unknown_heads_and_half_a_bias_kv_pair() {
     let f = classic16().without_meta("num_heads");
     assert!(
         matches!(load(&f, "", None), Err(Error::Config(_))),
@@ -483,10 +483,21 @@ fn rejects_unknown_heads_and_unsupported_extras() {
         load(&packed16().meta("num_heads", "two"), "", None),
         Err(Error::File { .. })
     ));
+    // add_bias_kv: bias_k and bias_v together, [1, 1, E] each; half a pair is refused.
+    let with_both = packed16()
+        .f32("bias_k", &[1, 1, 16])
+        .f32("bias_v", &[1, 1, 16]);
+    let loaded = load(&with_both, "", None).expect("bias_k and bias_v");
+    assert!(loaded.config.add_bias_kv && loaded.weights.bias_kv.is_some());
     assert_weight_error(
         load(&packed16().f32("bias_k", &[1, 1, 16]), "", None),
-        "bias_k",
-        "add_bias_kv",
+        "bias_v",
+        "missing",
+    );
+    assert_weight_error(
+        load(&with_both.f32("bias_v", &[1, 1, 8]), "", None),
+        "bias_v",
+        "[1, 1, 16]",
     );
     assert!(
         matches!(load(&classic16(), "", Some(0)), Err(Error::Config(_))),

@@ -248,7 +248,20 @@ fn uniform_structs_match_their_wgsl_layout() {
         ),
         (
             flash,
-            host_layout!(MaskParams, [kind, causal_offset, base, batch_base, strides]),
+            host_layout!(
+                MaskParams,
+                [
+                    kind,
+                    causal_offset,
+                    base,
+                    batch_base,
+                    strides,
+                    window,
+                    _pad0,
+                    _pad1,
+                    _pad2
+                ]
+            ),
         ),
         (
             lin,

@@ -16,8 +16,6 @@ writes (saved names may differ from the in-memory ones: ViT saves the legacy `at
     input_ids; `position_ids` (RoPE families); `attention_mask` [B, Lk] u8 (1 = real token, right
     padding only); `out` (the f32 module) and `out_f64` (a float64 copy of the module on the same
     f32 data): the module's output after its output projection (BERT: `attention.output.dense`).
-  tests/fixtures/hf_rope/<family>_<what>.safetensors   the same for the RoPE families (llama,
-    mistral, qwen2, gemma, phi3, gpt_neox), kept apart while the engine refuses RoPE.
   tests/fixtures/hf_models/{bert,gpt2,t5}/   config.json + model.safetensors of the same models.
 
 The replay builds the additive mask itself (0 / finfo(dtype).min: padding, causal, sliding
@@ -236,9 +234,7 @@ def write_case(out_dir, name, family, config_text, state, prefix, attention, cau
     meta = {"variant": "hf", "hf_config": config_text, "prefix": prefix, "attention": attention,
             "causal": "true" if causal else "false", "err_f32_vs_f64": repr(err),
             "generator": GENERATOR, "family": family}
-    # RoPE families apart: the engine refuses them (by name) until it runs rotary embeddings.
-    sub = "hf_rope" if family in ROPE_FAMILIES else "hf"
-    path = os.path.join(out_dir, sub, name + ".safetensors")
+    path = os.path.join(out_dir, "hf", name + ".safetensors")
     st_io.save(path, tensors, meta)
     back = safetensors.numpy.load_file(path)  # the official reader agrees
     assert back.keys() == tensors.keys() and all((back[k] == tensors[k]).all() for k in back)
@@ -558,16 +554,12 @@ def rope_cases(out_dir):
               torch.stack([arange(0, 6), arange(0, 6)]), spellings=[("_rope4x", gpt_neox_4x)])
 
 
-ROPE_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("tests", "fixtures"))
     args = ap.parse_args()
     torch.set_num_threads(1)  # byte-identical files on every run
-    for sub in ("hf", "hf_rope"):
-        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
+    os.makedirs(os.path.join(args.out, "hf"), exist_ok=True)
     hf_models = os.path.join(args.out, "hf_models")
     bert_cases(args.out, hf_models)
     distilbert_cases(args.out)

@@ -13,7 +13,7 @@
 //! `[B, n, out]` output.
 //! Growing past `capacity` is an [`Error::KvCacheFull`] and leaves the cache unchanged.
 
-use crate::attention::workspace::{dispatches, Bound, Geometry};
+use crate::attention::workspace::{dispatches, Bound, Geometry, RopeTables};
 use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
@@ -45,6 +45,9 @@ pub struct KvCache {
     scores: Option<wgpu::Buffer>,
     carry: wgpu::Buffer,
     mask: MaskBuffers,
+    /// cos/sin of the new tokens' positions (`len..len + n`), for a module with RoPE: new
+    /// queries and keys are rotated before attention, so the cache holds rotated keys.
+    rope: Option<wgpu::Buffer>,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -174,6 +177,9 @@ impl KvCache {
                 scores: (!fused).then(|| gpu.storage("step scores", f32s(b * h * cap * cap), none)),
                 carry: gpu.storage("step carry (unused: one dispatch)", 16, none),
                 mask: MaskBuffers::new(gpu, 0),
+                rope: c
+                    .rope
+                    .map(|r| gpu.storage("step RoPE table", f32s(b * cap * r.rotary_dims), none)),
             }
         })
     }
@@ -327,6 +333,10 @@ impl MultiHeadAttention {
                 queue.write_buffer(&cache.x_kv, 0, bytemuck::cast_slice(kv.data()));
             }
             cache.mask.write(queue, &mask.words, &mask.params);
+            if let (Some(rope), Some(table)) = (&c.rope, &cache.rope) {
+                let positions: Vec<usize> = (0..b).flat_map(|_| len0..lk).collect();
+                queue.write_buffer(table, 0, bytemuck::cast_slice(&rope.table(&positions)));
+            }
             let geometry = Geometry {
                 batch: b,
                 lq: n,
@@ -351,6 +361,7 @@ impl MultiHeadAttention {
                 output: cache.output.as_ref(),
                 carry: &cache.carry,
                 mask: &cache.mask,
+                rope: cache.rope.as_ref().map(|t| RopeTables { q: t, k: t }),
             };
             let chain = dispatches(self, &geometry, &bound)?;
             let mut encoder = self.gpu.encoder("forward_step");

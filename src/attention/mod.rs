@@ -69,6 +69,10 @@ pub struct ForwardOptions {
     /// Also return the attention probabilities `[B, H, Lq, Lk]` (forces the multi-pass path).
     pub return_probs: bool,
     pub path: AttentionPath,
+    /// RoPE positions of the keys, `[B, Lk]` row-major; the queries are the last `Lq` of them
+    /// (self-attention: the same positions). Default `0..Lk` for every sequence. Only for a
+    /// module with RoPE (see [`AttentionConfig::rope`](crate::AttentionConfig)).
+    pub positions: Option<Vec<usize>>,
 }
 
 /// What a forward returns.

@@ -76,6 +76,8 @@ pub(crate) struct Plan {
     pub mask: EncodedMask,
     pub path: AttentionPath,
     pub whole: Shape,
+    /// RoPE positions of the input's keys, `[B, Lk_in]`, for a module with RoPE.
+    pub positions: Option<Vec<usize>>,
 }
 
 impl Plan {
@@ -118,6 +120,7 @@ impl MultiHeadAttention {
             ..input_dims
         };
         let mask = EncodedMask::new(mask, dims)?;
+        let positions = self.positions(options, input_dims)?;
         let fused = self.choose_fused(options)?;
         Ok(Plan {
             dims,
@@ -135,7 +138,30 @@ impl MultiHeadAttention {
                 fused,
                 probs: options.return_probs,
             },
+            positions,
         })
+    }
+
+    /// The keys' RoPE positions (`options.positions`, or `0..Lk` per sequence), checked; `None`
+    /// for a module without RoPE, which must not be given any.
+    fn positions(&self, options: &ForwardOptions, d: AttnDims) -> Result<Option<Vec<usize>>> {
+        match (&self.config.rope, &options.positions) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(Error::Misuse(
+                "positions were given, but the module has no rotary embedding (RoPE)".into(),
+            )),
+            (Some(_), _) if d.lq > d.lk => Err(Error::Misuse(format!(
+                "with RoPE the queries take the positions of the last Lq keys, but Lq = {} > Lk = {}",
+                d.lq, d.lk
+            ))),
+            (Some(_), Some(p)) if p.len() != d.batch * d.lk => Err(Error::shape(
+                "positions",
+                format!("[B, Lk] = [{}, {}] (row-major)", d.batch, d.lk),
+                &[p.len()],
+            )),
+            (Some(_), Some(p)) => Ok(Some(p.clone())),
+            (Some(_), None) => Ok(Some((0..d.batch).flat_map(|_| 0..d.lk).collect())),
+        }
     }
 
     /// Fused (`true`) or multi-pass, refusing requests that cannot run.

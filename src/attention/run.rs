@@ -201,6 +201,9 @@ impl MultiHeadAttention {
         self.gpu.scoped("forward", || -> Result<()> {
             let window = plan.mask.window((b0, ws.shape.batch), (i0, ws.shape.lq));
             ws.write_mask(self, &plan.mask.words[window.words], &window.params)?;
+            if let Some(positions) = &plan.positions {
+                ws.write_rope(self, positions, plan.dims.lq, (b0, i0));
+            }
             let mut encoder = self.gpu.encoder("forward");
             let sources = match ws.shape.sharing {
                 Sharing::SelfAttention => &inputs[..1],

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::gpu::pass::Dispatch;
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
+use crate::kernels::rope::{self, RopeRows};
 use crate::kernels::{
     av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, QkvBuffers, QkvLayout,
 };
@@ -43,6 +44,15 @@ pub(crate) struct Bound<'a> {
     pub output: Option<&'a wgpu::Buffer>,
     pub carry: &'a wgpu::Buffer,
     pub mask: &'a MaskBuffers,
+    /// cos/sin tables of the queries' and the new keys' positions, for a module with RoPE.
+    pub rope: Option<RopeTables<'a>>,
+}
+
+/// `[B, n, rotary_dims / 2, 2]` cos/sin tables ([`crate::model::rope::Rope::table`]).
+#[derive(Clone, Copy)]
+pub(crate) struct RopeTables<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
 }
 
 /// The seeds' `forward`, one dispatch per step.
@@ -58,6 +68,12 @@ pub(crate) fn dispatches(
 
     // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
     chain.extend(projections(mha, g, b)?);
+
+    // Q, K = rope(Q), rope(K): rotated by position in place (the new keys only: a KV cache
+    // holds its keys rotated)
+    if let (Some(rope), Some(tables)) = (&c.rope, b.rope) {
+        chain.extend(rotations(mha, rope, g, b, tables)?);
+    }
 
     let core = CoreProblem {
         dims: CoreDims {
@@ -239,6 +255,40 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
         .map(|gemms| gemms.into_iter().flatten().collect())
 }
 
+/// The two RoPE dispatches: Q rows `0..lq`, and K rows `kv_pos..` of the new keys.
+fn rotations(
+    mha: &MultiHeadAttention,
+    rope: &crate::model::rope::Rope,
+    g: &Geometry,
+    b: &Bound,
+    tables: RopeTables,
+) -> Result<Vec<Dispatch>> {
+    let c = &mha.config;
+    let f16 = mha.qkv_elem_bytes() == 2;
+    let l = g.layout;
+    let q_rows = RopeRows {
+        batch: g.batch,
+        heads: c.heads,
+        n: g.lq,
+        stride: g.lq,
+        first: 0,
+        head_dim: c.qk_head_dim,
+        offset: l.q_offset,
+    };
+    let k_rows = RopeRows {
+        heads: c.kv_heads,
+        n: g.lk - g.kv_pos - g.appended,
+        stride: l.kv_stride as usize,
+        first: g.kv_pos,
+        offset: l.k_offset,
+        ..q_rows
+    };
+    Ok(vec![
+        rope::dispatch(&mha.gpu, rope, f16, q_rows, b.qkv.q, tables.q)?,
+        rope::dispatch(&mha.gpu, rope, f16, k_rows, b.qkv.k, tables.k)?,
+    ])
+}
+
 impl MultiHeadAttention {
     /// Element types of this module's GEMMs: `to_qkv` for the projections into Q/K/V (f16 in
     /// an f16 module), else the output projection (f32 out).
@@ -264,6 +314,8 @@ pub(crate) struct Workspace {
     carry: wgpu::Buffer,
     pub staging: wgpu::Buffer,
     mask: MaskBuffers,
+    /// RoPE cos/sin tables of this shape's queries and keys (a module with RoPE).
+    rope: Option<[wgpu::Buffer; 2]>,
     pub dispatches: Vec<Dispatch>,
 }
 
@@ -326,6 +378,13 @@ impl Workspace {
             carry: gpu.storage("flash carry state", 4 * carry_len as u64, none),
             staging: gpu.staging("readback", 4 * (out_len + probs_len) as u64),
             mask: MaskBuffers::new(gpu, 0),
+            rope: c.rope.map(|r| {
+                let table = |rows: usize| 4 * (b * rows * r.rotary_dims) as u64;
+                [
+                    gpu.storage("RoPE table (queries)", table(lq), none),
+                    gpu.storage("RoPE table (keys)", table(lk_in), none),
+                ]
+            }),
             dispatches: Vec::new(),
         };
         ws.dispatches = ws.chain(mha)?;
@@ -363,6 +422,7 @@ impl Workspace {
             output: self.output.as_ref(),
             carry: &self.carry,
             mask: &self.mask,
+            rope: self.rope.as_ref().map(|[q, k]| RopeTables { q, k }),
         };
         dispatches(mha, &geometry, &bound)
     }
@@ -381,6 +441,34 @@ impl Workspace {
         }
         self.mask.write(mha.gpu.queue(), words, params);
         Ok(())
+    }
+
+    /// Uploads the RoPE tables of this call's chunk: queries at the positions of keys
+    /// `lk − lq_whole + i0 ..` (the last `Lq` of the whole problem), keys at their own, for
+    /// batches `b0..` (see `Plan::positions`).
+    pub fn write_rope(
+        &self,
+        mha: &MultiHeadAttention,
+        positions: &[usize],
+        lq_whole: usize,
+        (b0, i0): (usize, usize),
+    ) {
+        let (Some(rope), Some([q, k])) = (&mha.config.rope, &self.rope) else {
+            return;
+        };
+        let s = self.shape;
+        let lk_in = s.input_keys(&mha.config);
+        let key_positions = |bi: usize| &positions[(b0 + bi) * lk_in..(b0 + bi + 1) * lk_in];
+        let first_query = lk_in - lq_whole + i0;
+        let q_pos: Vec<usize> = (0..s.batch)
+            .flat_map(|bi| key_positions(bi)[first_query..first_query + s.lq].to_vec())
+            .collect();
+        let k_pos: Vec<usize> = (0..s.batch)
+            .flat_map(|bi| key_positions(bi).to_vec())
+            .collect();
+        let queue = mha.gpu.queue();
+        queue.write_buffer(q, 0, bytemuck::cast_slice(&rope.table(&q_pos)));
+        queue.write_buffer(k, 0, bytemuck::cast_slice(&rope.table(&k_pos)));
     }
 
     /// The buffer holding the module's output: `[B, Lq, output_dim]`.

@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
+use wgpu_mha::io::hf::case::read_positions;
 use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
 use wgpu_mha::model::mask::AttnDims;
+use wgpu_mha::model::rope::RopeScaling;
 use wgpu_mha::{
     Error, ForwardOptions, Gpu, GpuOptions, MultiHeadAttention, SafetensorsFile, Tensor,
 };
@@ -39,28 +41,7 @@ pub fn inspect(args: &InspectArgs) -> Result<ExitCode, Error> {
     for (family, prefix) in &modules {
         let line = match ckpt.attention(prefix, None) {
             Ok(m) => format!("{}  runs", describe(&m)),
-            Err(e) => {
-                let rope = match (family.uses_rope(), ckpt.config()) {
-                    (true, Some(c)) => {
-                        let r = c.rope();
-                        let kv = c.kv_heads().ok().flatten();
-                        let window = c.sliding_window().ok().flatten();
-                        format!(
-                            " rope θ={} type={} rotary_fraction={}{}{}",
-                            r.theta,
-                            r.rope_type,
-                            r.partial,
-                            kv.map(|k| format!(" kv_heads={k}")).unwrap_or_default(),
-                            window.map(|w| format!(" window={w}")).unwrap_or_default()
-                        )
-                    }
-                    _ => String::new(),
-                };
-                format!(
-                    "{} {prefix}{rope}  NOT RUN: {e}",
-                    model_type_or(family.name())
-                )
-            }
+            Err(e) => format!("{} {prefix}  NOT RUN: {e}", model_type_or(family.name())),
         };
         println!("  {line}");
     }
@@ -84,6 +65,23 @@ fn describe(m: &HfAttention) -> String {
     );
     if let Some(scale) = c.scale {
         s.push_str(&format!(" scale={scale}"));
+    }
+    if c.kv_heads != c.heads {
+        s.push_str(&format!(" kv_heads={}", c.kv_heads));
+    }
+    if let Some(r) = &c.rope {
+        let scaling = match r.scaling {
+            RopeScaling::None => "default".to_string(),
+            RopeScaling::Linear { factor } => format!("linear×{factor}"),
+            RopeScaling::Llama3 { factor, .. } => format!("llama3×{factor}"),
+        };
+        s.push_str(&format!(
+            " rope(θ={}, rotary_dims={}, {scaling})",
+            r.theta, r.rotary_dims
+        ));
+    }
+    if let Some(w) = m.window {
+        s.push_str(&format!(" window={w}"));
     }
     if let Some(b) = &m.relative_bias {
         s.push_str(&format!(
@@ -158,6 +156,10 @@ pub fn run(
         false => None,
     };
     let mask = module.mask(dims, padding.as_ref())?;
+    let forward_options = &ForwardOptions {
+        positions: read_positions(&inputs, &module.config, dims.batch, dims.lk)?,
+        ..forward_options.clone()
+    };
     let gpu = Gpu::with_options(options)?;
     let mha = MultiHeadAttention::new(&gpu, module.config, &module.weights)?;
     let forward = mha.forward_with(&hidden, key, key, &mask, forward_options)?;

@@ -35,6 +35,7 @@ impl PathArg {
                 PathArg::Multipass => AttentionPath::MultiPass,
                 PathArg::Fused => AttentionPath::Fused,
             },
+            positions: None,
         }
     }
 }

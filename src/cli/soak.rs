@@ -34,6 +34,7 @@ pub fn run(gpu: &Gpu, iterations: usize, every: usize) -> Result<Vec<SoakSample>
         let options = wgpu_mha::ForwardOptions {
             return_probs: i % 2 == 0,
             path: wgpu_mha::AttentionPath::Auto,
+            positions: None,
         };
         mha.forward_with(&x, &x, &x, &masks[i % masks.len()], &options)?;
         if i % every == 0 || i == iterations {

@@ -69,6 +69,9 @@ pub struct Case {
     /// `V` for classic cases; `None` for per-head ones, whose values come from `key` (`x_k_v`).
     pub value: Option<Tensor>,
     pub mask: Mask,
+    /// RoPE positions of the keys `[B, Lk]` (a Hugging Face case's `position_ids`), when the
+    /// module has RoPE and the file gives them.
+    pub positions: Option<Vec<usize>>,
     /// Shape of the output, `[B, Lq, output_dim]`.
     pub out_shape: Vec<usize>,
     /// The exact answer (`out_f64`).
@@ -228,6 +231,7 @@ impl Case {
             key,
             value,
             mask,
+            positions: None,
             out_shape,
             out_f64,
             out_f32,
@@ -337,6 +341,10 @@ impl Case {
         mha: &MultiHeadAttention,
         options: &ForwardOptions,
     ) -> Result<ForwardOutput> {
+        let options = &ForwardOptions {
+            positions: self.positions.clone(),
+            ..options.clone()
+        };
         match &self.value {
             Some(v) => mha.forward_with(&self.query, &self.key, v, &self.mask, options),
             None => mha.forward_with(&self.query, &self.key, &self.key, &self.mask, options),
@@ -347,13 +355,14 @@ impl Case {
     /// expected outputs).
     pub fn reference(&self) -> Result<crate::reference::ReferenceOutput> {
         let value = self.value.as_ref().unwrap_or(&self.key);
-        crate::reference::forward(
+        crate::reference::forward_at(
             &self.config,
             &self.weights,
             &self.query,
             &self.key,
             value,
             &self.mask,
+            self.positions.as_deref(),
         )
     }
 

@@ -539,6 +539,7 @@ fn assembled(
         scale: None,
         add_bias_kv: false,
         add_zero_attn: false,
+        rope: None,
     }
     .validated()?;
     Ok((

@@ -170,6 +170,43 @@ impl SafetensorsFile {
         }
     }
 
+    /// An integer tensor (I64, I32, U32, U16, U8) of non-negative values, such as
+    /// `position_ids`: `(shape, values)`.
+    pub fn tensor_indices(&self, tensor: &str) -> Result<(Vec<usize>, Vec<usize>)> {
+        let (info, data) = self.raw(tensor).map_err(|p| self.tensor_error(tensor, p))?;
+        let signed: Vec<i64> = match info.dtype {
+            Dtype::I64 => data
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect(),
+            Dtype::I32 => data
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+            Dtype::U32 => data
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+            Dtype::U16 => data
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
+                .collect(),
+            Dtype::U8 => data.iter().map(|&v| v as i64).collect(),
+            other => {
+                return Err(self.tensor_error(
+                    tensor,
+                    format!("has dtype {other:?}; indices must be I64, I32, U32, U16 or U8"),
+                ))
+            }
+        };
+        let values = signed
+            .iter()
+            .map(|&v| usize::try_from(v))
+            .collect::<std::result::Result<Vec<usize>, _>>()
+            .map_err(|_| self.tensor_error(tensor, "holds a negative value"))?;
+        Ok((info.shape.clone(), values))
+    }
+
     /// An [`Error::File`] about one tensor of this file.
     pub(crate) fn tensor_error(&self, tensor: &str, problem: impl std::fmt::Display) -> Error {
         Error::file(&self.name, format!("tensor `{tensor}` {problem}"))

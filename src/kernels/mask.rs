@@ -24,16 +24,18 @@ pub enum MaskKind {
     KeyPadding = 2,
     Keep = 3,
     Bias = 4,
+    SlidingWindow = 5,
 }
 
 impl MaskKind {
     /// Every kind with its WGSL constant name.
-    pub const ALL: [(MaskKind, &'static str); 5] = [
+    pub const ALL: [(MaskKind, &'static str); 6] = [
         (MaskKind::None, "MASK_NONE"),
         (MaskKind::Causal, "MASK_CAUSAL"),
         (MaskKind::KeyPadding, "MASK_KEY_PADDING"),
         (MaskKind::Keep, "MASK_KEEP"),
         (MaskKind::Bias, "MASK_BIAS"),
+        (MaskKind::SlidingWindow, "MASK_SLIDING_WINDOW"),
     ];
 }
 
@@ -59,6 +61,11 @@ pub struct MaskParams {
     pub batch_base: u32,
     /// Element strides over `(b, h, i, j)`; 0 where broadcast.
     pub strides: [u32; 4],
+    /// Keys a query sees under [`Mask::SlidingWindow`], itself included.
+    pub window: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 /// A mask lowered for one problem: its uniform and its words.
@@ -83,6 +90,10 @@ impl EncodedMask {
         let (kind, words) = match mask {
             Mask::None => (MaskKind::None, Vec::new()),
             Mask::Causal => (MaskKind::Causal, Vec::new()),
+            Mask::SlidingWindow(w) => {
+                params.window = (*w).min(u32::MAX as usize) as u32;
+                (MaskKind::SlidingWindow, Vec::new())
+            }
             Mask::KeyPadding(lengths) => {
                 params.strides = [1, 0, 0, 0];
                 (

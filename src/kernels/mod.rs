@@ -12,6 +12,7 @@ pub mod flash_attention;
 pub mod linear;
 pub mod mask;
 pub mod naive;
+pub mod rope;
 pub mod scores;
 pub mod softmax;
 pub mod source;

@@ -1,6 +1,7 @@
 //! `AttentionConfig`: one description for both seed modules.
 
 use crate::error::{Error, Result};
+use crate::model::rope::Rope;
 
 /// The most values one projection weight may hold (4 GiB of f32).
 pub const MAX_WEIGHT_VALUES: u64 = 1 << 30;
@@ -39,6 +40,9 @@ pub struct AttentionConfig {
     pub add_bias_kv: bool,
     /// `nn.MultiheadAttention(add_zero_attn=True)`: a zero key and value appended after those.
     pub add_zero_attn: bool,
+    /// Rotary position embeddings of queries and keys (Llama, GPT-NeoX, …), by the positions
+    /// of [`crate::ForwardOptions::positions`].
+    pub rope: Option<Rope>,
 }
 
 impl AttentionConfig {
@@ -67,6 +71,7 @@ impl AttentionConfig {
             scale: None,
             add_bias_kv: false,
             add_zero_attn: false,
+            rope: None,
         }
         .validated()
     }
@@ -86,6 +91,7 @@ impl AttentionConfig {
             scale: None,
             add_bias_kv: false,
             add_zero_attn: false,
+            rope: None,
         }
         .validated()
     }
@@ -108,6 +114,12 @@ impl AttentionConfig {
         self.add_bias_kv = add_bias_kv;
         self.add_zero_attn = add_zero_attn;
         self
+    }
+
+    /// Rotary position embeddings (see [`Rope`]).
+    pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
+        self.rope = Some(rope);
+        self.validated()
     }
 
     /// How many keys the module appends after the input's: the learned `bias_k` row, then the
@@ -192,6 +204,14 @@ impl AttentionConfig {
                     "{name} would be {rows} × {cols} = {values} values, more than the 2^30 one \
                      storage binding can hold on any device"
                 )));
+            }
+        }
+        if let Some(rope) = &self.rope {
+            rope.check(self.qk_head_dim)?;
+            if self.appended_keys() > 0 {
+                return Err(Error::Config(
+                    "RoPE with add_bias_kv/add_zero_attn: appended keys have no position".into(),
+                ));
             }
         }
         if let Some(s) = self.scale {

@@ -47,6 +47,9 @@ pub enum Mask {
     /// Bottom-right aligned causal mask: query `i` sees key `j` iff `j <= i + (Lk − Lq)`.
     /// Generated in the shader, never stored.
     Causal,
+    /// Causal and at most `w` keys back (Mistral's `sliding_window`): query `i` sees key `j`
+    /// iff `i + (Lk − Lq) − w < j ≤ i + (Lk − Lq)`. Generated in the shader, never stored.
+    SlidingWindow(usize),
     /// Per batch, the number of valid keys; keys at `j >= len[b]` are masked.
     KeyPadding(Vec<usize>),
     /// Nonzero = attend, zero = masked (seed 000's polarity).
@@ -76,6 +79,7 @@ impl Mask {
         match self {
             Mask::None => "none",
             Mask::Causal => "causal",
+            Mask::SlidingWindow(_) => "sliding_window",
             Mask::KeyPadding(_) => "key_padding",
             Mask::Attend(_) => "attend",
             Mask::Block(_) => "block",
@@ -88,6 +92,10 @@ impl Mask {
     pub fn check(&self, dims: AttnDims) -> Result<()> {
         match self {
             Mask::None | Mask::Causal => Ok(()),
+            Mask::SlidingWindow(0) => Err(Error::Mask(
+                "a sliding window of 0 keys hides every key; it must be at least 1".into(),
+            )),
+            Mask::SlidingWindow(_) => Ok(()),
             Mask::KeyPadding(lengths) => {
                 if lengths.len() != dims.batch {
                     return Err(Error::Mask(format!(
@@ -200,7 +208,7 @@ impl Mask {
             _ => [1, 1, 1],
         };
         let [b, h, rows] = match self {
-            Mask::None | Mask::Causal => [1, 1, dims.lq],
+            Mask::None | Mask::Causal | Mask::SlidingWindow(_) => [1, 1, dims.lq],
             Mask::KeyPadding(_) => [dims.batch, 1, 1],
             Mask::Attend(t) | Mask::Block(t) => lead(t.shape()),
             Mask::Bias(t) => lead(t.shape()),
@@ -238,6 +246,10 @@ impl Mask {
         match self {
             Mask::None | Mask::Bias(_) => false,
             Mask::Causal => j as i64 > i as i64 + lk as i64 - lq as i64,
+            Mask::SlidingWindow(w) => {
+                let last = i as i64 + lk as i64 - lq as i64;
+                j as i64 > last || j as i64 <= last - *w as i64
+            }
             Mask::KeyPadding(len) => j >= len[b],
             Mask::Attend(t) => t.data()[broadcast_index(t.shape(), at)] == 0,
             Mask::Block(t) => t.data()[broadcast_index(t.shape(), at)] != 0,

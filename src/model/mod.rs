@@ -3,5 +3,6 @@
 pub mod config;
 pub mod mask;
 pub mod relative_bias;
+pub mod rope;
 pub mod tensor;
 pub mod weights;

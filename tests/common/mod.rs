@@ -32,7 +32,11 @@ pub const BOTH_PATHS: [AttentionPath; 2] = [AttentionPath::MultiPass, AttentionP
 
 /// Forward options: `path`, and whether the probabilities come back.
 pub fn options(path: AttentionPath, return_probs: bool) -> ForwardOptions {
-    ForwardOptions { return_probs, path }
+    ForwardOptions {
+        return_probs,
+        path,
+        positions: None,
+    }
 }
 
 /// `relative`·(1 + max|ref|). NaN in the reference is passed over here: it makes the error NaN.

@@ -14,6 +14,28 @@ use crate::model::mask::AttnDims;
 use super::config::HfConfig;
 use super::HfCheckpoint;
 
+/// `position_ids [B, Lk]` for a module with RoPE (absent: `0..Lk`); ignored otherwise, where
+/// positions do not enter the attention module.
+pub fn read_positions(
+    file: &SafetensorsFile,
+    config: &crate::model::config::AttentionConfig,
+    batch: usize,
+    lk: usize,
+) -> Result<Option<Vec<usize>>> {
+    if config.rope.is_none() || !file.contains("position_ids") {
+        return Ok(None);
+    }
+    let (shape, values) = file.tensor_indices("position_ids")?;
+    if shape != [batch, lk] {
+        return Err(Error::shape(
+            "position_ids",
+            format!("[{batch}, {lk}]"),
+            &shape,
+        ));
+    }
+    Ok(Some(values))
+}
+
 /// Reads a Hugging Face case (checked; nothing runs).
 pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     let bad = |problem: String| Error::file(file.name(), problem);
@@ -88,6 +110,7 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     let mask = module
         .mask(dims, padding.as_ref())
         .map_err(|e| file.tensor_error("attention_mask", e))?;
+    let positions = read_positions(file, &module.config, batch, lk)?;
     let out_shape = vec![batch, lq, c.output_dim()];
     let (out_f64, out_f32, err_f32_vs_f64) = read_expected(file, &out_shape)?;
     let mut describe = format!(
@@ -99,6 +122,15 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     if module.relative_bias.is_some() {
         describe.push_str(" +relative bias");
     }
+    if module.config.rope.is_some() {
+        describe.push_str(" +rope");
+    }
+    if let Some(w) = module.window {
+        describe.push_str(&format!(" window={w}"));
+    }
+    if module.config.kv_heads != module.config.heads {
+        describe.push_str(&format!(" kv_heads={}", module.config.kv_heads));
+    }
     Ok(Case {
         name: file.name().to_string(),
         module: Some(describe),
@@ -109,6 +141,7 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
         key,
         value: None,
         mask,
+        positions,
         out_shape,
         out_f64,
         out_f32,

@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::model::rope::{Rope, RopeScaling};
 
 /// The parsed `config.json` of one model.
 #[derive(Debug, Clone)]
@@ -13,16 +14,6 @@ pub struct HfConfig {
     json: Value,
     /// Where the text came from, for messages (`DIR/config.json`, or a case file's `hf_config`).
     source: String,
-}
-
-/// Rotary position embedding settings, as far as the config states them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RopeSettings {
-    pub theta: f64,
-    /// `rope_type` of `rope_scaling`/`rope_parameters` (`default`, `linear`, `llama3`, …).
-    pub rope_type: String,
-    /// Fraction of each head's dimensions that rotate (`partial_rotary_factor`, `rotary_pct`).
-    pub partial: f64,
 }
 
 /// T5's bucketed relative position bias settings.
@@ -116,34 +107,72 @@ impl HfConfig {
         )
     }
 
-    /// RoPE settings from either spelling, with transformers' defaults (θ = 10000, the whole
-    /// head rotates) where a key is absent; meaningful only for a family that uses RoPE
-    /// ([`super::families::Family::uses_rope`]).
-    pub fn rope(&self) -> RopeSettings {
-        let params = self.json.get("rope_parameters");
+    /// The RoPE of a module with heads of `head_dim`, from either spelling: θ (default 10000),
+    /// the rotating share of each head (`partial_rotary_factor`, `rotary_pct`; default all of
+    /// it), and `default`, `linear` or `llama3` scaling. Another `rope_type` (yarn, dynamic,
+    /// longrope, …) is `Err(UnsupportedModule)`, never approximated.
+    pub fn rope(&self, head_dim: usize) -> Result<Rope> {
+        let params = self.json.get("rope_parameters").filter(|v| v.is_object());
         let scaling = self.json.get("rope_scaling").filter(|v| v.is_object());
-        let theta = params
-            .and_then(|p| self.f64(p, "rope_theta"))
-            .or_else(|| self.f64(&self.json, "rope_theta"))
+        let find = |key: &str| {
+            [params, scaling]
+                .into_iter()
+                .flatten()
+                .find_map(|p| self.f64(p, key))
+                .or_else(|| self.f64(&self.json, key))
+        };
+        let theta = find("rope_theta")
             .or_else(|| self.f64(&self.json, "rotary_emb_base"))
             .unwrap_or(10_000.0);
+        let partial = find("partial_rotary_factor")
+            .or_else(|| self.f64(&self.json, "rotary_pct"))
+            .unwrap_or(1.0);
         let rope_type = [params, scaling]
             .into_iter()
             .flatten()
             .find_map(|p| p.get("rope_type").or_else(|| p.get("type")))
             .and_then(Value::as_str)
-            .unwrap_or("default")
-            .to_string();
-        let partial = params
-            .and_then(|p| self.f64(p, "partial_rotary_factor"))
-            .or_else(|| self.f64(&self.json, "partial_rotary_factor"))
-            .or_else(|| self.f64(&self.json, "rotary_pct"))
-            .unwrap_or(1.0);
-        RopeSettings {
+            .unwrap_or("default");
+        let need = |key: &str| {
+            find(key).ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("rope_type {rope_type:?} needs `{key}`"),
+                )
+            })
+        };
+        let scaling = match rope_type {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear {
+                factor: need("factor")?,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                // transformers prefers the top-level value (phi3 writes both).
+                original_max_positions: self
+                    .f64(&self.json, "original_max_position_embeddings")
+                    .map_or_else(|| need("original_max_position_embeddings"), Ok)?,
+            },
+            other => {
+                return Err(Error::UnsupportedModule {
+                    module: self.source.clone(),
+                    what: format!("rope_type {other:?}"),
+                    why: "RoPE runs the default, linear and llama3 types".into(),
+                })
+            }
+        };
+        // transformers: int(head_dim · partial_rotary_factor) dimensions rotate.
+        let rotary_dims = (head_dim as f64 * partial) as usize;
+        let rope = Rope {
             theta,
-            rope_type,
-            partial,
-        }
+            rotary_dims,
+            interleaved: false,
+            scaling,
+        };
+        rope.check(head_dim)?;
+        Ok(rope)
     }
 
     /// Mistral-style `sliding_window` (query i sees keys i − W < j ≤ i), when set and in use.
@@ -194,19 +223,39 @@ mod tests {
     #[test]
     fn rope_reads_both_spellings() {
         let v4 = HfConfig::parse(
-            r#"{"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}"#,
+            r#"{"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}}"#,
             "t",
         )
         .unwrap();
         let v5 = HfConfig::parse(
-            r#"{"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}}"#,
+            r#"{"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}}"#,
             "t",
         )
         .unwrap();
-        assert_eq!(v4.rope(), v5.rope());
-        assert_eq!(v4.rope().rope_type, "llama3");
-        let neox = HfConfig::parse(r#"{"rotary_pct": 0.25}"#, "t").unwrap();
-        assert_eq!(neox.rope().partial, 0.25);
-        assert_eq!(neox.rope().theta, 10_000.0);
+        assert_eq!(v4.rope(8).unwrap(), v5.rope(8).unwrap());
+        assert!(
+            matches!(v4.rope(8).unwrap().scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
+        );
+        let neox =
+            HfConfig::parse(r#"{"rotary_pct": 0.25, "rotary_emb_base": 1000}"#, "t").unwrap();
+        assert_eq!(
+            (
+                neox.rope(16).unwrap().rotary_dims,
+                neox.rope(16).unwrap().theta
+            ),
+            (4, 1000.0)
+        );
+        let yarn = HfConfig::parse(
+            r#"{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#,
+            "t",
+        )
+        .unwrap();
+        assert!(matches!(yarn.rope(8), Err(Error::UnsupportedModule { .. })));
+        let missing = HfConfig::parse(r#"{"rope_scaling": {"rope_type": "linear"}}"#, "t").unwrap();
+        assert!(missing.rope(8).is_err());
     }
 }

@@ -123,15 +123,16 @@ pub fn find_modules(names: &[&str]) -> Vec<(Family, String)> {
     found
 }
 
-/// Loads the projections of `family` at `prefix` with `heads` query heads; `model` names the
-/// model in messages (its `model_type`, or the family). A bias that some projections have and
-/// others lack (whisper's `k_proj`) is zero where missing: the same answer, one bias switch.
+/// Loads the projections of `family` at `prefix` with `heads` query heads (and `kv_heads`
+/// key/value heads, which phi3's packed `qkv_proj` needs to be split). A bias that some
+/// projections have and others lack (whisper's `k_proj`) is zero where missing: the same
+/// answer, one bias switch. Fewer key than query outputs make grouped-query attention.
 pub fn load(
     ckpt: &HfCheckpoint,
     family: Family,
-    model: &str,
     prefix: &str,
     heads: usize,
+    kv_heads: Option<usize>,
 ) -> Result<(AttentionConfig, AttentionWeights)> {
     let names: [&str; 4] = match family {
         Family::Bert => ["self.query", "self.key", "self.value", "output.dense"],
@@ -144,16 +145,10 @@ pub fn load(
         Family::DistilBert => ["q_lin", "k_lin", "v_lin", "out_lin"],
         Family::Bart => ["q_proj", "k_proj", "v_proj", "out_proj"],
         Family::T5 => ["q", "k", "v", "o"],
+        Family::Llama => ["q_proj", "k_proj", "v_proj", "o_proj"],
         Family::Gpt2 => return gpt2(ckpt, prefix, heads),
-        Family::Llama | Family::Phi3 | Family::GptNeox => {
-            return Err(Error::UnsupportedModule {
-                module: format!("{model} attention `{prefix}`"),
-                what: "RoPE (rotary position embeddings)".into(),
-                why: "queries and keys must be rotated by position before attention; running \
-                      without would give a different answer"
-                    .into(),
-            })
-        }
+        Family::Phi3 => return phi3(ckpt, prefix, heads, kv_heads.unwrap_or(heads)),
+        Family::GptNeox => return gpt_neox(ckpt, prefix, heads),
     };
     let [q, k, v, o] = names.map(|n| linear(ckpt, prefix, n, false));
     assembled(prefix, heads, [q?, k?, v?, o?])
@@ -186,6 +181,85 @@ fn gpt2(
     };
     let o = linear(ckpt, prefix, "c_proj", true)?;
     assembled(prefix, heads, [part(0), part(1), part(2), o])
+}
+
+/// Rows `[from, from + n)` of a projection (weight rows and bias entries) as its own layer.
+fn rows(layer: &Linear, parts: &[(usize, usize)]) -> Linear {
+    let w = layer.in_features;
+    let mut weight = Vec::new();
+    let mut bias = layer.bias.as_ref().map(|_| Vec::new());
+    for &(from, n) in parts {
+        weight.extend_from_slice(&layer.weight[from * w..(from + n) * w]);
+        if let (Some(out), Some(b)) = (bias.as_mut(), layer.bias.as_ref()) {
+            out.extend_from_slice(&b[from..from + n]);
+        }
+    }
+    Linear {
+        out_features: parts.iter().map(|p| p.1).sum(),
+        in_features: w,
+        weight,
+        bias,
+    }
+}
+
+/// phi3's `qkv_proj`: rows `[H·d queries | H_kv·d keys | H_kv·d values]`.
+fn phi3(
+    ckpt: &HfCheckpoint,
+    prefix: &str,
+    heads: usize,
+    kv_heads: usize,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let packed = linear(ckpt, prefix, "qkv_proj", false)?;
+    let parts = heads + 2 * kv_heads;
+    if !packed.out_features.is_multiple_of(parts) {
+        return Err(Error::weight(
+            format!("{prefix}qkv_proj.weight"),
+            format!(
+                "has {} rows, which are not (heads + 2·kv_heads) = {parts} heads of one size",
+                packed.out_features
+            ),
+        ));
+    }
+    let d = packed.out_features / parts;
+    let (q, kv) = (heads * d, kv_heads * d);
+    let o = linear(ckpt, prefix, "o_proj", false)?;
+    let layers = [
+        rows(&packed, &[(0, q)]),
+        rows(&packed, &[(q, kv)]),
+        rows(&packed, &[(q + kv, kv)]),
+        o,
+    ];
+    assembled(prefix, heads, layers)
+}
+
+/// gpt_neox's `query_key_value`: packed per head, `[H, 3, d]` (q, k, v of head 0, then head 1…).
+fn gpt_neox(
+    ckpt: &HfCheckpoint,
+    prefix: &str,
+    heads: usize,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let packed = linear(ckpt, prefix, "query_key_value", false)?;
+    if !packed.out_features.is_multiple_of(3 * heads) {
+        return Err(Error::weight(
+            format!("{prefix}query_key_value.weight"),
+            format!(
+                "has {} rows, which are not [heads, 3, head_dim] with {heads} heads",
+                packed.out_features
+            ),
+        ));
+    }
+    let d = packed.out_features / (3 * heads);
+    let of = |which: usize| -> Vec<(usize, usize)> {
+        (0..heads).map(|h| ((3 * h + which) * d, d)).collect()
+    };
+    let o = linear(ckpt, prefix, "dense", false)?;
+    let layers = [
+        rows(&packed, &of(0)),
+        rows(&packed, &of(1)),
+        rows(&packed, &of(2)),
+        o,
+    ];
+    assembled(prefix, heads, layers)
 }
 
 /// `name.weight` (`[out, in]`, or Conv1D's `[in, out]` when `conv1d`) and `name.bias` if present.
@@ -284,6 +358,7 @@ fn assembled(
         scale: None,
         add_bias_kv: false,
         add_zero_attn: false,
+        rope: None,
     }
     .validated()?;
     let weights = AttentionWeights {

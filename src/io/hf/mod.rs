@@ -177,10 +177,35 @@ impl HfCheckpoint {
                 ))
             }
         };
-        let model = self.config.as_ref().and_then(HfConfig::model_type);
-        let (mut config, weights) =
-            families::load(self, family, model.unwrap_or(family.name()), prefix, heads)?;
+        let kv_heads = self
+            .config
+            .as_ref()
+            .map(HfConfig::kv_heads)
+            .transpose()?
+            .flatten();
+        let (mut config, weights) = families::load(self, family, prefix, heads, kv_heads)?;
+        if let Some(kv) = kv_heads.filter(|&kv| kv != config.kv_heads) {
+            return Err(Error::file(
+                &self.name,
+                format!(
+                    "`{prefix}`: config.json has num_key_value_heads = {kv}, but the key \
+                     projection's shape gives {} key/value heads",
+                    config.kv_heads
+                ),
+            ));
+        }
         let cross = families::is_cross_attention(prefix);
+        let mut window = None;
+        if family.uses_rope() {
+            let Some(c) = &self.config else {
+                return Err(Error::file(
+                    &self.name,
+                    format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
+                ));
+            };
+            config = config.with_rope(c.rope(config.qk_head_dim)?)?;
+            window = c.sliding_window()?;
+        }
         let mut relative_bias = None;
         if family == Family::T5 {
             // T5 does not scale the scores.
@@ -198,6 +223,7 @@ impl HfCheckpoint {
             prefix: prefix.to_string(),
             cross,
             causal: !cross && family.causal_self_attention(prefix),
+            window,
             config,
             weights,
             relative_bias,
@@ -300,6 +326,8 @@ pub struct HfAttention {
     pub cross: bool,
     /// A decoder self-attention: query i sees keys j ≤ i.
     pub causal: bool,
+    /// Mistral's `sliding_window` W (with `causal`): query i sees keys i − W < j ≤ i.
+    pub window: Option<usize>,
     pub config: AttentionConfig,
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
@@ -311,10 +339,11 @@ impl HfAttention {
     /// padding of `attention_mask` (`[B, Lk]`, 1 = real token), and T5's relative bias — all
     /// composed as `transformers` does.
     pub fn mask(&self, dims: AttnDims, attention_mask: Option<&MaskTensor>) -> Result<Mask> {
-        let base = match (&self.relative_bias, self.causal) {
-            (Some(bias), causal) => bias.mask(dims, causal)?,
-            (None, true) => Mask::Causal,
-            (None, false) => Mask::None,
+        let base = match (&self.relative_bias, self.causal, self.window) {
+            (Some(bias), causal, _) => bias.mask(dims, causal)?,
+            (None, true, Some(w)) => Mask::SlidingWindow(w),
+            (None, true, None) => Mask::Causal,
+            (None, false, _) => Mask::None,
         };
         match attention_mask {
             None => Ok(base),
