@@ -6,7 +6,7 @@ use common::{assert_within, module, tolerance, BOTH_PATHS};
 use wgpu_mha::model::mask::AttnDims;
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, Error, KvCache, Mask, MaskTensor, PaddingMask,
-    Tensor,
+    StepOptions, Tensor,
 };
 
 /// Rows `start..start + n` of every batch of a `[B, L, W]` tensor.
@@ -230,6 +230,13 @@ fn bad_inputs_are_errors() {
     assert_eq!(cache.len(), 0);
 }
 
+fn masked(mask: &Mask) -> StepOptions<'_> {
+    StepOptions {
+        mask: Some(mask),
+        ..Default::default()
+    }
+}
+
 /// A batch of prompts of different lengths, left-padded to one length (Hugging Face's
 /// `attention_mask`, 1 = real token): each step's mask is causal combined with the padding of
 /// the positions so far. Every real token's step equals the full forward under the same
@@ -267,7 +274,7 @@ fn left_padded_prompts_decode_like_the_full_forward_with_their_padding() {
                 .with_key_padding(&padding(pos + n), dims(n, pos + n))
                 .unwrap();
             let step = mha
-                .forward_step_with(&mut cache, &rows(&x, pos, n), None, &mask)
+                .forward_step_with(&mut cache, &rows(&x, pos, n), &masked(&mask))
                 .unwrap();
             let w = config.output_dim();
             for (bi, &pad) in pads.iter().enumerate() {
@@ -291,7 +298,7 @@ fn left_padded_prompts_decode_like_the_full_forward_with_their_padding() {
             .with_key_padding(&padding(l), dims(1, l))
             .unwrap();
         let err = mha
-            .forward_step_with(&mut fresh, &rows(&x, 0, 1), None, &wrong)
+            .forward_step_with(&mut fresh, &rows(&x, 0, 1), &masked(&wrong))
             .unwrap_err();
         assert!(matches!(err, Error::Mask(_)), "{err}");
         assert_eq!(fresh.len(), 0);

@@ -8,7 +8,7 @@ use common::{assert_close, assert_within, gpu, options, relative_tolerance, BOTH
 use wgpu_mha::model::rope::{Rope, RopeScaling};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionWeights, Error, ForwardOptions, KvCache, Mask,
-    MultiHeadAttention, Precision, Tensor,
+    MultiHeadAttention, Precision, StepOptions, Tensor,
 };
 
 fn llama(heads: usize, kv_heads: usize, rope: Rope) -> AttentionConfig {
@@ -171,8 +171,10 @@ fn sliding_windows_match_the_reference_and_decode_like_the_full_forward() {
                     .forward_step_with(
                         &mut cache,
                         &Tensor::new([b, n, 32], rows).unwrap(),
-                        None,
-                        &mask,
+                        &StepOptions {
+                            mask: Some(&mask),
+                            ..Default::default()
+                        },
                     )
                     .unwrap();
                 let r: Vec<f64> = (0..b)
@@ -205,7 +207,12 @@ fn rope_decoding_with_a_cache_equals_the_causal_forward() {
         let module = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
         let x = Tensor::random([1, 6, 32], 10);
         let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+        // Gapped positions, given to the forward and step by step to the cache.
+        let gapped: Vec<usize> = (0..6).map(|i| 5 + 3 * i).collect();
+        let at = reference::forward_at(&config, &weights, &x, &x, &x, &Mask::Causal, Some(&gapped))
+            .unwrap();
         let mut cache = KvCache::new(&module, 1, 6).unwrap();
+        let mut gapped_cache = KvCache::new(&module, 1, 6).unwrap();
         for (pos, n) in [(0, 2), (2, 1), (3, 1), (4, 2)] {
             let rows =
                 Tensor::new([1, n, 32], x.data()[pos * 32..(pos + n) * 32].to_vec()).unwrap();
@@ -214,6 +221,18 @@ fn rope_decoding_with_a_cache_equals_the_causal_forward() {
                 &format!("{rope:?} step at {pos}"),
                 step.data(),
                 &want.output[pos * 32..(pos + n) * 32],
+            );
+            let options = StepOptions {
+                positions: Some(&gapped[pos..pos + n]),
+                ..Default::default()
+            };
+            let step = module
+                .forward_step_with(&mut gapped_cache, &rows, &options)
+                .unwrap();
+            assert_close(
+                &format!("{rope:?} gapped step at {pos}"),
+                step.data(),
+                &at.output[pos * 32..(pos + n) * 32],
             );
         }
     }

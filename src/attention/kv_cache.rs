@@ -217,6 +217,20 @@ impl KvCache {
     }
 }
 
+/// What a decoding step may add to the plain causal step ([`MultiHeadAttention::forward_step_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepOptions<'a> {
+    /// Keys and values from another input (seed 001's `x_k_v`), `[B, n, key_dim]`, as
+    /// [`forward_step_cross`](MultiHeadAttention::forward_step_cross) takes them.
+    pub x_k_v: Option<&'a Tensor>,
+    /// A mask over this step's scores `[B, H, n, len + n]` in place of the causal one — e.g. a
+    /// batch of prompts padded to one length: `Mask::Causal.with_key_padding(&padding, dims)`
+    /// with `padding` cut to the first `len + n` positions.
+    pub mask: Option<&'a Mask>,
+    /// RoPE positions of the `n` new tokens, `[B, n]`; default `len..len + n`.
+    pub positions: Option<&'a [usize]>,
+}
+
 impl MultiHeadAttention {
     /// One decoding step of self-attention: `x_new [B, n, model_dim]` are the next `n` tokens.
     /// Their queries, keys and values are all projected from `x_new`; keys and values are appended
@@ -227,22 +241,18 @@ impl MultiHeadAttention {
     /// Needs `model_dim = key_dim = value_dim` (both seed modules). For seed 001's separate
     /// `x_k_v`, see [`forward_step_cross`](Self::forward_step_cross).
     pub fn forward_step(&self, cache: &mut KvCache, x_new: &Tensor) -> Result<Tensor> {
-        self.step(cache, x_new, None, &Mask::Causal)
+        self.step(cache, x_new, &StepOptions::default())
     }
 
-    /// [`forward_step`](Self::forward_step) (or, with `x_k_v_new`,
-    /// [`forward_step_cross`](Self::forward_step_cross)) with `mask` over this step's scores
-    /// `[B, H, n, len + n]` in place of the causal mask — e.g. a batch of prompts padded to one
-    /// length: `Mask::Causal.with_key_padding(&padding, dims)` with `padding` cut to the first
-    /// `len + n` positions.
+    /// [`forward_step`](Self::forward_step) with [`StepOptions`]: keys and values from another
+    /// input, a mask in place of the causal one, RoPE positions of the new tokens.
     pub fn forward_step_with(
         &self,
         cache: &mut KvCache,
         x_new: &Tensor,
-        x_k_v_new: Option<&Tensor>,
-        mask: &Mask,
+        options: &StepOptions,
     ) -> Result<Tensor> {
-        self.step(cache, x_new, x_k_v_new, mask)
+        self.step(cache, x_new, options)
     }
 
     /// A decoding step of seed 001's cross form: queries from `x_q_new [B, n, model_dim]`,
@@ -255,16 +265,16 @@ impl MultiHeadAttention {
         x_q_new: &Tensor,
         x_k_v_new: &Tensor,
     ) -> Result<Tensor> {
-        self.step(cache, x_q_new, Some(x_k_v_new), &Mask::Causal)
+        let options = StepOptions {
+            x_k_v: Some(x_k_v_new),
+            ..Default::default()
+        };
+        self.step(cache, x_q_new, &options)
     }
 
-    fn step(
-        &self,
-        cache: &mut KvCache,
-        x_q: &Tensor,
-        x_kv: Option<&Tensor>,
-        mask: &Mask,
-    ) -> Result<Tensor> {
+    fn step(&self, cache: &mut KvCache, x_q: &Tensor, options: &StepOptions) -> Result<Tensor> {
+        let x_kv = options.x_k_v;
+        let mask = options.mask.unwrap_or(&Mask::Causal);
         let c = &self.config;
         if cache.owner != self.weights.w_qkv {
             return Err(Error::Misuse(
@@ -323,6 +333,22 @@ impl MultiHeadAttention {
             lk,
         };
         let mask = EncodedMask::new(mask, dims)?;
+        let positions: Vec<usize> = match options.positions {
+            None => (0..b).flat_map(|_| len0..lk).collect(),
+            Some(_) if c.rope.is_none() => {
+                return Err(Error::Misuse(
+                    "positions were given, but the module has no rotary embedding (RoPE)".into(),
+                ))
+            }
+            Some(p) if p.len() != b * n => {
+                return Err(Error::shape(
+                    "step positions",
+                    format!("[{b}, {n}]"),
+                    &[p.len()],
+                ))
+            }
+            Some(p) => p.to_vec(),
+        };
         if !cache.mask.holds(mask.words.len()) {
             cache.mask = MaskBuffers::new(&self.gpu, mask.words.len());
         }
@@ -334,7 +360,6 @@ impl MultiHeadAttention {
             }
             cache.mask.write(queue, &mask.words, &mask.params);
             if let (Some(rope), Some(table)) = (&c.rope, &cache.rope) {
-                let positions: Vec<usize> = (0..b).flat_map(|_| len0..lk).collect();
                 queue.write_buffer(table, 0, bytemuck::cast_slice(&rope.table(&positions)));
             }
             let geometry = Geometry {
