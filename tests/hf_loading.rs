@@ -329,3 +329,63 @@ fn without_a_config_the_heads_must_be_given() {
         "{err}"
     );
 }
+
+#[test]
+fn what_would_change_the_answer_unseen_is_refused() {
+    let p = "model.layers.0.self_attn.";
+    let llama: Vec<(String, Vec<usize>)> = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        .iter()
+        .map(|n| (format!("{p}{n}.weight"), vec![16, 16]))
+        .collect();
+    let specs = |extra: &[(&str, &[usize])]| -> Vec<(String, Tensor)> {
+        let mut all: Vec<(&str, &[usize])> = llama
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.as_slice()))
+            .collect();
+        all.extend_from_slice(extra);
+        tensors(&all)
+    };
+    let config = r#"{"model_type": "llama", "num_attention_heads": 4}"#;
+    // Loads as it is, with RoPE from the config.
+    let dir = model_dir("plain", config, &specs(&[]), false);
+    assert!(HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap()
+        .config
+        .rope
+        .is_some());
+    // q/k normalisation (qwen3, olmo2): a tensor the loader does not know, named.
+    let dir = model_dir(
+        "qknorm",
+        config,
+        &specs(&[("model.layers.0.self_attn.q_norm.weight", &[4])]),
+        false,
+    );
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("q_norm.weight"), "{err}");
+    // The same names under another model_type are not taken for Llama's attention.
+    let dir = model_dir(
+        "qwen3",
+        r#"{"model_type": "qwen3", "num_attention_heads": 4}"#,
+        &specs(&[]),
+        false,
+    );
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("qwen3"), "{err}");
+    // Soft-capped scores (gemma2) are refused by name.
+    let capped =
+        r#"{"model_type": "gemma", "num_attention_heads": 4, "attn_logit_softcapping": 50.0}"#;
+    let dir = model_dir("softcap", capped, &specs(&[]), false);
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("attn_logit_softcapping"), "{err}");
+}

@@ -175,12 +175,89 @@ impl HfConfig {
         Ok(rope)
     }
 
-    /// Mistral-style `sliding_window` (query i sees keys i − W < j ≤ i), when set and in use.
-    pub fn sliding_window(&self) -> Result<Option<usize>> {
+    /// Mistral-style `sliding_window` (query i sees keys i − W < j ≤ i), when set and in use by
+    /// the layer at `prefix`: `layer_types` (when given) says which layers slide.
+    pub fn sliding_window(&self, prefix: &str) -> Result<Option<usize>> {
         if self.json.get("use_sliding_window").and_then(Value::as_bool) == Some(false) {
             return Ok(None);
         }
-        self.usize("sliding_window")
+        let Some(window) = self.usize("sliding_window")? else {
+            return Ok(None);
+        };
+        let Some(types) = self.json.get("layer_types").and_then(Value::as_array) else {
+            return Ok(Some(window));
+        };
+        let kind = layer_index(prefix)
+            .and_then(|n| types.get(n))
+            .and_then(Value::as_str);
+        match kind {
+            Some("sliding_attention") => Ok(Some(window)),
+            Some(_) => Ok(None),
+            None => Err(Error::file(
+                &self.source,
+                format!("config.json `layer_types` does not say whether layer `{prefix}` slides"),
+            )),
+        }
+    }
+
+    /// The score scale the config asks of the module at `prefix`, when it is not 1/√head_dim:
+    /// gemma's `query_pre_attn_scalar`, GPT-2's `scale_attn_weights = false` and
+    /// `scale_attn_by_inverse_layer_idx`. Settings that change the scores in ways the engine
+    /// does not run (logit soft-capping, BERT's relative distance embeddings) are refused.
+    pub fn scale(&self, prefix: &str, head_dim: usize) -> Result<Option<f32>> {
+        let refuse = |what: String, why: &str| Error::UnsupportedModule {
+            module: format!("attention `{prefix}`"),
+            what,
+            why: why.into(),
+        };
+        if let Some(cap) = self
+            .json
+            .get("attn_logit_softcapping")
+            .filter(|v| !v.is_null())
+        {
+            return Err(refuse(
+                format!("attn_logit_softcapping = {cap}"),
+                "scores are soft-capped with tanh before the softmax",
+            ));
+        }
+        if let Some(kind) = self
+            .json
+            .get("position_embedding_type")
+            .and_then(Value::as_str)
+            .filter(|k| k.starts_with("relative"))
+        {
+            return Err(refuse(
+                format!("position_embedding_type {kind:?}"),
+                "BERT's relative distance embeddings add to the scores",
+            ));
+        }
+        let mut scale = match self
+            .json
+            .get("query_pre_attn_scalar")
+            .and_then(Value::as_f64)
+        {
+            Some(s) if s > 0.0 => 1.0 / s.sqrt(),
+            _ => 1.0 / (head_dim as f64).sqrt(),
+        };
+        if self.json.get("scale_attn_weights").and_then(Value::as_bool) == Some(false) {
+            scale = 1.0;
+        }
+        if self
+            .json
+            .get("scale_attn_by_inverse_layer_idx")
+            .and_then(Value::as_bool)
+            == Some(true)
+        {
+            let layer = layer_index(prefix).ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("scale_attn_by_inverse_layer_idx needs the layer of `{prefix}`"),
+                )
+            })?;
+            scale /= (layer + 1) as f64;
+        }
+        let default = 1.0 / (head_dim as f64).sqrt();
+        Ok(((scale - default).abs() > 1e-12 * default).then_some(scale as f32))
     }
 
     /// T5's `relative_attention_num_buckets` (default 32) and `relative_attention_max_distance`
@@ -193,6 +270,12 @@ impl HfConfig {
                 .unwrap_or(128),
         })
     }
+}
+
+/// The layer number in a prefix: its first dot-separated part that is a number
+/// (`model.layers.3.self_attn.` → 3).
+pub fn layer_index(prefix: &str) -> Option<usize> {
+    prefix.split('.').find_map(|part| part.parse().ok())
 }
 
 #[cfg(test)]
@@ -218,6 +301,45 @@ mod tests {
             .heads("")
             .is_err());
         assert!(HfConfig::parse("[1]", "t").is_err());
+    }
+
+    #[test]
+    fn scale_rules_and_refused_settings() {
+        let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+        assert_eq!(c("{}").scale("h.0.attn.", 16).unwrap(), None);
+        assert_eq!(
+            c(r#"{"query_pre_attn_scalar": 64}"#)
+                .scale("x.", 16)
+                .unwrap(),
+            Some(0.125)
+        );
+        assert_eq!(
+            c(r#"{"scale_attn_weights": false}"#)
+                .scale("h.0.", 16)
+                .unwrap(),
+            Some(1.0)
+        );
+        let by_layer = c(r#"{"scale_attn_by_inverse_layer_idx": true}"#);
+        assert_eq!(by_layer.scale("h.3.attn.", 16).unwrap(), Some(0.0625));
+        assert!(by_layer.scale("attn.", 16).is_err());
+        assert!(c(r#"{"attn_logit_softcapping": 50.0}"#)
+            .scale("x.", 16)
+            .is_err());
+        assert!(c(r#"{"attn_logit_softcapping": null}"#)
+            .scale("x.", 16)
+            .is_ok());
+        assert!(c(r#"{"position_embedding_type": "relative_key"}"#)
+            .scale("x.", 16)
+            .is_err());
+        let typed =
+            c(r#"{"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]}"#);
+        assert_eq!(typed.sliding_window("layers.0.self_attn.").unwrap(), None);
+        assert_eq!(
+            typed.sliding_window("layers.1.self_attn.").unwrap(),
+            Some(4)
+        );
+        assert!(typed.sliding_window("layers.7.self_attn.").is_err());
+        assert_eq!(layer_index("model.decoder.layers.12.self_attn."), Some(12));
     }
 
     #[test]

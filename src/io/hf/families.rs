@@ -76,6 +76,53 @@ impl Family {
         matches!(self, Family::Llama | Family::Phi3 | Family::GptNeox)
     }
 
+    /// Whether a checkpoint of `model_type` may hold this family's layout. The RoPE layouts are
+    /// shared by models whose attention differs (bloom's and falcon's `query_key_value` use
+    /// ALiBi or other packings; qwen3 and olmo2 normalise q and k), so only the model types
+    /// known to compute what this loader computes are taken; the others run no RoPE.
+    pub fn accepts(self, model_type: Option<&str>) -> bool {
+        let known: &[&str] = match self {
+            Family::Llama => &["llama", "mistral", "mixtral", "qwen2", "gemma"],
+            Family::Phi3 => &["phi3"],
+            Family::GptNeox => &["gpt_neox"],
+            _ => return true,
+        };
+        model_type.is_none_or(|m| known.contains(&m))
+    }
+
+    /// Tensors under a module's prefix this family reads, or that do not enter the attention's
+    /// answer (a LayerNorm after it, saved buffers): `(name after the prefix)`.
+    fn understood(self, rest: &str) -> bool {
+        let projections: &[&str] = match self {
+            Family::Bert => &["self.query", "self.key", "self.value", "output.dense"],
+            Family::Vit => &[
+                "attention.query",
+                "attention.key",
+                "attention.value",
+                "output.dense",
+            ],
+            Family::DistilBert => &["q_lin", "k_lin", "v_lin", "out_lin"],
+            Family::Gpt2 => &["c_attn", "c_proj"],
+            Family::Bart => &["q_proj", "k_proj", "v_proj", "out_proj"],
+            Family::T5 => &["q", "k", "v", "o", "relative_attention_bias"],
+            Family::Llama => &["q_proj", "k_proj", "v_proj", "o_proj"],
+            Family::Phi3 => &["qkv_proj", "o_proj"],
+            Family::GptNeox => &["query_key_value", "dense"],
+        };
+        let harmless = [
+            "output.LayerNorm.weight", // BERT: after the attention's output
+            "output.LayerNorm.bias",
+            "rotary_emb.inv_freq", // older checkpoints save RoPE's frequencies
+            "bias",                // GPT-2 / GPT-NeoX causal-mask buffers
+            "masked_bias",
+        ];
+        harmless.contains(&rest)
+            || projections.iter().any(|p| {
+                rest.strip_prefix(p)
+                    .is_some_and(|r| r == ".weight" || r == ".bias")
+            })
+    }
+
     /// Whether a self-attention module of this family at `prefix` is causal: decoder-only
     /// families always, encoder-decoder ones in their decoder stack.
     pub fn causal_self_attention(self, prefix: &str) -> bool {
@@ -98,6 +145,28 @@ pub fn is_cross_attention(prefix: &str) -> bool {
     ]
     .iter()
     .any(|n| prefix.contains(n))
+}
+
+/// `Err` naming the first tensor under `prefix` that `family` does not understand: it may
+/// change the answer (q/k normalisation, relative distance embeddings, …), so it is never
+/// ignored.
+pub fn check_understood(family: Family, prefix: &str, names: &[&str]) -> Result<()> {
+    let unknown = names
+        .iter()
+        .filter_map(|n| n.strip_prefix(prefix))
+        .find(|rest| !family.understood(rest));
+    match unknown {
+        None => Ok(()),
+        Some(rest) => Err(Error::UnsupportedModule {
+            module: format!("{} attention `{prefix}`", family.name()),
+            what: format!("tensor `{prefix}{rest}`"),
+            why: format!(
+                "a {} attention module has no such tensor here; whatever it does would be \
+                 ignored, and it may change the answer",
+                family.name()
+            ),
+        }),
+    }
 }
 
 /// Every attention module among `names`, as `(family, prefix)`, sorted by prefix.

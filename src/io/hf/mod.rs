@@ -167,6 +167,19 @@ impl HfCheckpoint {
         let Some(&(family, _)) = modules.iter().find(|(_, p)| p == prefix) else {
             return Err(self.no_module_at(prefix, &modules));
         };
+        let model_type = self.config.as_ref().and_then(HfConfig::model_type);
+        if !family.accepts(model_type) {
+            return Err(Error::UnsupportedModule {
+                module: format!("attention `{prefix}`"),
+                what: format!(
+                    "model_type {:?} with {} tensor names",
+                    model_type.unwrap_or_default(),
+                    family.name()
+                ),
+                why: "its attention is not known to be the one those names mean elsewhere".into(),
+            });
+        }
+        families::check_understood(family, prefix, &self.names())?;
         let heads = match (heads, &self.config) {
             (Some(h), _) => h,
             (None, Some(c)) => c.heads(prefix)?,
@@ -204,7 +217,16 @@ impl HfCheckpoint {
                 ));
             };
             config = config.with_rope(c.rope(config.qk_head_dim)?)?;
-            window = c.sliding_window()?;
+            window = c.sliding_window(prefix)?;
+        }
+        if let Some(scale) = self
+            .config
+            .as_ref()
+            .map(|c| c.scale(prefix, config.qk_head_dim))
+            .transpose()?
+            .flatten()
+        {
+            config = config.with_scale(scale)?;
         }
         let mut relative_bias = None;
         if family == Family::T5 {
