@@ -9,7 +9,7 @@ use naga::valid::{Capabilities, ValidationFlags};
 use wgpu_mha::kernels::flash_attention::{self, FlashShape};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
-use wgpu_mha::kernels::{av_combine, naive, scores, softmax, GEMM_TILE};
+use wgpu_mha::kernels::{av_combine, naive, rope, scores, softmax, GEMM_TILE};
 
 fn parse(name: &str, source: &str) -> Result<naga::Module, String> {
     naga::front::wgsl::parse_str(source)
@@ -40,6 +40,8 @@ fn all_sources() -> Vec<(String, String)> {
         ("scores".to_string(), scores::source()),
         ("softmax".to_string(), softmax::source()),
         ("av_combine".to_string(), av_combine::source()),
+        ("rope".to_string(), rope::source(false)),
+        ("rope f16".to_string(), rope::source(true)),
         ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
         (
             "attention_naive".to_string(),
@@ -217,6 +219,7 @@ fn uniform_structs_match_their_wgsl_layout() {
     use linear::LinearParams;
     use wgpu_mha::kernels::av_combine::AvParams;
     use wgpu_mha::kernels::naive::{NaiveAttnParams, NaiveLinearParams};
+    use wgpu_mha::kernels::rope::RopeParams;
     use wgpu_mha::kernels::scores::ScoresParams;
     use wgpu_mha::kernels::softmax::SoftmaxParams;
     let flash = flash_attention::source(flash_shape(64, 64, 4, false));
@@ -310,6 +313,26 @@ fn uniform_structs_match_their_wgsl_layout() {
         (
             softmax::source(),
             host_layout!(SoftmaxParams, [rows, cols, groups_x, _pad]),
+        ),
+        (
+            rope::source(false),
+            host_layout!(
+                RopeParams,
+                [
+                    rows,
+                    heads,
+                    n,
+                    stride,
+                    first,
+                    head_dim,
+                    half,
+                    interleaved,
+                    offset,
+                    groups_x,
+                    _pad0,
+                    _pad1
+                ]
+            ),
         ),
         (
             naive::LINEAR_WGSL.to_string(),
