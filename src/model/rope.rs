@@ -186,7 +186,7 @@ mod tests {
         let (base, scaled) = (Rope::new(10_000.0, 16).inv_freq(), llama3.inv_freq());
         assert_eq!(scaled[0], base[0]); // wavelength 2π < 64/4
         assert_eq!(scaled[7], base[7] / 8.0); // wavelength ≈ 2π·3162 > 64
-        assert!(scaled[3] < base[3] && scaled[3] > base[3] / 8.0, "blended");
+        assert!(scaled[2] < base[2] && scaled[2] > base[2] / 8.0, "blended"); // 2π·10 ∈ [16, 64]
     }
 
     #[test]
