@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use naga::valid::{Capabilities, ValidationFlags};
+use wgpu_mha::kernels::decode::{self, DecodeParams, DecodeShape, ReduceParams};
 use wgpu_mha::kernels::flash_attention::{self, FlashShape};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
@@ -41,6 +42,7 @@ fn all_sources() -> Vec<(String, String)> {
         ("softmax".to_string(), softmax::source()),
         ("av_combine".to_string(), av_combine::source()),
         ("rope".to_string(), rope::source(false)),
+        ("decode_reduce".to_string(), decode::reduce_source(24)),
         ("rope f16".to_string(), rope::source(true)),
         ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
         (
@@ -70,6 +72,19 @@ fn all_sources() -> Vec<(String, String)> {
             for f16 in [false, true] {
                 let s = flash_shape(dk, dv, rows, f16);
                 all.push((format!("flash {s:?}"), flash_attention::source(s)));
+            }
+        }
+    }
+    for (dk, dv) in [(1, 1), (3, 7), (64, 64), (128, 128), (256, 256)] {
+        for rows in [1, 2, 4, 8] {
+            for f16 in [false, true] {
+                let s = DecodeShape {
+                    qk_head_dim: dk,
+                    v_head_dim: dv,
+                    rows,
+                    f16,
+                };
+                all.push((format!("decode {s:?}"), decode::source(s)));
             }
         }
     }
@@ -313,6 +328,38 @@ fn uniform_structs_match_their_wgsl_layout() {
         (
             softmax::source(),
             host_layout!(SoftmaxParams, [rows, cols, groups_x, _pad]),
+        ),
+        (
+            decode::source(DecodeShape {
+                qk_head_dim: 64,
+                v_head_dim: 64,
+                rows: 4,
+                f16: false,
+            }),
+            host_layout!(
+                DecodeParams,
+                [
+                    lq,
+                    lk,
+                    heads,
+                    kv_heads,
+                    kv_group,
+                    scale,
+                    q_offset,
+                    k_offset,
+                    v_offset,
+                    kv_stride,
+                    keys_per_split,
+                    splits
+                ]
+            ),
+        ),
+        (
+            decode::reduce_source(64),
+            host_layout!(
+                ReduceParams,
+                [rows, lq, heads, splits, groups_x, _pad0, _pad1, _pad2]
+            ),
         ),
         (
             rope::source(false),

@@ -16,6 +16,8 @@
 use crate::attention::workspace::{dispatches, Bound, Geometry, RopeTables};
 use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
+use crate::kernels::decode::{partials_for, MAX_ROWS};
+use crate::kernels::flash_attention::carry_stride;
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
 use crate::kernels::{QkvBuffers, QkvLayout};
 use crate::model::mask::{AttnDims, Mask};
@@ -104,28 +106,32 @@ impl KvCache {
                 c.key_dim, c.value_dim
             )));
         }
-        // The cache runs the fused kernel as one dispatch over its capacity; where the module
-        // would split that many keys (see `tiles_per_dispatch`), it uses the multi-pass core.
-        let one_dispatch = mha
-            .flash
-            .as_ref()
-            .map(|f| f.key_ranges(capacity).len() == 1);
-        let fused = match (path, one_dispatch) {
-            (AttentionPath::Auto, one) => one == Some(true),
+        // The fused path at any capacity: small steps run the decode pass (key ranges in
+        // parallel), larger ones the flash pass, over several dispatches when the keys are
+        // many; both keep their state in `carry`, never a B·H·capacity² buffer.
+        let fused = match (path, &mha.flash) {
+            (AttentionPath::Auto, flash) => flash.is_some(),
             (AttentionPath::Fused, None) => return Err(mha.no_fused_kernel()),
-            (AttentionPath::Fused, Some(false)) => {
-                return Err(Error::Unsupported {
-                    adapter: gpu.describe(),
-                    what: format!(
-                        "a fused KV cache of {capacity} keys in one dispatch (at most {} here); use Auto or MultiPass",
-                        mha.flash.as_ref().map_or(0, |f| f.keys_per_dispatch())
-                    ),
-                })
-            }
-            (AttentionPath::Fused, Some(true)) => true,
+            (AttentionPath::Fused, Some(_)) => true,
             (AttentionPath::MultiPass, _) => false,
         };
         let (b, h, cap, dk, dv) = (batch, c.heads, capacity, c.qk_head_dim, c.v_head_dim);
+        // The decode pass's state for its largest step over the full capacity, and the flash
+        // pass's carry for a step of as many tokens as one binding holds (a longer prefill is
+        // `Err(TooLarge)`: split it into steps).
+        let carry_len = match fused {
+            false => 0,
+            true => {
+                let decode = (1..=cap.min(MAX_ROWS))
+                    .filter(|&n| mha.decodes(n))
+                    .map(|n| partials_for(b * h * n, cap, dv))
+                    .max()
+                    .unwrap_or(0);
+                let per_token = b * h * carry_stride(dv);
+                let fits = (gpu.binding_limit() / 4) as usize / per_token;
+                decode.max(per_token * cap.min(fits))
+            }
+        };
         // Keys and values of the key/value heads only (fewer than H under GQA/MQA).
         let (k_elems, v_elems) = (b * c.kv_heads * cap * dk, b * c.kv_heads * cap * dv);
         let sizes = [
@@ -141,6 +147,11 @@ impl KvCache {
                 if fused { 0 } else { b * h * cap * cap },
             ),
         ];
+        let sizes = [
+            sizes.as_slice(),
+            &[("the cache's fused-pass state", carry_len)],
+        ]
+        .concat();
         for (what, elems) in sizes {
             gpu.check_fits(what, 4 * elems as u64)?;
         }
@@ -175,7 +186,7 @@ impl KvCache {
                     .then(|| gpu.storage("step output", f32s(b * cap * c.output_dim()), copy)),
                 staging: gpu.staging("step readback", f32s(b * cap * c.output_dim())),
                 scores: (!fused).then(|| gpu.storage("step scores", f32s(b * h * cap * cap), none)),
-                carry: gpu.storage("step carry (unused: one dispatch)", 16, none),
+                carry: gpu.storage("step carry", f32s(carry_len), none),
                 mask: MaskBuffers::new(gpu, 0),
                 rope: c
                     .rope
@@ -324,6 +335,24 @@ impl MultiHeadAttention {
         }
         let (len0, lk) = (cache.len, cache.len + n);
         let out_len = b * n * c.output_dim();
+        // The fused pass's state for this step must fit the cache's (see `with_path`).
+        let state = match (cache.fused, &self.flash) {
+            (true, Some(_)) if self.decodes(n) => partials_for(b * c.heads * n, lk, c.v_head_dim),
+            (true, Some(f)) if f.key_ranges(lk).len() > 1 => {
+                b * c.heads * n * carry_stride(c.v_head_dim)
+            }
+            _ => 0,
+        };
+        if 4 * state as u64 > cache.carry.size() {
+            return Err(Error::TooLarge {
+                what: format!(
+                    "the fused-pass state of a KV cache step of {n} tokens over {lk} keys (step \
+                     in fewer tokens)"
+                ),
+                needed: 4 * state as u64,
+                limit: cache.carry.size(),
+            });
+        }
         // Checked (and, for the causal mask, bottom-right aligned: new token i sees cached keys
         // j ≤ i + (lk − n) = len0 + i) before anything is written.
         let dims = AttnDims {

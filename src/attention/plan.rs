@@ -208,6 +208,22 @@ impl MultiHeadAttention {
         chunk_sizes(plan.whole, fits)
     }
 
+    /// Floats of the fused path's state between dispatches: the decode pass's per-split
+    /// state, or the flash pass's carry when its keys are split over several dispatches.
+    pub(crate) fn carry_len(&self, shape: Shape) -> usize {
+        let (rows, dv) = (
+            shape.batch * self.config.heads * shape.lq,
+            self.config.v_head_dim,
+        );
+        match &self.flash {
+            Some(_) if shape.fused && self.decodes(shape.lq) => {
+                crate::kernels::decode::partials_for(rows, shape.lk, dv)
+            }
+            Some(f) if shape.fused && f.key_ranges(shape.lk).len() > 1 => rows * carry_stride(dv),
+            _ => 0,
+        }
+    }
+
     /// Bytes per element of the projected Q/K/V buffer.
     pub(crate) fn qkv_elem_bytes(&self) -> u64 {
         match self.precision {
@@ -223,10 +239,7 @@ impl MultiHeadAttention {
         let (b, lq, lk, h) = (shape.batch, shape.lq, shape.lk, c.heads);
         let lk_in = shape.input_keys(c);
         let (dk, dv) = (c.qk_head_dim, c.v_head_dim);
-        let carry = match (&self.flash, shape.fused) {
-            (Some(f), true) if f.key_ranges(lk).len() > 1 => b * h * lq * carry_stride(dv),
-            _ => 0,
-        };
+        let carry = self.carry_len(shape);
         let scores = if shape.fused { 0 } else { b * h * lq * lk };
         let sizes = [
             ("query input", 4 * b * lq * c.model_dim),

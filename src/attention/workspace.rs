@@ -4,6 +4,7 @@
 
 use crate::error::Result;
 use crate::gpu::pass::Dispatch;
+use crate::kernels::decode;
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
 use crate::kernels::rope::{self, RopeRows};
@@ -88,6 +89,18 @@ pub(crate) fn dispatches(
         layout: g.layout,
     };
     match (&mha.flash, b.scores) {
+        (Some(_), _) if g.fused && mha.decodes(g.lq) => {
+            // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V) for a few query rows: key
+            // ranges in parallel, each read once per key/value head, then their reduce
+            let buffers = decode::DecodeBuffers {
+                qkv: b.qkv,
+                partials: b.carry,
+                out: b.combined,
+                mask: b.mask,
+            };
+            let f16 = mha.qkv_elem_bytes() == 2;
+            chain.extend(decode::dispatches(gpu, &core, f16, &buffers)?);
+        }
         (Some(flash), _) if g.fused => {
             // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V), without a scores buffer
             // (one dispatch per key range when long key ranges are split)
@@ -290,6 +303,13 @@ fn rotations(
 }
 
 impl MultiHeadAttention {
+    /// Whether the fused path runs `lq` query rows per sequence with the decode pass (few
+    /// rows: split over keys) instead of the flash pass.
+    pub(crate) fn decodes(&self, lq: usize) -> bool {
+        let c = &self.config;
+        decode::serves(c.kv_group(), lq, c.qk_head_dim, c.v_head_dim)
+    }
+
     /// Element types of this module's GEMMs: `to_qkv` for the projections into Q/K/V (f16 in
     /// an f16 module), else the output projection (f32 out).
     fn linear_elems(&self, to_qkv: bool) -> LinearElems {
@@ -359,12 +379,7 @@ impl Workspace {
         };
         let out_len = b * lq * c.output_dim();
         let probs_len = if shape.probs { b * h * lq * lk } else { 0 };
-        let carry_len = match (&mha.flash, shape.fused) {
-            (Some(f), true) if f.key_ranges(lk).len() > 1 => {
-                b * h * lq * flash_attention::carry_stride(dv)
-            }
-            _ => 0,
-        };
+        let carry_len = mha.carry_len(shape);
         let mut ws = Workspace {
             shape,
             inputs,

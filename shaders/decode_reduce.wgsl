@@ -1,0 +1,62 @@
+// decode_reduce: combines decode_attention's per-split (max, sum, accumulator) of each query
+// row, in split order: M = max m_s, L = Σ l_s·exp(m_s − M), O = Σ acc_s·exp(m_s − M) / L,
+// written straight into the combined layout [B, Lq, H·dv]. A row whose every score was -inf
+// (an additive mask) never raised its max above -f32::MAX: its softmax is 0/0, NaN, as
+// PyTorch returns.
+// Dispatch: one workgroup of 64 per query row, spread over x then y.
+// The host's prelude defines HEAD_DIM_V.
+
+const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;
+const PART_STRIDE: u32 = 2u + 4u * DV4;
+
+struct ReduceParams {
+    rows: u32,      // B · H · Lq
+    lq: u32,
+    heads: u32,
+    splits: u32,
+    groups_x: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: ReduceParams;
+@group(0) @binding(1) var<storage, read> partials: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+// A quiet NaN. WGSL rejects NaN constants, so the bits are made a runtime value.
+fn nan() -> f32 {
+    return bitcast<f32>(0x7fc00000u | (p.rows & 0u));
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row = wid.y * p.groups_x + wid.x;   // (b · H + h) · Lq + i
+    if (row >= p.rows) {
+        return;
+    }
+    let first = row * p.splits * PART_STRIDE;
+    var m = -3.402823e38;
+    for (var s = 0u; s < p.splits; s++) {
+        m = max(m, partials[first + s * PART_STRIDE]);
+    }
+    var l = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        let base = first + s * PART_STRIDE;
+        l += partials[base + 1u] * exp(partials[base] - m);
+    }
+    let inv = select(1.0 / l, nan(), m <= -3.402823e38);
+    let i = row % p.lq;
+    let bh = row / p.lq;
+    let b = bh / p.heads;
+    let h = bh % p.heads;
+    let out_base = (b * p.lq + i) * (p.heads * HEAD_DIM_V) + h * HEAD_DIM_V;
+    for (var d = lid.x; d < HEAD_DIM_V; d += 64u) {
+        var o = 0.0;
+        for (var s = 0u; s < p.splits; s++) {
+            let base = first + s * PART_STRIDE;
+            o += partials[base + 2u + d] * exp(partials[base] - m);
+        }
+        out[out_base + d] = o * inv;
+    }
+}

@@ -1,0 +1,123 @@
+//! The decode pass (few query rows per sequence, split over key ranges and combined by a
+//! reduce pass), which the fused path picks by itself for small Lq: equal to the multi-pass
+//! path and the f64 reference at key counts on both sides of each split boundary, for GQA
+//! groups, every mask kind, the −1e9 rule and PyTorch's NaN; and a KV cache decoding a long
+//! context without any B·H·capacity² buffer.
+
+mod common;
+
+use common::{assert_close, gpu, options};
+use wgpu_mha::kernels::decode::KEYS_PER_SPLIT;
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionPath, AttentionWeights, KvCache, Mask, MultiHeadAttention,
+    Tensor,
+};
+
+fn module(kv_heads: usize) -> (AttentionConfig, AttentionWeights, MultiHeadAttention) {
+    let config = AttentionConfig::classic(32, 4)
+        .unwrap()
+        .with_kv_heads(kv_heads)
+        .unwrap();
+    let weights = AttentionWeights::random(&config, 1);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    (config, weights, mha)
+}
+
+fn masks(b: usize, lq: usize, lk: usize) -> Vec<Mask> {
+    let bits = common::bits(b * lq * lk, 3);
+    vec![
+        Mask::None,
+        Mask::Causal,
+        Mask::SlidingWindow(300),
+        // Batch 1 has no valid key: the seeds' −1e9 rule gives the mean of V.
+        Mask::KeyPadding(vec![lk, 0]),
+        Mask::block([b, 1, lq, lk], &bits).unwrap(),
+    ]
+}
+
+#[test]
+fn decode_equals_multi_pass_and_the_reference_across_split_boundaries() {
+    let s = KEYS_PER_SPLIT;
+    for kv_heads in [4, 2, 1] {
+        let (config, weights, mha) = module(kv_heads);
+        for lk in [1, s - 1, s, s + 1, 3 * s + 7] {
+            for lq in [1, 2] {
+                let q = Tensor::random([2, lq, 32], lk as u64);
+                let kv = Tensor::random([2, lk, 32], 7 * lk as u64);
+                for mask in masks(2, lq, lk) {
+                    let label = format!("H_kv {kv_heads} Lk {lk} Lq {lq} {}", mask.kind_name());
+                    let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
+                    let fused = mha
+                        .forward_with(&q, &kv, &kv, &mask, &options(AttentionPath::Fused, false))
+                        .unwrap();
+                    assert_close(&label, fused.output.data(), &want.output);
+                    let multi = mha
+                        .forward_with(
+                            &q,
+                            &kv,
+                            &kv,
+                            &mask,
+                            &options(AttentionPath::MultiPass, false),
+                        )
+                        .unwrap();
+                    let d = fused.output.max_abs_diff(multi.output.data());
+                    assert!(d <= 1e-5, "{label}: decode vs multi-pass {d:.3e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_of_only_minus_infinity_is_nan_as_on_the_other_paths() {
+    let (_, _, mha) = module(2);
+    let lk = KEYS_PER_SPLIT + 3;
+    let q = Tensor::random([1, 1, 32], 1);
+    let kv = Tensor::random([1, lk, 32], 2);
+    // Every key −inf: NaN. Only the keys of the second split finite: an ordinary answer.
+    let all = Mask::Bias(Tensor::new([lk], vec![f32::NEG_INFINITY; lk]).unwrap());
+    let tail: Vec<f32> = (0..lk)
+        .map(|j| {
+            if j < KEYS_PER_SPLIT {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let tail = Mask::Bias(Tensor::new([lk], tail).unwrap());
+    for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
+        let out = mha
+            .forward_with(&q, &kv, &kv, &all, &options(path, false))
+            .unwrap();
+        assert!(out.output.data().iter().all(|v| v.is_nan()), "{path:?}");
+        let out = mha
+            .forward_with(&q, &kv, &kv, &tail, &options(path, false))
+            .unwrap();
+        assert!(out.output.data().iter().all(|v| v.is_finite()), "{path:?}");
+    }
+}
+
+#[test]
+fn a_long_context_decodes_with_the_state_of_its_splits_only() {
+    // 16,384 keys: 32 splits per step; the cache holds K/V and the decode state, never a
+    // B·H·capacity² buffer (which would be 4 GiB here).
+    let (config, weights, mha) = module(2);
+    let (ctx, chunk) = (16_384, 4_096);
+    let x = Tensor::random([1, ctx + 1, 32], 5);
+    let mut cache = KvCache::new(&mha, 1, ctx + 1).unwrap();
+    assert_eq!(cache.path(), AttentionPath::Fused);
+    for start in (0..ctx).step_by(chunk) {
+        let rows = Tensor::new(
+            [1, chunk, 32],
+            x.data()[start * 32..(start + chunk) * 32].to_vec(),
+        )
+        .unwrap();
+        mha.forward_step(&mut cache, &rows).unwrap();
+    }
+    let last = Tensor::new([1, 1, 32], x.data()[ctx * 32..].to_vec()).unwrap();
+    let step = mha.forward_step(&mut cache, &last).unwrap();
+    // The reference for the last query alone: causal bottom-right, it sees every key.
+    let want = reference::forward(&config, &weights, &last, &x, &x, &Mask::Causal).unwrap();
+    assert_close("step at 16,384", step.data(), &want.output);
+}
