@@ -47,6 +47,7 @@ struct DecodeParams {
 
 var<workgroup> q_sh: array<vec4<f32>, ROWS * DK4>;
 var<workgroup> s_sh: array<f32, ROWS * THREADS>;
+var<workgroup> max_sh: array<f32, ROWS * THREADS>;
 var<workgroup> acc_sh: array<vec4<f32>, ROWS * THREADS>;
 
 // Elements d .. d + 3 of a row (zero past its width).
@@ -61,6 +62,11 @@ fn q4(base: u32, d: u32) -> vec4<f32> {
 }
 
 fn k4(base: u32, d: u32) -> vec4<f32> {
+    // Whole vec4s (the usual head sizes): four plain loads, no per-element test.
+    if (HEAD_DIM_QK % 4u == 0u) {
+        let i = base + d;
+        return vec4<f32>(f32(k_in[i]), f32(k_in[i + 1u]), f32(k_in[i + 2u]), f32(k_in[i + 3u]));
+    }
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
         if (d + e < HEAD_DIM_QK) {
@@ -71,6 +77,10 @@ fn k4(base: u32, d: u32) -> vec4<f32> {
 }
 
 fn v4(base: u32, d: u32) -> vec4<f32> {
+    if (HEAD_DIM_V % 4u == 0u) {
+        let i = base + d;
+        return vec4<f32>(f32(v_in[i]), f32(v_in[i + 1u]), f32(v_in[i + 2u]), f32(v_in[i + 3u]));
+    }
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
         if (d + e < HEAD_DIM_V) {
@@ -132,14 +142,24 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             }
         }
         workgroupBarrier();
-        // 2. The rows' new max over the tile (every thread alike), the rescale of what was
-        //    accumulated, and this thread's key's weights.
+        // 2. The rows' max over the tile, halving in workgroup memory; then every thread's
+        //    rescale of what it accumulated, and its own key's weights.
+        for (var r = 0u; r < ROWS; r++) {
+            max_sh[r * THREADS + t] = select(-3.402823e38, s_sh[r * THREADS + t], t < keys);
+        }
+        workgroupBarrier();
+        for (var stride = THREADS / 2u; stride > 0u; stride /= 2u) {
+            if (t < stride) {
+                for (var r = 0u; r < ROWS; r++) {
+                    let e = r * THREADS + t;
+                    max_sh[e] = max(max_sh[e], max_sh[e + stride]);
+                }
+            }
+            workgroupBarrier();
+        }
         var correction: array<f32, ROWS>;
         for (var r = 0u; r < ROWS; r++) {
-            var m = row_max[r];
-            for (var k = 0u; k < keys; k++) {
-                m = max(m, s_sh[r * THREADS + k]);
-            }
+            let m = max(row_max[r], max_sh[r * THREADS]);
             correction[r] = exp(row_max[r] - m);
             row_max[r] = m;
         }
@@ -150,13 +170,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             }
         }
         workgroupBarrier();
-        // 3. Sums (every thread alike) and weight · V for this thread's column and keys.
+        // 3. The sums (only thread 0 writes them out) and weight · V for this thread's
+        //    column and keys.
         for (var r = 0u; r < ROWS; r++) {
-            var s = 0.0;
-            for (var k = 0u; k < keys; k++) {
-                s += s_sh[r * THREADS + k];
+            if (t == 0u) {
+                var s = 0.0;
+                for (var k = 0u; k < keys; k++) {
+                    s += s_sh[r * THREADS + k];
+                }
+                row_sum[r] = row_sum[r] * correction[r] + s;
             }
-            row_sum[r] = row_sum[r] * correction[r] + s;
             acc[r] = acc[r] * correction[r];
         }
         if (part < PARTS) {
@@ -184,7 +207,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let h = g * p.kv_group + r / p.lq;
             let row = (b * p.heads + h) * p.lq + r % p.lq;
             let base = (row * p.splits + split) * PART_STRIDE;
-            if (column == 0u) {
+            if (t == 0u) {
                 partials[base] = row_max[r];
                 partials[base + 1u] = row_sum[r];
             }

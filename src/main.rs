@@ -57,11 +57,12 @@ enum Command {
     /// Named configurations: gemm (linear 4096x512x512 and attention core at L=1024),
     /// classic-b1-l128, classic-b8-l512, classic-b1-l2048-d1024-h16, per_head-b16-l128.
     Bench {
-        /// Run only this named configuration.
+        /// Run only this named configuration (`decode`: the decode configurations).
         #[arg(long)]
         only: Option<String>,
-        /// A custom shape instead of the named ones: `classic:b=1,l=128,d=512,h=8` or
-        /// `per_head:b=16,l=128,e=128,qk=256,v=512,h=8` (`lq=`, `lk=` may replace `l=`).
+        /// A custom shape instead of the named ones: `classic:b=1,l=128,d=512,h=8`,
+        /// `per_head:b=16,l=128,e=128,qk=256,v=512,h=8` (`lq=`, `lk=` may replace `l=`), or
+        /// `decode:b=1,h=32,kvh=8,d=128,ctx=4096`.
         #[arg(long)]
         config: Option<String>,
         /// Timed runs per measurement after one warm-up (median reported; at least 5).
@@ -145,10 +146,22 @@ fn bench(
     json: Option<std::path::PathBuf>,
     skip_naive: bool,
 ) -> Result<ExitCode, wgpu_mha::Error> {
-    let config = config
-        .as_deref()
-        .map(cli::bench::BenchConfig::parse)
-        .transpose()?;
+    // Decode configurations are their own kind of row (see cli::bench_decode).
+    let decode_spec = config.as_deref().filter(|c| c.starts_with("decode:"));
+    let decode_configs = match (decode_spec, only.as_deref(), &config) {
+        (Some(spec), _, _) => vec![cli::bench_decode::DecodeConfig::parse(spec)?],
+        (None, Some("decode"), _) => cli::bench_decode::DecodeConfig::named(),
+        (None, None, None) => cli::bench_decode::DecodeConfig::named(),
+        _ => Vec::new(),
+    };
+    let decode_only = decode_spec.is_some() || only.as_deref() == Some("decode");
+    let config = match decode_spec {
+        Some(_) => None,
+        None => config
+            .as_deref()
+            .map(cli::bench::BenchConfig::parse)
+            .transpose()?,
+    };
     // A --json path that cannot be written fails now, not after minutes of benchmarking.
     let pending_json = json
         .as_deref()
@@ -165,11 +178,22 @@ fn bench(
         iters,
         skip_naive,
     };
-    let results = cli::bench::run(&gpu, &bench_options, |r| {
-        print!("{}", cli::bench::format_result(r))
-    })?;
+    let results = match decode_only {
+        true => Vec::new(),
+        false => cli::bench::run(&gpu, &bench_options, |r| {
+            print!("{}", cli::bench::format_result(r))
+        })?,
+    };
+    let mut decodes = Vec::new();
+    for c in &decode_configs {
+        let r =
+            cli::bench_decode::run(&gpu, c, |job| cli::bench::time_job(&gpu, job, iters.max(5)))?;
+        print!("{}", r.format());
+        decodes.push(r);
+    }
     if let (Some(path), Some(pending)) = (json, pending_json) {
-        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
+        let mut list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
+        list.extend(decodes.iter().map(|r| r.json(&gpu)));
         let text = serde_json::to_string_pretty(&list).unwrap_or_default();
         pending.commit(text.as_bytes())?;
         println!("wrote {}", path.display());

@@ -10,6 +10,7 @@ use wgpu_mha::kernels::decode::{self, DecodeParams, DecodeShape, ReduceParams};
 use wgpu_mha::kernels::flash_attention::{self, FlashShape};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
+use wgpu_mha::kernels::read_probe::{self, ProbeParams};
 use wgpu_mha::kernels::{av_combine, naive, rope, scores, softmax, GEMM_TILE};
 
 fn parse(name: &str, source: &str) -> Result<naga::Module, String> {
@@ -43,6 +44,7 @@ fn all_sources() -> Vec<(String, String)> {
         ("av_combine".to_string(), av_combine::source()),
         ("rope".to_string(), rope::source(false)),
         ("decode_reduce".to_string(), decode::reduce_source(24)),
+        ("read_probe".to_string(), read_probe::WGSL.to_string()),
         ("rope f16".to_string(), rope::source(true)),
         ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
         (
@@ -360,6 +362,10 @@ fn uniform_structs_match_their_wgsl_layout() {
                 ReduceParams,
                 [rows, lq, heads, splits, groups_x, _pad0, _pad1, _pad2]
             ),
+        ),
+        (
+            read_probe::WGSL.to_string(),
+            host_layout!(ProbeParams, [vec4s, per_group, groups_x, _pad0]),
         ),
         (
             rope::source(false),

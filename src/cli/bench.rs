@@ -52,7 +52,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Median GPU milliseconds of one job (sum of its passes; wall clock without timestamps).
-fn time_job(gpu: &Gpu, job: &Job, iters: usize) -> Result<f64> {
+pub fn time_job(gpu: &Gpu, job: &Job, iters: usize) -> Result<f64> {
     let mut timer = PassTimer::new(gpu, job.passes().max(1));
     let mut samples = Vec::with_capacity(iters);
     for i in 0..=iters {
@@ -130,7 +130,7 @@ impl BenchResult {
             .iter()
             .map(|(k, v)| (k.clone(), serde_json::json!(v)))
             .collect();
-        serde_json::json!({
+        let mut row = serde_json::json!({
             "name": self.name,
             "variant": self.variant,
             "batch": self.batch,
@@ -152,7 +152,22 @@ impl BenchResult {
                 "name": gpu.info().name,
                 "backend": format!("{:?}", gpu.info().backend),
             },
-        })
+        });
+        // The gemm row: the picked linear's and the fused core's GFLOP/s, measured in this run.
+        if let (true, Some(obj)) = (self.name == GEMM_MICRO, row.as_object_mut()) {
+            let gflops = |prefix: &str| {
+                self.speedups
+                    .iter()
+                    .find(|s| s.name.starts_with(prefix))
+                    .map(|s| s.gflop / s.optimised_ms * 1e3)
+            };
+            obj.insert("gemm_gflops".into(), serde_json::json!(gflops("linear")));
+            obj.insert(
+                "flash_gflops".into(),
+                serde_json::json!(gflops("flash_attention vs multi-pass")),
+            );
+        }
+        row
     }
 }
 

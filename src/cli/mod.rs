@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_config;
+pub mod bench_decode;
 pub mod hf;
 pub mod interop;
 pub mod progress;

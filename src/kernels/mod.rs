@@ -13,6 +13,7 @@ pub mod flash_attention;
 pub mod linear;
 pub mod mask;
 pub mod naive;
+pub mod read_probe;
 pub mod rope;
 pub mod scores;
 pub mod softmax;

@@ -1,0 +1,202 @@
+//! `wgpu-mha bench --only decode` (or `--config decode:b=1,h=32,kvh=8,d=128,ctx=4096`): the
+//! decode pass's GPU time per step over a context, the K/V bytes it reads per second, and,
+//! measured in the same run on the same device, a pass that only reads as many bytes
+//! (`read_probe`): decoding is memory-bound, so the probe is its ceiling.
+
+use wgpu_mha::error::{Error, Result};
+use wgpu_mha::gpu::Gpu;
+use wgpu_mha::kernels::standalone::{CoreDims, Job};
+use wgpu_mha::model::tensor::Tensor;
+
+/// One decode configuration: a batch of sequences, each with one new query row per head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeConfig {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub context: usize,
+}
+
+impl DecodeConfig {
+    /// `decode:b=1,h=32,kvh=8,d=128,ctx=4096` (`kvh` defaults to `h`).
+    pub fn parse(spec: &str) -> Result<Self> {
+        let bad = |why: String| Error::Misuse(format!("decode bench spec `{spec}`: {why}"));
+        let body = spec
+            .strip_prefix("decode:")
+            .ok_or_else(|| bad("expected `decode:` and key=value pairs".into()))?;
+        let (mut b, mut h, mut kvh, mut d, mut ctx) = (1, None, None, None, None);
+        for pair in body.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{pair}` is not key=value")))?;
+            let value: usize = value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or_else(|| bad(format!("`{pair}`: not a positive integer")))?;
+            match key.trim() {
+                "b" => b = value,
+                "h" => h = Some(value),
+                "kvh" => kvh = Some(value),
+                "d" => d = Some(value),
+                "ctx" => ctx = Some(value),
+                other => return Err(bad(format!("unknown key `{other}` (b, h, kvh, d, ctx)"))),
+            }
+        }
+        let need = |v: Option<usize>, k: &str| v.ok_or_else(|| bad(format!("`{k}=` is missing")));
+        let heads = need(h, "h")?;
+        Ok(DecodeConfig {
+            batch: b,
+            heads,
+            kv_heads: kvh.unwrap_or(heads),
+            head_dim: need(d, "d")?,
+            context: need(ctx, "ctx")?,
+        })
+    }
+
+    /// The named decode configurations.
+    pub fn named() -> Vec<Self> {
+        [4_096, 32_768]
+            .map(|context| DecodeConfig {
+                batch: 1,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                context,
+            })
+            .to_vec()
+    }
+
+    pub fn name(&self) -> String {
+        format!(
+            "decode:b={},h={},kvh={},d={},ctx={}",
+            self.batch, self.heads, self.kv_heads, self.head_dim, self.context
+        )
+    }
+
+    /// K/V bytes one step reads (f32).
+    pub fn kv_bytes(&self) -> u64 {
+        2 * (self.batch * self.kv_heads * self.context * self.head_dim * 4) as u64
+    }
+}
+
+/// One decode measurement.
+#[derive(Debug, Clone)]
+pub struct DecodeResult {
+    pub config: DecodeConfig,
+    /// Median GPU ms of one step (decode + reduce), or wall clock without timestamps.
+    pub step_ms: f64,
+    pub kv_gbps: f64,
+    pub probe_gbps: f64,
+    /// Why it could not run here, if so.
+    pub skipped: Option<String>,
+}
+
+impl DecodeResult {
+    pub fn json(&self, gpu: &Gpu) -> serde_json::Value {
+        let c = &self.config;
+        serde_json::json!({
+            "name": c.name(),
+            "variant": "decode",
+            "batch": c.batch,
+            "heads": c.heads,
+            "kv_heads": c.kv_heads,
+            "head_dim": c.head_dim,
+            "context": c.context,
+            "step_ms": self.step_ms,
+            "kv_gbps": self.kv_gbps,
+            "probe_gbps": self.probe_gbps,
+            "skipped": self.skipped,
+            "adapter": gpu.describe(),
+        })
+    }
+
+    pub fn format(&self) -> String {
+        match &self.skipped {
+            Some(why) => format!("{}: skipped: {why}\n", self.config.name()),
+            None => format!(
+                "{}: step {:.3} ms, K/V read {:.2} GB/s; read probe {:.2} GB/s ({:.2}x of the probe)\n",
+                self.config.name(),
+                self.step_ms,
+                self.kv_gbps,
+                self.probe_gbps,
+                self.kv_gbps / self.probe_gbps
+            ),
+        }
+    }
+}
+
+/// Times the decode pass over `c` and the read probe over as many bytes.
+/// `time` gives a job's median GPU milliseconds.
+pub fn run(
+    gpu: &Gpu,
+    c: &DecodeConfig,
+    time: impl Fn(&Job) -> Result<f64>,
+) -> Result<DecodeResult> {
+    let dims = CoreDims {
+        batch: c.batch,
+        heads: c.heads,
+        lq: 1,
+        lk: c.context,
+        qk_head_dim: c.head_dim,
+        v_head_dim: c.head_dim,
+    };
+    let kv_len = c.batch * c.kv_heads * c.context * c.head_dim;
+    let skipped = |why: String| DecodeResult {
+        config: *c,
+        step_ms: 0.0,
+        kv_gbps: 0.0,
+        probe_gbps: 0.0,
+        skipped: Some(why),
+    };
+    // K alone past one storage binding: the cache would need several buffers (not yet).
+    if let Err(e) = gpu.check_fits("K of this context", 4 * kv_len as u64) {
+        return Ok(skipped(e.to_string()));
+    }
+    let q = Tensor::random([c.batch * c.heads * c.head_dim], 1);
+    let k = Tensor::random([kv_len], 2);
+    let v = Tensor::random([kv_len], 3);
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let job = match Job::decode(gpu, (q.data(), k.data(), v.data()), dims, c.kv_heads, scale) {
+        Ok(job) => job,
+        Err(e) => return Ok(skipped(e.to_string())),
+    };
+    let step_ms = time(&job)?;
+    let probe = Job::read_probe(gpu, c.kv_bytes() / 2)?;
+    let probe_ms = time(&probe)?;
+    let gbps = |ms: f64| c.kv_bytes() as f64 / ms / 1e6;
+    Ok(DecodeResult {
+        config: *c,
+        step_ms,
+        kv_gbps: gbps(step_ms),
+        probe_gbps: gbps(probe_ms),
+        skipped: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DecodeConfig;
+
+    #[test]
+    fn specs_parse_with_defaults_and_refuse_what_they_lack() {
+        let c = DecodeConfig::parse("decode:b=2,h=32,kvh=8,d=128,ctx=4096").unwrap();
+        assert_eq!(
+            (c.batch, c.heads, c.kv_heads, c.head_dim, c.context),
+            (2, 32, 8, 128, 4096)
+        );
+        assert_eq!(c.kv_bytes(), 2 * 2 * 8 * 4096 * 128 * 4);
+        let mha = DecodeConfig::parse("decode:h=4,d=64,ctx=10").unwrap();
+        assert_eq!((mha.batch, mha.kv_heads), (1, 4));
+        for bad in [
+            "decode:h=4,d=64",
+            "decode:h=4,d=64,ctx=0",
+            "decode:h=4,d=64,ctx=8,x=1",
+            "classic:h=4",
+        ] {
+            assert!(DecodeConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
