@@ -121,3 +121,43 @@ fn a_long_context_decodes_with_the_state_of_its_splits_only() {
     let want = reference::forward(&config, &weights, &last, &x, &x, &Mask::Causal).unwrap();
     assert_close("step at 16,384", step.data(), &want.output);
 }
+
+#[test]
+fn an_f16_module_caches_f16_keys_and_decodes_like_its_forward() {
+    if !gpu().has_f16() {
+        eprintln!(
+            "no SHADER_F16 on {}: the f16 cache is not run",
+            gpu().describe()
+        );
+        return;
+    }
+    let config = AttentionConfig::classic(32, 4)
+        .unwrap()
+        .with_kv_heads(2)
+        .unwrap();
+    let weights = AttentionWeights::random(&config, 9);
+    let half =
+        MultiHeadAttention::with_precision(gpu(), config, &weights, wgpu_mha::Precision::F16)
+            .unwrap();
+    let x = Tensor::random([2, 7, 32], 10);
+    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let mut cache = KvCache::new(&half, 2, 7).unwrap();
+    for (pos, n) in [(0, 3), (3, 1), (4, 1), (5, 2)] {
+        let rows: Vec<f32> = (0..2)
+            .flat_map(|b| x.data()[(b * 7 + pos) * 32..(b * 7 + pos + n) * 32].to_vec())
+            .collect();
+        let step = half
+            .forward_step(&mut cache, &Tensor::new([2, n, 32], rows).unwrap())
+            .unwrap();
+        let r: Vec<f64> = (0..2)
+            .flat_map(|b| want.output[(b * 7 + pos) * 32..(b * 7 + pos + n) * 32].to_vec())
+            .collect();
+        common::assert_within(
+            &format!("f16 step at {pos}"),
+            step.data(),
+            &r,
+            common::relative_tolerance(5e-3, &want.output),
+        );
+    }
+    assert!(KvCache::with_path(&half, 1, 4, AttentionPath::MultiPass).is_err());
+}

@@ -176,7 +176,8 @@ fn new_is_f32() {
     assert_eq!(Precision::default(), Precision::F32);
 }
 
-/// What an f16 module refuses: the multi-pass path and a KV cache; the GPU-tensor forward runs.
+/// What an f16 module refuses: the multi-pass path (a forward's or a KV cache's); the GPU-tensor
+/// forward runs.
 #[test]
 fn f16_module_limits() {
     let gpu = gpu();
@@ -200,10 +201,12 @@ fn f16_module_limits() {
             ),
         }
     }
-    match KvCache::new(&mha, 1, 8) {
+    match KvCache::with_path(&mha, 1, 8, AttentionPath::MultiPass) {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("f16"), "{what}"),
         other => panic!("KV cache: expected Unsupported, got {:?}", other.err()),
     }
+    // The fused cache holds f16 keys and values (tests/decode.rs checks its steps).
+    assert!(KvCache::new(&mha, 1, 8).is_ok());
     // forward_gpu runs the same f16 passes.
     let host = mha.forward(&x, &x, &x, &Mask::Causal).expect("forward");
     let xg = GpuTensor::upload(gpu, &x).expect("upload");

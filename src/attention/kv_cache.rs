@@ -67,8 +67,8 @@ impl KvCache {
     /// An empty cache for `batch` sequences of up to `capacity` tokens each, on the fused
     /// attention path when the module has one.
     ///
-    /// The module must be f32: a cache over a [`Precision::F16`](crate::Precision::F16) module
-    /// is `Err(Unsupported)`.
+    /// Over a [`Precision::F16`](crate::Precision::F16) module the cached keys and values are
+    /// f16 (scores, softmax and accumulators stay f32), and only the fused path runs.
     pub fn new(mha: &MultiHeadAttention, batch: usize, capacity: usize) -> Result<Self> {
         Self::with_path(mha, batch, capacity, AttentionPath::Auto)
     }
@@ -83,10 +83,13 @@ impl KvCache {
     ) -> Result<Self> {
         let c = mha.config;
         let gpu = &mha.gpu;
-        if mha.precision() == Precision::F16 {
+        // An f16 module keeps its K/V cache in f16 (half the bytes a decode step reads) and
+        // runs only the fused path, which every capacity now has.
+        if mha.precision() == Precision::F16 && path == AttentionPath::MultiPass {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
-                what: "a KV cache over an f16 module; build the module with Precision::F32".into(),
+                what: "a multi-pass KV cache over an f16 module (f16 runs the fused path only)"
+                    .into(),
             });
         }
         if c.appended_keys() > 0 {
@@ -170,7 +173,11 @@ impl KvCache {
                 len: 0,
                 fused,
                 owner: mha.weights.w_qkv.clone(),
-                kv: gpu.storage("KV cache", f32s(k_elems + v_elems + b * h * cap * dk), none),
+                kv: gpu.storage(
+                    "KV cache",
+                    mha.qkv_elem_bytes() * (k_elems + v_elems + b * h * cap * dk) as u64,
+                    none,
+                ),
                 layout: QkvLayout {
                     k_offset: 0,
                     v_offset: k_elems as u32,

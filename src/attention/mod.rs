@@ -49,7 +49,7 @@ pub enum AttentionPath {
 /// stay f32. Weights beyond f16's range (±65504) become infinite.
 ///
 /// An `F16` module runs only the fused attention path: asking it for attention probabilities or
-/// for [`AttentionPath::MultiPass`] is `Err(Unsupported)`, and so is a [`crate::KvCache`] over
+/// for [`AttentionPath::MultiPass`] is `Err(Unsupported)`, and so is a multi-pass [`crate::KvCache`] over
 /// it. Use an `F32` module for those.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Precision {
