@@ -50,41 +50,26 @@ var<workgroup> s_sh: array<f32, ROWS * THREADS>;
 var<workgroup> max_sh: array<f32, ROWS * THREADS>;
 var<workgroup> acc_sh: array<vec4<f32>, ROWS * THREADS>;
 
-// Elements d .. d + 3 of a row (zero past its width).
-fn q4(base: u32, d: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        if (d + e < HEAD_DIM_QK) {
-            v[e] = f32(q_in[base + d + e]);
-        }
+// Which buffer a row is read from (a literal at every call, so the switch folds away).
+const Q_ROW: u32 = 0u;
+const K_ROW: u32 = 1u;
+const V_ROW: u32 = 2u;
+
+fn elem(which: u32, i: u32) -> f32 {
+    switch which {
+        case Q_ROW: { return f32(q_in[i]); }
+        case K_ROW: { return f32(k_in[i]); }
+        default: { return f32(v_in[i]); }
     }
-    return v;
 }
 
-fn k4(base: u32, d: u32) -> vec4<f32> {
-    // Whole vec4s (the usual head sizes): four plain loads, no per-element test.
-    if (HEAD_DIM_QK % 4u == 0u) {
-        let i = base + d;
-        return vec4<f32>(f32(k_in[i]), f32(k_in[i + 1u]), f32(k_in[i + 2u]), f32(k_in[i + 3u]));
-    }
+// Elements d .. d + 3 of the row of `width` at `base`, zero past its end (whole vec4s, the
+// usual head sizes, need no test).
+fn row4(which: u32, base: u32, d: u32, width: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
-        if (d + e < HEAD_DIM_QK) {
-            v[e] = f32(k_in[base + d + e]);
-        }
-    }
-    return v;
-}
-
-fn v4(base: u32, d: u32) -> vec4<f32> {
-    if (HEAD_DIM_V % 4u == 0u) {
-        let i = base + d;
-        return vec4<f32>(f32(v_in[i]), f32(v_in[i + 1u]), f32(v_in[i + 2u]), f32(v_in[i + 3u]));
-    }
-    var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        if (d + e < HEAD_DIM_V) {
-            v[e] = f32(v_in[base + d + e]);
+        if (width % 4u == 0u || d + e < width) {
+            v[e] = elem(which, base + d + e);
         }
     }
     return v;
@@ -105,7 +90,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         var q = vec4<f32>(0.0);
         if (r < rows) {
             let h = g * p.kv_group + r / p.lq;
-            q = q4(p.q_offset + ((b * p.heads + h) * p.lq + r % p.lq) * HEAD_DIM_QK, 4u * (e % DK4));
+            let base = p.q_offset + ((b * p.heads + h) * p.lq + r % p.lq) * HEAD_DIM_QK;
+            q = row4(Q_ROW, base, 4u * (e % DK4), HEAD_DIM_QK);
         }
         q_sh[e] = q;
     }
@@ -129,7 +115,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let base = p.k_offset + (zkv * p.kv_stride + j) * HEAD_DIM_QK;
             var dots: array<f32, ROWS>;
             for (var c = 0u; c < DK4; c++) {
-                let k = k4(base, 4u * c);
+                let k = row4(K_ROW, base, 4u * c, HEAD_DIM_QK);
                 for (var r = 0u; r < ROWS; r++) {
                     dots[r] += dot(q_sh[r * DK4 + c], k);
                 }
@@ -184,7 +170,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         if (part < PARTS) {
             for (var k = part; k < keys; k += PARTS) {
-                let v = v4(p.v_offset + (zkv * p.kv_stride + j0 + k) * HEAD_DIM_V, 4u * column);
+                let base = p.v_offset + (zkv * p.kv_stride + j0 + k) * HEAD_DIM_V;
+                let v = row4(V_ROW, base, 4u * column, HEAD_DIM_V);
                 for (var r = 0u; r < ROWS; r++) {
                     acc[r] += s_sh[r * THREADS + k] * v;
                 }

@@ -8,27 +8,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{cli, gpu, options};
-use wgpu_mha::{AttentionPath, Case, SafetensorsFile};
-
-fn fixtures(dir: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(dir);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    files
-}
-
-fn name(path: &Path) -> String {
-    path.file_name().unwrap().to_string_lossy().into_owned()
-}
+use common::{cases_pass_on_both_paths, cli, file_name as name, fixtures};
+use wgpu_mha::{Case, SafetensorsFile};
 
 #[test]
 fn hugging_face_modules_match_transformers_on_both_paths() {
@@ -55,21 +38,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "whisper"
         ]
     );
-    for path in files {
-        let case = Case::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", name(&path)));
-        for p in [AttentionPath::Auto, AttentionPath::MultiPass] {
-            let result = case
-                .run(gpu(), &options(p, false))
-                .unwrap_or_else(|e| panic!("{} {p:?}: {e}", name(&path)));
-            assert!(
-                result.passed(),
-                "{} ({p:?}): max|engine − out_f64| = {:.3e} > bound {:.3e}",
-                name(&path),
-                result.max_abs_err,
-                result.bound
-            );
-        }
-    }
+    cases_pass_on_both_paths("hf");
 }
 
 #[test]

@@ -8,24 +8,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{cli, gpu, options};
-use wgpu_mha::{AttentionPath, Case, Mask, SafetensorsFile};
-
-fn fixtures(dir: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(dir);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
-    files
-}
+use common::{cases_pass_on_both_paths, cli, file_name as name, fixtures};
+use wgpu_mha::{Case, Mask, SafetensorsFile};
 
 /// `wgpu-mha run --weights F --inputs F --out DIR/name(F) ARGS`: a fixture holding both the
 /// state dict and the inputs. Asserts success; returns the written file.
@@ -46,13 +32,9 @@ fn run_on_itself(dir: &Path, fixture: &Path, args: &[&str]) -> SafetensorsFile {
     SafetensorsFile::open(&out).expect("output file")
 }
 
-fn name(path: &Path) -> String {
-    path.file_name().unwrap().to_string_lossy().into_owned()
-}
-
 #[test]
 fn pytorch_conventions_match_pytorch_on_both_paths() {
-    check_both_paths("torch");
+    cases_pass_on_both_paths("torch");
 }
 
 /// `sample_inputs_multi_head_attention_forward`: packed and separate weights, bias_k/bias_v,
@@ -60,25 +42,7 @@ fn pytorch_conventions_match_pytorch_on_both_paths() {
 #[test]
 fn pytorch_functional_samples_match_pytorch_on_both_paths() {
     assert_eq!(fixtures("torch_functional").len(), 96);
-    check_both_paths("torch_functional");
-}
-
-fn check_both_paths(dir: &str) {
-    for path in fixtures(dir) {
-        let case = Case::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", name(&path)));
-        for p in [AttentionPath::Auto, AttentionPath::MultiPass] {
-            let result = case
-                .run(gpu(), &options(p, false))
-                .unwrap_or_else(|e| panic!("{} {p:?}: {e}", name(&path)));
-            assert!(
-                result.passed(),
-                "{} ({p:?}): max|engine − out_f64| = {:.3e} > bound {:.3e}",
-                name(&path),
-                result.max_abs_err,
-                result.bound
-            );
-        }
-    }
+    cases_pass_on_both_paths("torch_functional");
 }
 
 #[test]

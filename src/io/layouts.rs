@@ -526,30 +526,17 @@ fn assembled(
     [q, k, v]: [Linear; 3],
     o: Option<Linear>,
 ) -> Result<(AttentionConfig, AttentionWeights)> {
+    let weights = AttentionWeights {
+        q,
+        k,
+        v,
+        o,
+        bias_kv: None,
+    };
+    // Bias on/off as the loader found it; `check` then names any projection that differs.
     let config = AttentionConfig {
-        model_dim: q.in_features,
-        key_dim: k.in_features,
-        value_dim: v.in_features,
-        heads,
-        kv_heads: heads,
-        qk_head_dim: q.out_features / heads,
-        v_head_dim: v.out_features / heads,
-        output_projection: o.is_some(),
         bias,
-        scale: None,
-        add_bias_kv: false,
-        add_zero_attn: false,
-        rope: None,
-    }
-    .validated()?;
-    Ok((
-        config,
-        AttentionWeights {
-            q,
-            k,
-            v,
-            o,
-            bias_kv: None,
-        },
-    ))
+        ..weights.implied_config(heads, heads)?
+    };
+    Ok((config, weights))
 }

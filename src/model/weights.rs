@@ -135,6 +135,28 @@ impl AttentionWeights {
         }
     }
 
+    /// The config these projections imply with `heads` query heads and `kv_heads` key/value
+    /// heads: sizes from their shapes (the caller has checked that they split into the heads),
+    /// bias on when they have biases, an output projection when there is one; validated.
+    pub fn implied_config(&self, heads: usize, kv_heads: usize) -> Result<AttentionConfig> {
+        AttentionConfig {
+            model_dim: self.q.in_features,
+            key_dim: self.k.in_features,
+            value_dim: self.v.in_features,
+            heads,
+            kv_heads,
+            qk_head_dim: self.q.out_features / heads.max(1),
+            v_head_dim: self.v.out_features / kv_heads.max(1),
+            output_projection: self.o.is_some(),
+            bias: self.q.bias.is_some(),
+            scale: None,
+            add_bias_kv: self.bias_kv.is_some(),
+            add_zero_attn: false,
+            rope: None,
+        }
+        .validated()
+    }
+
     /// The key and value rows appended after the projected input's (see
     /// [`AttentionConfig::appended_keys`]): `bias_k`/`bias_v`, then a zero row, each
     /// `[appended, kv_heads·head_dim]` row-major.

@@ -160,3 +160,43 @@ pub fn cli(args: &[&str]) -> (i32, String) {
     );
     (out.status.code().unwrap_or(-1), text)
 }
+
+/// The `.safetensors` files of `tests/fixtures/<dir>`, sorted (never none).
+pub fn fixtures(dir: &str) -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(dir);
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
+    files
+}
+
+/// A path's file name.
+pub fn file_name(path: &std::path::Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// Every case file of `tests/fixtures/<dir>` passes its bound on the Auto (fused or decode)
+/// path and on the multi-pass path.
+pub fn cases_pass_on_both_paths(dir: &str) {
+    for path in fixtures(dir) {
+        let name = file_name(&path);
+        let case = wgpu_mha::Case::from_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for p in [AttentionPath::Auto, AttentionPath::MultiPass] {
+            let result = case
+                .run(gpu(), &options(p, false))
+                .unwrap_or_else(|e| panic!("{name} {p:?}: {e}"));
+            assert!(
+                result.passed(),
+                "{name} ({p:?}): max|engine − out_f64| = {:.3e} > bound {:.3e}",
+                result.max_abs_err,
+                result.bound
+            );
+        }
+    }
+}

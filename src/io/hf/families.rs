@@ -414,22 +414,7 @@ fn assembled(
             k.out_features
         )));
     }
-    let config = AttentionConfig {
-        model_dim: q.in_features,
-        key_dim: k.in_features,
-        value_dim: v.in_features,
-        heads,
-        kv_heads,
-        qk_head_dim,
-        v_head_dim: split("value", v.out_features, kv_heads)?,
-        output_projection: true,
-        bias,
-        scale: None,
-        add_bias_kv: false,
-        add_zero_attn: false,
-        rope: None,
-    }
-    .validated()?;
+    split("value", v.out_features, kv_heads)?;
     let weights = AttentionWeights {
         q,
         k,
@@ -437,6 +422,7 @@ fn assembled(
         o: Some(o),
         bias_kv: None,
     };
+    let config = weights.implied_config(heads, kv_heads)?;
     weights.check(&config).map_err(|e| match e {
         Error::Weight { name, problem } => Error::Weight {
             name: format!("{prefix}{name}"),
