@@ -2,27 +2,37 @@
 // split over keys so that every lane reads keys instead of idling on rows that do not exist.
 // One workgroup takes one key range ("split") of one (batch, key/value head) and every query
 // row that reads that head: the kv_group query heads of a GQA group times the step's Lq rows
-// (ROWS at most), so K and V are read once for the whole group. Within the workgroup:
-//   1. each thread scores one key of the tile against every row (masked as the other paths:
-//      a masked score is replaced by -1e9, a bias added);
-//   2. every thread takes the rows' new max over the tile (the same value in every thread),
-//      and turns its own key's scores into weights exp(s - max);
-//   3. threads own V columns (vec4s), PARTS threads per column splitting the tile's keys, and
-//      accumulate weight · V for every row; each V vec4 read feeds every row.
+// (ROWS at most), so K and V are read once for the whole group.
+//
+// Lanes work across the head dimension: QK_LANES lanes share one key, each holding QK_VECS
+// vec4s of every row's q in registers (q is read once, never from workgroup memory), and
+// V_LANES lanes share one value row, each accumulating V_VECS vec4 columns of every row.
+// Vec4 c of a row belongs to lane c % LANES, so neighbouring lanes read neighbouring memory.
+// Per tile of TILE keys:
+//   1. each lane's partial dot products of its keys against every row (QK_PARTS keys at once);
+//   2. lane t sums the partials of key t of the tile, scales and masks the score (a masked
+//      score is replaced by -1e9, a bias added, as on the other paths);
+//   3. every lane takes the rows' new max over the tile, rescales what it accumulated, and
+//      lane t turns key t's scores into weights exp(s - max);
+//   4. each lane adds weight · V over its part of the tile's keys (V_PARTS parts).
 // The running max starts at -f32::MAX, so keys whose score is -inf weigh exactly 0 and a row
 // with every score -inf keeps max -f32::MAX (the reduce pass returns NaN for it, as PyTorch).
 // Each split writes, per row, (max, sum, accumulator) to `partials`; decode_reduce combines
-// the splits in a fixed order. Keys per split are bounded so that one invocation's loops stay
-// far under the 65,535 iterations a software rasteriser allows.
+// the splits in a fixed order. The host bounds keys per split so that one invocation's loops
+// stay far under the 65,535 iterations a software rasteriser allows.
 // Dispatch: (splits, B·H_kv, 1) workgroups of THREADS.
 //
-// The host's prelude (src/kernels/decode.rs) defines HEAD_DIM_QK, HEAD_DIM_V, ROWS, THREADS
-// and the element type QkvElem; the mask rule (mask.wgsl) is prepended.
+// The host's prelude (src/kernels/decode.rs) defines HEAD_DIM_QK, HEAD_DIM_V, ROWS, THREADS,
+// TILE, QK_LANES, QK_VECS, V_LANES, V_VECS, ACC_SHARED and the element type QkvElem; the mask
+// rule (mask.wgsl) and the K/V bindings with their loads key4 and value4 (decode_rows_vec4.wgsl
+// where every row starts on a vec4, else decode_rows_scalar.wgsl) are prepended.
 
 const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;
 const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;
-const PARTS: u32 = THREADS / DV4;             // threads per V column
+const QK_PARTS: u32 = THREADS / QK_LANES;     // keys scored at once
+const V_PARTS: u32 = THREADS / V_LANES;       // keys whose values are added at once
 const PART_STRIDE: u32 = 2u + 4u * DV4;       // per (row, split): max, sum, accumulator
+const LOWEST: f32 = -3.402823e38;
 
 struct DecodeParams {
     lq: u32,              // query rows per (batch, head)
@@ -35,41 +45,27 @@ struct DecodeParams {
     k_offset: u32,
     v_offset: u32,
     kv_stride: u32,       // rows of K/V per (batch, kv head)
-    keys_per_split: u32,  // a multiple of THREADS
+    keys_per_split: u32,  // a multiple of TILE
     splits: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: DecodeParams;
 @group(0) @binding(1) var<storage, read> q_in: array<QkvElem>;
-@group(0) @binding(2) var<storage, read> k_in: array<QkvElem>;
-@group(0) @binding(3) var<storage, read> v_in: array<QkvElem>;
 @group(0) @binding(4) var<storage, read_write> partials: array<f32>;
 
-var<workgroup> q_sh: array<vec4<f32>, ROWS * DK4>;
-var<workgroup> s_sh: array<f32, ROWS * THREADS>;
-var<workgroup> max_sh: array<f32, ROWS * THREADS>;
-var<workgroup> acc_sh: array<vec4<f32>, ROWS * THREADS>;
+var<workgroup> dot_sh: array<f32, ROWS * TILE * QK_LANES>;
+var<workgroup> score_sh: array<f32, ROWS * TILE>;
+var<workgroup> weight_sh: array<f32, ROWS * TILE>;
+// The V parts' accumulators of one row, summed at the end (one element when V_PARTS is 1).
+var<workgroup> acc_sh: array<vec4<f32>, ACC_SHARED>;
+var<workgroup> sum_sh: array<f32, THREADS>;
 
-// Which buffer a row is read from (a literal at every call, so the switch folds away).
-const Q_ROW: u32 = 0u;
-const K_ROW: u32 = 1u;
-const V_ROW: u32 = 2u;
-
-fn elem(which: u32, i: u32) -> f32 {
-    switch which {
-        case Q_ROW: { return f32(q_in[i]); }
-        case K_ROW: { return f32(k_in[i]); }
-        default: { return f32(v_in[i]); }
-    }
-}
-
-// Elements d .. d + 3 of the row of `width` at `base`, zero past its end (whole vec4s, the
-// usual head sizes, need no test).
-fn row4(which: u32, base: u32, d: u32, width: u32) -> vec4<f32> {
+// Vec4 c of the query row starting at element `base`, zero past the row's end.
+fn query4(base: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) {
-        if (width % 4u == 0u || d + e < width) {
-            v[e] = elem(which, base + d + e);
+        if (4u * c + e < HEAD_DIM_QK) {
+            v[e] = f32(q_in[base + 4u * c + e]);
         }
     }
     return v;
@@ -83,123 +79,138 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let b = zkv / p.kv_heads;
     let g = zkv % p.kv_heads;
     let rows = p.kv_group * p.lq;    // row r: head g · kv_group + r / lq, query r % lq
+    // A part index that is 0 in every lane is written as the constant, so that the compiler
+    // sees the loops over keys as uniform (llvmpipe then reads workgroup memory once, not
+    // per lane).
+    let qk_lane = t % QK_LANES;
+    let qk_part = select(t / QK_LANES, 0u, QK_PARTS == 1u);
+    let v_lane = t % V_LANES;
+    let v_part = select(t / V_LANES, 0u, V_PARTS == 1u);
 
-    // The group's query rows, as vec4s.
-    for (var e = t; e < ROWS * DK4; e += THREADS) {
-        let r = e / DK4;
-        var q = vec4<f32>(0.0);
+    // This lane's vec4s of every row's q.
+    var q: array<vec4<f32>, ROWS * QK_VECS>;
+    for (var r = 0u; r < ROWS; r++) {
         if (r < rows) {
             let h = g * p.kv_group + r / p.lq;
             let base = p.q_offset + ((b * p.heads + h) * p.lq + r % p.lq) * HEAD_DIM_QK;
-            q = row4(Q_ROW, base, 4u * (e % DK4), HEAD_DIM_QK);
+            for (var v = 0u; v < QK_VECS; v++) {
+                q[r * QK_VECS + v] = query4(base, qk_lane + QK_LANES * v);
+            }
         }
-        q_sh[e] = q;
     }
-    workgroupBarrier();
 
-    let column = t % DV4;
-    let part = t / DV4;
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
-    var acc: array<vec4<f32>, ROWS>;
+    var acc: array<vec4<f32>, ROWS * V_VECS>;
     for (var r = 0u; r < ROWS; r++) {
-        row_max[r] = -3.402823e38;
+        row_max[r] = LOWEST;
     }
     let first = split * p.keys_per_split;
     let end = min(p.lk, first + p.keys_per_split);
-    for (var j0 = first; j0 < end; j0 += THREADS) {
-        let keys = min(THREADS, end - j0);
-        // 1. This thread's key, scored against every row.
-        if (t < keys) {
-            let j = j0 + t;
-            let base = p.k_offset + (zkv * p.kv_stride + j) * HEAD_DIM_QK;
-            var dots: array<f32, ROWS>;
-            for (var c = 0u; c < DK4; c++) {
-                let k = row4(K_ROW, base, 4u * c, HEAD_DIM_QK);
+    for (var j0 = first; j0 < end; j0 += TILE) {
+        let keys = min(TILE, end - j0);
+        // 1. Partial dot products over this lane's share of each of its keys.
+        if (qk_part < QK_PARTS) {
+            for (var kk = qk_part; kk < keys; kk += QK_PARTS) {
+                let base = p.k_offset + (zkv * p.kv_stride + j0 + kk) * HEAD_DIM_QK;
+                var dots: array<f32, ROWS>;
+                for (var v = 0u; v < QK_VECS; v++) {
+                    let k = key4(base, qk_lane + QK_LANES * v);
+                    for (var r = 0u; r < ROWS; r++) {
+                        dots[r] += dot(q[r * QK_VECS + v], k);
+                    }
+                }
                 for (var r = 0u; r < ROWS; r++) {
-                    dots[r] += dot(q_sh[r * DK4 + c], k);
+                    dot_sh[(r * TILE + kk) * QK_LANES + qk_lane] = dots[r];
                 }
             }
+        }
+        workgroupBarrier();
+        // 2. Key t's scores, scaled and masked.
+        if (t < TILE) {
             for (var r = 0u; r < ROWS; r++) {
-                if (r < rows) {
+                var s = LOWEST;
+                if (t < keys && r < rows) {
+                    var d = 0.0;
+                    for (var l = 0u; l < QK_LANES; l++) {
+                        d += dot_sh[(r * TILE + t) * QK_LANES + l];
+                    }
                     let h = g * p.kv_group + r / p.lq;
-                    s_sh[r * THREADS + t] = apply_mask(p.scale * dots[r], b, h, r % p.lq, j);
+                    s = apply_mask(p.scale * d, b, h, r % p.lq, j0 + t);
                 }
+                score_sh[r * TILE + t] = s;
             }
         }
         workgroupBarrier();
-        // 2. The rows' max over the tile, halving in workgroup memory; then every thread's
-        //    rescale of what it accumulated, and its own key's weights.
+        // 3. The rows' max over the tile (the same in every lane), the rescale of what this
+        //    lane accumulated, and key t's weights.
         for (var r = 0u; r < ROWS; r++) {
-            max_sh[r * THREADS + t] = select(-3.402823e38, s_sh[r * THREADS + t], t < keys);
-        }
-        workgroupBarrier();
-        for (var stride = THREADS / 2u; stride > 0u; stride /= 2u) {
-            if (t < stride) {
-                for (var r = 0u; r < ROWS; r++) {
-                    let e = r * THREADS + t;
-                    max_sh[e] = max(max_sh[e], max_sh[e + stride]);
-                }
+            var m = row_max[r];
+            for (var k = 0u; k < keys; k++) {
+                m = max(m, score_sh[r * TILE + k]);
             }
-            workgroupBarrier();
-        }
-        var correction: array<f32, ROWS>;
-        for (var r = 0u; r < ROWS; r++) {
-            let m = max(row_max[r], max_sh[r * THREADS]);
-            correction[r] = exp(row_max[r] - m);
+            let correction = exp(row_max[r] - m);
             row_max[r] = m;
+            row_sum[r] *= correction;
+            for (var v = 0u; v < V_VECS; v++) {
+                acc[r * V_VECS + v] *= correction;
+            }
+            if (t < keys) {
+                weight_sh[r * TILE + t] = exp(score_sh[r * TILE + t] - m);
+            }
         }
         workgroupBarrier();
-        if (t < keys) {
+        // 4. weight · V over this lane's part of the tile; every V vec4 read feeds every row.
+        for (var kk = v_part; kk < keys; kk += V_PARTS) {
+            let base = p.v_offset + (zkv * p.kv_stride + j0 + kk) * HEAD_DIM_V;
+            var w: array<f32, ROWS>;
             for (var r = 0u; r < ROWS; r++) {
-                s_sh[r * THREADS + t] = exp(s_sh[r * THREADS + t] - row_max[r]);
+                w[r] = weight_sh[r * TILE + kk];
+                row_sum[r] += w[r];
             }
-        }
-        workgroupBarrier();
-        // 3. The sums (only thread 0 writes them out) and weight · V for this thread's
-        //    column and keys.
-        for (var r = 0u; r < ROWS; r++) {
-            if (t == 0u) {
-                var s = 0.0;
-                for (var k = 0u; k < keys; k++) {
-                    s += s_sh[r * THREADS + k];
-                }
-                row_sum[r] = row_sum[r] * correction[r] + s;
-            }
-            acc[r] = acc[r] * correction[r];
-        }
-        if (part < PARTS) {
-            for (var k = part; k < keys; k += PARTS) {
-                let base = p.v_offset + (zkv * p.kv_stride + j0 + k) * HEAD_DIM_V;
-                let v = row4(V_ROW, base, 4u * column, HEAD_DIM_V);
+            for (var v = 0u; v < V_VECS; v++) {
+                let value = value4(base, v_lane + V_LANES * v);
                 for (var r = 0u; r < ROWS; r++) {
-                    acc[r] += s_sh[r * THREADS + k] * v;
+                    acc[r * V_VECS + v] += w[r] * value;
                 }
             }
         }
-        workgroupBarrier();
     }
 
-    // The parts of each column summed; (max, sum, accumulator) of every row to `partials`.
-    for (var r = 0u; r < ROWS; r++) {
-        acc_sh[r * THREADS + t] = acc[r];
-    }
-    workgroupBarrier();
-    if (part == 0u) {
-        for (var r = 0u; r < rows; r++) {
-            var total = vec4<f32>(0.0);
-            for (var q = 0u; q < PARTS; q++) {
-                total += acc_sh[r * THREADS + q * DV4 + column];
+    // (max, sum, accumulator) of every row to `partials`, the V parts summed first.
+    for (var r = 0u; r < rows; r++) {
+        let h = g * p.kv_group + r / p.lq;
+        let out = (((b * p.heads + h) * p.lq + r % p.lq) * p.splits + split) * PART_STRIDE;
+        var total_sum = row_sum[r];
+        if (V_PARTS > 1u) {
+            workgroupBarrier();
+            for (var v = 0u; v < V_VECS; v++) {
+                acc_sh[t * V_VECS + v] = acc[r * V_VECS + v];
             }
-            let h = g * p.kv_group + r / p.lq;
-            let row = (b * p.heads + h) * p.lq + r % p.lq;
-            let base = (row * p.splits + split) * PART_STRIDE;
+            sum_sh[t] = row_sum[r];
+            workgroupBarrier();
+            if (v_part == 0u) {
+                for (var part = 1u; part < V_PARTS; part++) {
+                    let lane = part * V_LANES + v_lane;
+                    for (var v = 0u; v < V_VECS; v++) {
+                        acc[r * V_VECS + v] += acc_sh[lane * V_VECS + v];
+                    }
+                    total_sum += sum_sh[lane];
+                }
+            }
+        }
+        if (v_part == 0u) {
             if (t == 0u) {
-                partials[base] = row_max[r];
-                partials[base + 1u] = row_sum[r];
+                partials[out] = row_max[r];
+                partials[out + 1u] = total_sum;
             }
-            for (var e = 0u; e < 4u; e++) {
-                partials[base + 2u + 4u * column + e] = total[e];
+            for (var v = 0u; v < V_VECS; v++) {
+                let c = v_lane + V_LANES * v;
+                for (var e = 0u; e < 4u; e++) {
+                    if (4u * c + e < HEAD_DIM_V) {
+                        partials[out + 2u + 4u * c + e] = acc[r * V_VECS + v][e];
+                    }
+                }
             }
         }
     }

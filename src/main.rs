@@ -25,6 +25,10 @@ struct Cli {
     /// Substring of the adapter name (default: WGPU_ADAPTER_NAME, else the best found).
     #[arg(long, global = true)]
     adapter: Option<String>,
+    /// Kernel shapes: `cpu` or `gpu` (default: WGPU_MHA_KERNELS, else the adapter's class).
+    /// Forcing `gpu` on a software adapter runs the shapes a GPU would pick.
+    #[arg(long, global = true)]
+    kernels: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -79,9 +83,22 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let kernels = match cli
+        .kernels
+        .as_deref()
+        .map(wgpu_mha::KernelClass::parse)
+        .transpose()
+    {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let options = GpuOptions {
         backend: cli.backend.clone(),
         adapter_name: cli.adapter.clone(),
+        kernels,
     };
     let result = match cli.command.unwrap_or(Command::Demo) {
         Command::Info => info(&options),

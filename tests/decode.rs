@@ -7,20 +7,35 @@
 mod common;
 
 use common::{assert_close, gpu, options};
-use wgpu_mha::kernels::decode::KEYS_PER_SPLIT;
+use wgpu_mha::kernels::decode;
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, KvCache, Mask, MultiHeadAttention,
     Tensor,
 };
 
 fn module(kv_heads: usize) -> (AttentionConfig, AttentionWeights, MultiHeadAttention) {
-    let config = AttentionConfig::classic(32, 4)
+    module_of_width(32, kv_heads)
+}
+
+/// Four heads of `embed / 4`: 32 gives d8 (rows read as vec4s), 36 gives d9 (element by
+/// element).
+fn module_of_width(
+    embed: usize,
+    kv_heads: usize,
+) -> (AttentionConfig, AttentionWeights, MultiHeadAttention) {
+    let config = AttentionConfig::classic(embed, 4)
         .unwrap()
         .with_kv_heads(kv_heads)
         .unwrap();
     let weights = AttentionWeights::random(&config, 1);
     let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
     (config, weights, mha)
+}
+
+/// Keys per split of the decode pass this device runs for `lq` rows of `config`.
+fn keys_per_split(config: &AttentionConfig, lq: usize) -> usize {
+    let (group, d) = (config.kv_group(), config.qk_head_dim);
+    decode::shape(gpu(), group, lq, d, config.v_head_dim, false).keys_per_split()
 }
 
 fn masks(b: usize, lq: usize, lk: usize) -> Vec<Mask> {
@@ -37,15 +52,18 @@ fn masks(b: usize, lq: usize, lk: usize) -> Vec<Mask> {
 
 #[test]
 fn decode_equals_multi_pass_and_the_reference_across_split_boundaries() {
-    let s = KEYS_PER_SPLIT;
-    for kv_heads in [4, 2, 1] {
-        let (config, weights, mha) = module(kv_heads);
-        for lk in [1, s - 1, s, s + 1, 3 * s + 7] {
-            for lq in [1, 2] {
-                let q = Tensor::random([2, lq, 32], lk as u64);
-                let kv = Tensor::random([2, lk, 32], 7 * lk as u64);
+    for (embed, kv_heads) in [(32, 4), (32, 2), (32, 1), (36, 2)] {
+        let (config, weights, mha) = module_of_width(embed, kv_heads);
+        for lq in [1, 2] {
+            let s = keys_per_split(&config, lq);
+            for lk in [1, s - 1, s, s + 1, 3 * s + 7] {
+                let q = Tensor::random([2, lq, embed], lk as u64);
+                let kv = Tensor::random([2, lk, embed], 7 * lk as u64);
                 for mask in masks(2, lq, lk) {
-                    let label = format!("H_kv {kv_heads} Lk {lk} Lq {lq} {}", mask.kind_name());
+                    let label = format!(
+                        "E {embed} H_kv {kv_heads} Lk {lk} Lq {lq} {}",
+                        mask.kind_name()
+                    );
                     let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
                     let fused = mha
                         .forward_with(&q, &kv, &kv, &mask, &options(AttentionPath::Fused, false))
@@ -70,20 +88,15 @@ fn decode_equals_multi_pass_and_the_reference_across_split_boundaries() {
 
 #[test]
 fn a_row_of_only_minus_infinity_is_nan_as_on_the_other_paths() {
-    let (_, _, mha) = module(2);
-    let lk = KEYS_PER_SPLIT + 3;
+    let (config, _, mha) = module(2);
+    let split = keys_per_split(&config, 1);
+    let lk = split + 3;
     let q = Tensor::random([1, 1, 32], 1);
     let kv = Tensor::random([1, lk, 32], 2);
     // Every key −inf: NaN. Only the keys of the second split finite: an ordinary answer.
     let all = Mask::Bias(Tensor::new([lk], vec![f32::NEG_INFINITY; lk]).unwrap());
     let tail: Vec<f32> = (0..lk)
-        .map(|j| {
-            if j < KEYS_PER_SPLIT {
-                f32::NEG_INFINITY
-            } else {
-                0.0
-            }
-        })
+        .map(|j| if j < split { f32::NEG_INFINITY } else { 0.0 })
         .collect();
     let tail = Mask::Bias(Tensor::new([lk], tail).unwrap());
     for path in [AttentionPath::Fused, AttentionPath::MultiPass] {

@@ -12,6 +12,7 @@ use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
 use wgpu_mha::kernels::read_probe::{self, ProbeParams};
 use wgpu_mha::kernels::{av_combine, naive, rope, scores, softmax, GEMM_TILE};
+use wgpu_mha::KernelClass;
 
 fn parse(name: &str, source: &str) -> Result<naga::Module, String> {
     naga::front::wgsl::parse_str(source)
@@ -80,13 +81,13 @@ fn all_sources() -> Vec<(String, String)> {
     for (dk, dv) in [(1, 1), (3, 7), (64, 64), (128, 128), (256, 256)] {
         for rows in [1, 2, 4, 8] {
             for f16 in [false, true] {
-                let s = DecodeShape {
-                    qk_head_dim: dk,
-                    v_head_dim: dv,
-                    rows,
-                    f16,
-                };
-                all.push((format!("decode {s:?}"), decode::source(s)));
+                for class in [KernelClass::Cpu, KernelClass::Gpu] {
+                    for vec4_rows in [false, true] {
+                        let mut s = DecodeShape::new(class, dk, dv, rows, f16);
+                        s.vec4_rows = vec4_rows;
+                        all.push((format!("decode {s:?}"), decode::source(s)));
+                    }
+                }
             }
         }
     }
@@ -332,12 +333,7 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(SoftmaxParams, [rows, cols, groups_x, _pad]),
         ),
         (
-            decode::source(DecodeShape {
-                qk_head_dim: 64,
-                v_head_dim: 64,
-                rows: 4,
-                f16: false,
-            }),
+            decode::source(DecodeShape::new(KernelClass::Gpu, 64, 64, 4, false)),
             host_layout!(
                 DecodeParams,
                 [

@@ -127,7 +127,7 @@ impl KvCache {
             true => {
                 let decode = (1..=cap.min(MAX_ROWS))
                     .filter(|&n| mha.decodes(n))
-                    .map(|n| partials_for(b * h * n, cap, dv))
+                    .map(|n| partials_for(gpu, c.kv_group(), n, b * h * n, cap, dk, dv))
                     .max()
                     .unwrap_or(0);
                 let per_token = b * h * carry_stride(dv);
@@ -344,7 +344,15 @@ impl MultiHeadAttention {
         let out_len = b * n * c.output_dim();
         // The fused pass's state for this step must fit the cache's (see `with_path`).
         let state = match (cache.fused, &self.flash) {
-            (true, Some(_)) if self.decodes(n) => partials_for(b * c.heads * n, lk, c.v_head_dim),
+            (true, Some(_)) if self.decodes(n) => partials_for(
+                &self.gpu,
+                c.kv_group(),
+                n,
+                b * c.heads * n,
+                lk,
+                c.qk_head_dim,
+                c.v_head_dim,
+            ),
             (true, Some(f)) if f.key_ranges(lk).len() > 1 => {
                 b * c.heads * n * carry_stride(c.v_head_dim)
             }

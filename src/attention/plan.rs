@@ -217,7 +217,17 @@ impl MultiHeadAttention {
         );
         match &self.flash {
             Some(_) if shape.fused && self.decodes(shape.lq) => {
-                crate::kernels::decode::partials_for(rows, shape.lk, dv)
+                let c = &self.config;
+                let (group, lq, lk) = (c.kv_group(), shape.lq, shape.lk);
+                crate::kernels::decode::partials_for(
+                    &self.gpu,
+                    group,
+                    lq,
+                    rows,
+                    lk,
+                    c.qk_head_dim,
+                    dv,
+                )
             }
             Some(f) if shape.fused && f.key_ranges(shape.lk).len() > 1 => rows * carry_stride(dv),
             _ => 0,

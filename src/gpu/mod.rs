@@ -39,13 +39,50 @@ fn evict_unused<V>(map: &mut HashMap<String, Arc<V>>, keep: usize) {
     }
 }
 
-/// How to pick an adapter. `Default` honours `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`.
+/// Which family of kernel shapes (workgroup sizes, rows per thread, variants) the passes
+/// pick. Each adapter gets its own class's; any class runs on any adapter, so that every
+/// shape a GPU would pick is also tested on lavapipe (`WGPU_MHA_KERNELS=gpu`). Only tuning
+/// follows the class: limits that make results exact on a software rasteriser (its loop
+/// cap) follow the adapter itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelClass {
+    /// Software rasterisers (lavapipe, llvmpipe): a workgroup of 8 is one SIMD vector.
+    Cpu,
+    /// Real GPUs: 64 or more threads per workgroup.
+    Gpu,
+}
+
+impl KernelClass {
+    /// `cpu` or `gpu` (any case).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(KernelClass::Cpu),
+            "gpu" => Ok(KernelClass::Gpu),
+            other => Err(Error::Misuse(format!(
+                "unknown kernel class `{other}` (WGPU_MHA_KERNELS): use cpu or gpu"
+            ))),
+        }
+    }
+
+    /// The class an adapter gets by default.
+    pub fn of(info: &wgpu::AdapterInfo) -> Self {
+        match info.device_type {
+            wgpu::DeviceType::Cpu => KernelClass::Cpu,
+            _ => KernelClass::Gpu,
+        }
+    }
+}
+
+/// How to pick an adapter. `Default` honours `WGPU_BACKEND`, `WGPU_ADAPTER_NAME` and
+/// `WGPU_MHA_KERNELS`.
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
     /// `vulkan`, `metal`, `dx12`, `gl` (comma-separated list allowed); `None` = env or all.
     pub backend: Option<String>,
     /// Case-insensitive substring of the adapter name; `None` = env or the first found.
     pub adapter_name: Option<String>,
+    /// The kernel shapes to run; `None` = `WGPU_MHA_KERNELS` or the adapter's own class.
+    pub kernels: Option<KernelClass>,
 }
 
 /// Counts of live GPU objects (see [`Gpu::live_objects`]).
@@ -72,6 +109,7 @@ pub struct Gpu {
     info: wgpu::AdapterInfo,
     features: wgpu::Features,
     limits: wgpu::Limits,
+    kernel_class: KernelClass,
     /// Set by the device-lost callback; every later call fails fast with `DeviceLost`.
     lost: Arc<Mutex<Option<String>>>,
     /// Errors that escaped an error scope (e.g. raised on another thread's resources).
@@ -134,6 +172,11 @@ impl Gpu {
                 )));
             }
         }
+        let forced_class = match (options.kernels, std::env::var("WGPU_MHA_KERNELS")) {
+            (Some(class), _) => Some(class),
+            (None, Ok(s)) if !s.trim().is_empty() => Some(KernelClass::parse(&s)?),
+            _ => None,
+        };
         let instance = instance(backend.as_deref());
         let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
@@ -201,9 +244,11 @@ impl Gpu {
         }));
         let serial = (info.backend == wgpu::Backend::Gl)
             .then(|| Arc::new(parking_lot::ReentrantMutex::new(())));
+        let kernel_class = forced_class.unwrap_or_else(|| KernelClass::of(&info));
         Ok(Gpu {
             device,
             queue,
+            kernel_class,
             info,
             features,
             limits,
@@ -229,6 +274,10 @@ impl Gpu {
     pub fn limits(&self) -> &wgpu::Limits {
         &self.limits
     }
+    /// The kernel shapes this device runs (see [`KernelClass`]).
+    pub fn kernel_class(&self) -> KernelClass {
+        self.kernel_class
+    }
     pub fn has_f16(&self) -> bool {
         self.features.contains(wgpu::Features::SHADER_F16)
     }
@@ -249,9 +298,14 @@ impl Gpu {
         }
     }
 
-    /// `"<name> (<backend>)"`, for reports.
+    /// `"<name> (<backend>)"`, for reports, with the kernel class when it is forced.
     pub fn describe(&self) -> String {
-        format!("{} ({:?})", self.info.name, self.info.backend)
+        let forced = if self.kernel_class == KernelClass::of(&self.info) {
+            String::new()
+        } else {
+            format!(", {:?} kernels forced", self.kernel_class).to_lowercase()
+        };
+        format!("{} ({:?}{forced})", self.info.name, self.info.backend)
     }
 
     /// Fails fast once the device is lost.

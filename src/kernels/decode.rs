@@ -6,24 +6,29 @@
 
 use crate::error::Result;
 use crate::gpu::pass::{Dispatch, PassSpec, Slot};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::mask::MaskBuffers;
 use crate::kernels::source::Prelude;
 use crate::kernels::{CoreProblem, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/decode_attention.wgsl");
+pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/decode_rows_vec4.wgsl");
+pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/decode_rows_scalar.wgsl");
 pub const REDUCE_WGSL: &str = include_str!("../../shaders/decode_reduce.wgsl");
 
-/// Threads per workgroup: each scores one key of a tile.
-pub const THREADS: u32 = 64;
 /// Most query rows one workgroup serves: `kv_group · Lq` (GQA group × the step's rows).
 pub const MAX_ROWS: usize = 8;
-/// Widest head the pass takes: one V vec4 column per thread at most.
-pub const MAX_HEAD_DIM: usize = 4 * THREADS as usize;
-/// Keys per split. It bounds one invocation's loop iterations (about 1,400 per tile of 64
-/// keys at 8 rows and d = 128, so 8 tiles stay far under a software rasteriser's 65,535) and
-/// gives a long context many workgroups.
-pub const KEYS_PER_SPLIT: usize = 512;
+/// Widest head the pass takes; wider ones run the flash pass (q stays in registers here).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Most keys per split: a long context still gets many workgroups.
+pub const MAX_KEYS_PER_SPLIT: usize = 512;
+/// Vec4s of a row each lane aims to hold (fewer lanes per key leave more keys in flight).
+const VECS_PER_LANE: usize = 4;
+/// Loop iterations one invocation may make per split, counted as if no loop were unrolled:
+/// a third of the 65,535 after which a software rasteriser silently stops its loops.
+const SPLIT_ITERATIONS: usize = 21_000;
+/// Workgroup memory the pass uses at most, within wgpu's default limit (16 KiB).
+const WORKGROUP_BYTES: usize = 16 * 1024;
 
 /// Whether the decode pass serves `lq` query rows per (batch, head) of a module with
 /// `kv_group` query heads per key/value head and these head sizes: few enough rows per
@@ -33,20 +38,134 @@ pub fn serves(kv_group: usize, lq: usize, qk_head_dim: usize, v_head_dim: usize)
     (1..=MAX_ROWS).contains(&rows) && qk_head_dim <= MAX_HEAD_DIM && v_head_dim <= MAX_HEAD_DIM
 }
 
-/// Floats of per-split state for `rows` query rows (B·H·Lq) over `lk` keys of `v_head_dim`.
-pub fn partials_for(rows: usize, lk: usize, v_head_dim: usize) -> usize {
-    splits(lk) * rows * (2 + 4 * v_head_dim.div_ceil(4))
+/// The shape one decode pipeline is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DecodeShape {
+    pub qk_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Rows per workgroup, a power of two ≥ `kv_group · Lq`.
+    pub rows: usize,
+    pub f16: bool,
+    /// Lanes per workgroup: 8 for CPU adapters (one llvmpipe SIMD vector, so a barrier costs
+    /// nothing and q stays in one vector's registers), 64 for GPUs (two warps, or one AMD
+    /// wave; several keys in flight). See [`KernelClass`].
+    pub threads: usize,
+    /// Whether every K/V row starts on a vec4 (head sizes and offsets multiples of 4), so
+    /// rows are read as vec4s: about 1.4× faster on lavapipe at d128.
+    pub vec4_rows: bool,
 }
 
-/// Key ranges for `lk` keys.
-pub fn splits(lk: usize) -> usize {
-    lk.div_ceil(KEYS_PER_SPLIT).max(1)
+impl DecodeShape {
+    pub fn new(
+        class: KernelClass,
+        qk_head_dim: usize,
+        v_head_dim: usize,
+        rows: usize,
+        f16: bool,
+    ) -> Self {
+        let threads = match class {
+            KernelClass::Cpu => 8,
+            KernelClass::Gpu => 64,
+        };
+        DecodeShape {
+            qk_head_dim,
+            v_head_dim,
+            rows: rows.next_power_of_two(),
+            f16,
+            threads,
+            vec4_rows: false,
+        }
+    }
+
+    /// (lanes sharing one row, vec4s each lane holds) for a row of `head_dim`.
+    fn lanes(&self, head_dim: usize) -> (usize, usize) {
+        let lanes = head_dim
+            .div_ceil(4)
+            .div_ceil(VECS_PER_LANE)
+            .clamp(1, self.threads);
+        (lanes, head_dim.div_ceil(4).div_ceil(lanes))
+    }
+
+    /// Keys per tile: the lanes' count, halved until the tile's workgroup memory fits.
+    fn tile(&self) -> usize {
+        let (qk_lanes, _) = self.lanes(self.qk_head_dim);
+        let mut tile = self.threads;
+        while tile > 1
+            && 4 * self.rows * tile * (qk_lanes + 2) + self.acc_shared_bytes() > WORKGROUP_BYTES
+        {
+            tile /= 2;
+        }
+        tile
+    }
+
+    /// Vec4s of workgroup memory the V parts are summed through (1 when there is one part).
+    fn acc_shared(&self) -> usize {
+        let (v_lanes, v_vecs) = self.lanes(self.v_head_dim);
+        if self.threads / v_lanes > 1 {
+            self.threads * v_vecs
+        } else {
+            1
+        }
+    }
+
+    fn acc_shared_bytes(&self) -> usize {
+        16 * self.acc_shared() + 4 * self.threads
+    }
+
+    /// Keys per split: a multiple of the tile whose loops stay within [`SPLIT_ITERATIONS`].
+    pub fn keys_per_split(&self) -> usize {
+        let (qk_lanes, qk_vecs) = self.lanes(self.qk_head_dim);
+        let (v_lanes, v_vecs) = self.lanes(self.v_head_dim);
+        let tile = self.tile();
+        let qk_parts = self.threads / qk_lanes;
+        let v_parts = self.threads / v_lanes;
+        // Per key of a tile: its share of steps 1 and 4, the partial sums of step 2, the max
+        // of step 3 (every lane reads every key's score).
+        let per_key = (self.rows * (qk_vecs + 1)).div_ceil(qk_parts)
+            + (self.rows * (v_vecs + 1)).div_ceil(v_parts)
+            + (self.rows * qk_lanes).div_ceil(tile)
+            + 2 * self.rows;
+        let keys = (SPLIT_ITERATIONS / per_key).min(MAX_KEYS_PER_SPLIT);
+        (keys / tile).max(1) * tile
+    }
+
+    /// Key ranges for `lk` keys.
+    pub fn splits(&self, lk: usize) -> usize {
+        lk.div_ceil(self.keys_per_split()).max(1)
+    }
 }
 
-/// Floats of per-split state (`partials`) a problem needs: per query row and split, its max,
-/// sum and accumulator.
-pub fn partials_len(c: &CoreProblem) -> usize {
-    partials_for(c.batch * c.heads * c.lq, c.lk, c.v_head_dim)
+/// The shape `gpu` runs the decode pass in for `kv_group · lq` rows per workgroup.
+pub fn shape(gpu: &Gpu, kv_group: usize, lq: usize, qk: usize, v: usize, f16: bool) -> DecodeShape {
+    DecodeShape::new(gpu.kernel_class(), qk, v, kv_group.max(1) * lq, f16)
+}
+
+/// Floats of per-split state (`partials`) for a step of `lq` query rows per (batch, head)
+/// over `lk` keys, `rows` = B·H·Lq in all: per query row and split, its max, sum and
+/// accumulator.
+pub fn partials_for(
+    gpu: &Gpu,
+    kv_group: usize,
+    lq: usize,
+    rows: usize,
+    lk: usize,
+    qk: usize,
+    v: usize,
+) -> usize {
+    shape(gpu, kv_group, lq, qk, v, false).splits(lk) * rows * (2 + 4 * v.div_ceil(4))
+}
+
+/// [`partials_for`] a core problem.
+pub fn partials_len(gpu: &Gpu, c: &CoreProblem) -> usize {
+    partials_for(
+        gpu,
+        c.layout.kv_group as usize,
+        c.lq,
+        c.batch * c.heads * c.lq,
+        c.lk,
+        c.qk_head_dim,
+        c.v_head_dim,
+    )
 }
 
 /// Mirrors `DecodeParams` in `decode_attention.wgsl`.
@@ -81,25 +200,28 @@ pub struct ReduceParams {
     pub _pad2: u32,
 }
 
-/// The shape one decode pipeline is built for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DecodeShape {
-    pub qk_head_dim: usize,
-    pub v_head_dim: usize,
-    /// Rows per workgroup, a power of two ≥ `kv_group · Lq`.
-    pub rows: usize,
-    pub f16: bool,
-}
-
 /// The full source: sizes and element type, the mask rule, the body.
 pub fn source(s: DecodeShape) -> String {
+    let (qk_lanes, qk_vecs) = s.lanes(s.qk_head_dim);
+    let (v_lanes, v_vecs) = s.lanes(s.v_head_dim);
     let prelude = Prelude::new()
         .u32("HEAD_DIM_QK", s.qk_head_dim as u32)
         .u32("HEAD_DIM_V", s.v_head_dim as u32)
         .u32("ROWS", s.rows as u32)
-        .u32("THREADS", THREADS)
+        .u32("THREADS", s.threads as u32)
+        .u32("TILE", s.tile() as u32)
+        .u32("QK_LANES", qk_lanes as u32)
+        .u32("QK_VECS", qk_vecs as u32)
+        .u32("V_LANES", v_lanes as u32)
+        .u32("V_VECS", v_vecs as u32)
+        .u32("ACC_SHARED", s.acc_shared() as u32)
         .elem("QkvElem", s.f16);
-    super::mask::prelude(prelude).source(&[super::mask::WGSL, WGSL])
+    let rows = if s.vec4_rows {
+        ROWS_VEC4_WGSL
+    } else {
+        ROWS_SCALAR_WGSL
+    };
+    super::mask::prelude(prelude).source(&[super::mask::WGSL, rows, WGSL])
 }
 
 /// The reduce pass's source for values of `v_head_dim`.
@@ -139,13 +261,16 @@ pub fn dispatches(
 ) -> Result<Vec<Dispatch>> {
     let kv_group = c.layout.kv_group as usize;
     let kv_heads = c.heads / kv_group.max(1);
-    let shape = DecodeShape {
-        qk_head_dim: c.qk_head_dim,
-        v_head_dim: c.v_head_dim,
-        rows: (kv_group * c.lq).next_power_of_two(),
-        f16,
-    };
-    let splits = splits(c.lk);
+    let mut shape = shape(gpu, kv_group, c.lq, c.qk_head_dim, c.v_head_dim, f16);
+    shape.vec4_rows = [
+        c.qk_head_dim as u32,
+        c.v_head_dim as u32,
+        c.layout.k_offset,
+        c.layout.v_offset,
+    ]
+    .iter()
+    .all(|n| n % 4 == 0);
+    let splits = shape.splits(c.lk);
     let p = DecodeParams {
         lq: c.lq as u32,
         lk: c.lk as u32,
@@ -157,7 +282,7 @@ pub fn dispatches(
         k_offset: c.layout.k_offset,
         v_offset: c.layout.v_offset,
         kv_stride: c.layout.kv_stride,
-        keys_per_split: KEYS_PER_SPLIT as u32,
+        keys_per_split: shape.keys_per_split() as u32,
         splits: splits as u32,
     };
     let groups = [splits as u32, (c.batch * kv_heads) as u32, 1];
@@ -203,12 +328,44 @@ pub fn dispatches(
 mod tests {
     use super::*;
 
+    fn every_shape() -> impl Iterator<Item = DecodeShape> {
+        let classes = [KernelClass::Cpu, KernelClass::Gpu];
+        let dims = [1, 3, 4, 8, 60, 64, 80, 96, 128, 200, 256];
+        classes.into_iter().flat_map(move |class| {
+            dims.into_iter().flat_map(move |qk| {
+                dims.into_iter().flat_map(move |v| {
+                    [1, 2, 4, 8].map(|rows| DecodeShape::new(class, qk, v, rows, false))
+                })
+            })
+        })
+    }
+
     #[test]
     fn splits_cover_the_keys() {
-        assert_eq!(splits(0), 1);
-        assert_eq!(splits(1), 1);
-        assert_eq!(splits(KEYS_PER_SPLIT), 1);
-        assert_eq!(splits(KEYS_PER_SPLIT + 1), 2);
-        assert_eq!(splits(32_768), 64);
+        for s in every_shape() {
+            let per = s.keys_per_split();
+            assert!(
+                (1..=MAX_KEYS_PER_SPLIT).contains(&per) && per % s.tile() == 0,
+                "{s:?}"
+            );
+            assert_eq!(s.splits(0), 1);
+            assert_eq!(s.splits(1), 1);
+            assert_eq!(s.splits(per), 1);
+            assert_eq!(s.splits(per + 1), 2);
+        }
+    }
+
+    #[test]
+    fn lanes_cover_a_row_and_memory_fits() {
+        for s in every_shape() {
+            for d in [s.qk_head_dim, s.v_head_dim] {
+                let (lanes, vecs) = s.lanes(d);
+                assert!(lanes * vecs >= d.div_ceil(4) && lanes <= s.threads, "{s:?}");
+                assert!((lanes - 1) * vecs < d.div_ceil(4), "an idle lane: {s:?}");
+            }
+            let (qk_lanes, _) = s.lanes(s.qk_head_dim);
+            let bytes = 4 * s.rows * s.tile() * (qk_lanes + 2) + s.acc_shared_bytes();
+            assert!(bytes <= WORKGROUP_BYTES && s.tile() <= s.threads, "{s:?}");
+        }
     }
 }

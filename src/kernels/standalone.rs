@@ -537,7 +537,7 @@ impl Job {
                 gpu.upload("k", k, none),
                 gpu.upload("v", v, none),
             );
-            let partials = gpu.storage("partials", 4 * decode::partials_len(&c) as u64, none);
+            let partials = gpu.storage("partials", 4 * decode::partials_len(gpu, &c) as u64, none);
             let out_len = c.combined_len();
             let out = gpu.storage("combined", 4 * out_len as u64, wgpu::BufferUsages::COPY_SRC);
             let mask = MaskBuffers::new(gpu, 0);

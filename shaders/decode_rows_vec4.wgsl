@@ -1,0 +1,15 @@
+// decode_attention's K and V rows as whole vec4s: one load per vec4 instead of four, where
+// the host has checked that every row starts on a vec4 (head sizes and offsets multiples of 4).
+
+@group(0) @binding(2) var<storage, read> k_in: array<vec4<QkvElem>>;
+@group(0) @binding(3) var<storage, read> v_in: array<vec4<QkvElem>>;
+
+// Vec4 c of the key row starting at element `base`.
+fn key4(base: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(k_in[base / 4u + c]);
+}
+
+// Vec4 c of the value row starting at element `base`.
+fn value4(base: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(v_in[base / 4u + c]);
+}
