@@ -10,10 +10,10 @@
 // Vec4 c of a row belongs to lane c % LANES, so neighbouring lanes read neighbouring memory.
 // Per tile of TILE keys:
 //   1. each lane's partial dot products of its keys against every row (QK_PARTS keys at once);
-//   2. lane t sums the partials of key t of the tile, scales and masks the score (a masked
-//      score is replaced by -1e9, a bias added, as on the other paths);
+//   2. lane t sums the partials of keys t, t + THREADS, ... of the tile, scales and masks
+//      their scores (a masked score is replaced by -1e9, a bias added, as on the other paths);
 //   3. every lane takes the rows' new max over the tile, rescales what it accumulated, and
-//      lane t turns key t's scores into weights exp(s - max);
+//      turns its keys' scores into weights exp(s - max);
 //   4. each lane adds weight · V over its part of the tile's keys (V_PARTS parts).
 // The running max starts at -f32::MAX, so keys whose score is -inf weigh exactly 0 and a row
 // with every score -inf keeps max -f32::MAX (the reduce pass returns NaN for it, as PyTorch).
@@ -126,19 +126,19 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             }
         }
         workgroupBarrier();
-        // 2. Key t's scores, scaled and masked.
-        if (t < TILE) {
+        // 2. The scores of keys t, t + THREADS, ..., scaled and masked.
+        for (var kt = t; kt < TILE; kt += THREADS) {
             for (var r = 0u; r < ROWS; r++) {
                 var s = LOWEST;
-                if (t < keys && r < rows) {
+                if (kt < keys && r < rows) {
                     var d = 0.0;
                     for (var l = 0u; l < QK_LANES; l++) {
-                        d += dot_sh[(r * TILE + t) * QK_LANES + l];
+                        d += dot_sh[(r * TILE + kt) * QK_LANES + l];
                     }
                     let h = g * p.kv_group + r / p.lq;
-                    s = apply_mask(p.scale * d, b, h, r % p.lq, j0 + t);
+                    s = apply_mask(p.scale * d, b, h, r % p.lq, j0 + kt);
                 }
-                score_sh[r * TILE + t] = s;
+                score_sh[r * TILE + kt] = s;
             }
         }
         workgroupBarrier();
@@ -155,8 +155,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             for (var v = 0u; v < V_VECS; v++) {
                 acc[r * V_VECS + v] *= correction;
             }
-            if (t < keys) {
-                weight_sh[r * TILE + t] = exp(score_sh[r * TILE + t] - m);
+            for (var kt = t; kt < keys; kt += THREADS) {
+                weight_sh[r * TILE + kt] = exp(score_sh[r * TILE + kt] - m);
             }
         }
         workgroupBarrier();
