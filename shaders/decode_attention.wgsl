@@ -20,7 +20,8 @@
 // Each split writes, per row, (max, sum, accumulator) to `partials`; decode_reduce combines
 // the splits in a fixed order. The host bounds keys per split so that one invocation's loops
 // stay far under the 65,535 iterations a software rasteriser allows.
-// Dispatch: (splits, B·H_kv, 1) workgroups of THREADS.
+// Dispatch: (splits, B·H_kv, 1) workgroups of THREADS; a KV cache stored in chunks makes one
+// dispatch per chunk, each binding that chunk's K/V and taking its splits.
 //
 // The host's prelude (src/kernels/decode.rs) defines HEAD_DIM_QK, HEAD_DIM_V, ROWS, THREADS,
 // TILE, QK_LANES, QK_VECS, V_LANES, V_VECS, ACC_SHARED and the element type QkvElem; the mask
@@ -46,7 +47,11 @@ struct DecodeParams {
     v_offset: u32,
     kv_stride: u32,       // rows of K/V per (batch, kv head)
     keys_per_split: u32,  // a multiple of TILE
-    splits: u32,
+    splits: u32,          // of the whole key range (the layout of `partials`)
+    split_base: u32,      // the first split of this dispatch
+    key_base: u32,        // the key in row 0 of the bound K/V (a KV cache's chunk start)
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: DecodeParams;
@@ -74,7 +79,7 @@ fn query4(base: u32, c: u32) -> vec4<f32> {
 @compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
-    let split = wid.x;
+    let split = p.split_base + wid.x;
     let zkv = wid.y;                 // b · H_kv + g
     let b = zkv / p.kv_heads;
     let g = zkv % p.kv_heads;
@@ -112,7 +117,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // 1. Partial dot products over this lane's share of each of its keys.
         if (qk_part < QK_PARTS) {
             for (var kk = qk_part; kk < keys; kk += QK_PARTS) {
-                let base = p.k_offset + (zkv * p.kv_stride + j0 + kk) * HEAD_DIM_QK;
+                let base = p.k_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * HEAD_DIM_QK;
                 var dots: array<f32, ROWS>;
                 for (var v = 0u; v < QK_VECS; v++) {
                     let k = key4(base, qk_lane + QK_LANES * v);
@@ -162,7 +167,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         workgroupBarrier();
         // 4. weight · V over this lane's part of the tile; every V vec4 read feeds every row.
         for (var kk = v_part; kk < keys; kk += V_PARTS) {
-            let base = p.v_offset + (zkv * p.kv_stride + j0 + kk) * HEAD_DIM_V;
+            let base = p.v_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * HEAD_DIM_V;
             var w: array<f32, ROWS>;
             for (var r = 0u; r < ROWS; r++) {
                 w[r] = weight_sh[r * TILE + kk];

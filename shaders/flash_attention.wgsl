@@ -42,7 +42,7 @@ struct FlashParams {
     tile_end: u32,
     carry_flags: u32, // CARRY_IN: resume from `carry`; CARRY_OUT: store to `carry`, not `out`
     kv_group: u32,    // query heads per key/value head (1, or H / H_kv for GQA/MQA)
-    _pad0: u32,
+    key_base: u32,    // the key in row 0 of the bound K/V (a KV cache's chunk start)
     _pad1: u32,
     _pad2: u32,
 }
@@ -125,7 +125,7 @@ fn skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) -> array<vec4<u32>,
     let exponent = vec4<u32>(0x7f800000u);
     var mine: array<vec4<u32>, DV4>;
     for (var j = t0 * KV_TILE + thread; j < min(t1 * KV_TILE, p.lk); j += THREADS) {
-        let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j) * HEAD_DIM_V;
+        let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j - p.key_base) * HEAD_DIM_V;
         for (var c = 0u; c < DV4; c++) {
             let bits = bitcast<vec4<u32>>(staged_vec4(V_ROW, base, 4u * c, HEAD_DIM_V, true));
             mine[c] |= select(vec4<u32>(0u), vec4<u32>(1u), (bits & exponent) == exponent);
@@ -215,12 +215,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // key are zeroed so a padded key's P·V term is exactly 0 even if stale data were NaN.
         for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
             let key = e / DK4;
-            let base = p.k_offset + ((z / p.kv_group) * p.kv_stride + j0 + key) * HEAD_DIM_QK;
+            let base = p.k_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * HEAD_DIM_QK;
             k_tile[e] = staged_vec4(K_ROW, base, 4u * (e % DK4), HEAD_DIM_QK, key < keys);
         }
         for (var e = lid.x; e < KV_TILE * DV4; e += THREADS) {
             let key = e / DV4;
-            let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j0 + key) * HEAD_DIM_V;
+            let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * HEAD_DIM_V;
             v_tile[e] = staged_vec4(V_ROW, base, 4u * (e % DV4), HEAD_DIM_V, key < keys);
         }
         workgroupBarrier();

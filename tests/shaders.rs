@@ -8,6 +8,7 @@ use std::path::Path;
 use naga::valid::{Capabilities, ValidationFlags};
 use wgpu_mha::kernels::decode::{self, DecodeParams, DecodeShape, ReduceParams};
 use wgpu_mha::kernels::flash_attention::{self, FlashShape};
+use wgpu_mha::kernels::kv_append::{self, AppendParams};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
 use wgpu_mha::kernels::read_probe::{self, ProbeParams};
@@ -47,6 +48,8 @@ fn all_sources() -> Vec<(String, String)> {
         ("decode_reduce".to_string(), decode::reduce_source(24)),
         ("read_probe".to_string(), read_probe::WGSL.to_string()),
         ("rope f16".to_string(), rope::source(true)),
+        ("kv_append".to_string(), kv_append::source(false)),
+        ("kv_append f16".to_string(), kv_append::source(true)),
         ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
         (
             "attention_naive".to_string(),
@@ -261,7 +264,7 @@ fn uniform_structs_match_their_wgsl_layout() {
                     tile_end,
                     carry_flags,
                     kv_group,
-                    _pad0,
+                    key_base,
                     _pad1,
                     _pad2
                 ]
@@ -348,7 +351,11 @@ fn uniform_structs_match_their_wgsl_layout() {
                     v_offset,
                     kv_stride,
                     keys_per_split,
-                    splits
+                    splits,
+                    split_base,
+                    key_base,
+                    _pad0,
+                    _pad1
                 ]
             ),
         ),
@@ -380,6 +387,16 @@ fn uniform_structs_match_their_wgsl_layout() {
                     groups_x,
                     _pad0,
                     _pad1
+                ]
+            ),
+        ),
+        (
+            kv_append::source(false),
+            host_layout!(
+                AppendParams,
+                [
+                    blocks, count, width, src_offset, src_stride, src_first, dst_stride, dst_first,
+                    groups_x, _pad0, _pad1, _pad2
                 ]
             ),
         ),

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::kernels::decode::{partials_for, MAX_ROWS};
 use crate::kernels::flash_attention::carry_stride;
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
-use crate::kernels::{QkvBuffers, QkvLayout};
+use crate::kernels::{KvChunks, QkvBuffers, QkvLayout};
 use crate::model::mask::{AttnDims, Mask};
 use crate::model::tensor::Tensor;
 
@@ -34,9 +34,16 @@ pub struct KvCache {
     fused: bool,
     /// The owning module's packed weight buffer, to recognise it.
     owner: wgpu::Buffer,
-    /// `[K: B·H·C·dk | V: B·H·C·dv | Q scratch: B·H·C·dk]`, laid out as `layout` says.
+    /// `[K: B·H·C·dk | V: B·H·C·dv | Q scratch: B·H·C·dk]`, laid out as `layout` says; in a
+    /// chunked cache the step's scratch `[Q | K | V]` of `max_step` tokens.
     kv: wgpu::Buffer,
     layout: QkvLayout,
+    /// Most tokens one step may bring.
+    max_step: usize,
+    /// A chunked cache's keys and values, `chunk_keys` tokens per chunk (empty otherwise).
+    k_chunks: Vec<wgpu::Buffer>,
+    v_chunks: Vec<wgpu::Buffer>,
+    chunk_keys: usize,
     /// New tokens' query input `[B, n, model_dim]` and, for cross steps, key/value input.
     x_q: wgpu::Buffer,
     x_kv: wgpu::Buffer,
@@ -63,6 +70,50 @@ impl std::fmt::Debug for KvCache {
     }
 }
 
+/// How a cache stores its keys and values.
+#[derive(Debug, Clone, Copy)]
+enum Chunks {
+    /// In one buffer when that fits a storage binding, else in the largest chunks that do.
+    Auto,
+    /// In chunks of (at least) this many tokens.
+    Keys(usize),
+}
+
+/// Tokens per chunk are a multiple of this: of the decode pass's largest split and of the
+/// flash pass's key tile, so neither pass reads across a chunk's end.
+fn chunk_unit(mha: &MultiHeadAttention) -> usize {
+    let tile = mha.flash.as_ref().map_or(1, |f| f.kv_tile() as usize);
+    let split = crate::kernels::decode::MAX_KEYS_PER_SPLIT;
+    split / gcd(split, tile) * tile
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The most tokens per chunk whose keys or values fit one binding of `limit` bytes.
+fn largest_chunk(mha: &MultiHeadAttention, batch: usize, limit: u64) -> Result<usize> {
+    let c = &mha.config;
+    let per_token =
+        mha.qkv_elem_bytes() * (batch * c.kv_heads * c.qk_head_dim.max(c.v_head_dim)) as u64;
+    let unit = chunk_unit(mha) as u64;
+    let units = limit / (per_token * unit).max(1);
+    if units == 0 {
+        return Err(Error::TooLarge {
+            what: format!(
+                "a KV cache chunk of {unit} tokens (the smallest the attention passes read)"
+            ),
+            needed: per_token * unit,
+            limit,
+        });
+    }
+    Ok((units * unit) as usize)
+}
+
 impl KvCache {
     /// An empty cache for `batch` sequences of up to `capacity` tokens each, on the fused
     /// attention path when the module has one.
@@ -80,6 +131,16 @@ impl KvCache {
         batch: usize,
         capacity: usize,
         path: AttentionPath,
+    ) -> Result<Self> {
+        Self::build(mha, batch, capacity, path, Chunks::Auto)
+    }
+
+    fn build(
+        mha: &MultiHeadAttention,
+        batch: usize,
+        capacity: usize,
+        path: AttentionPath,
+        chunks: Chunks,
     ) -> Result<Self> {
         let c = mha.config;
         let gpu = &mha.gpu;
@@ -119,46 +180,94 @@ impl KvCache {
             (AttentionPath::MultiPass, _) => false,
         };
         let (b, h, cap, dk, dv) = (batch, c.heads, capacity, c.qk_head_dim, c.v_head_dim);
+        let elem = mha.qkv_elem_bytes();
+        // Keys and values of the key/value heads only (fewer than H under GQA/MQA).
+        let (k_elems, v_elems) = (b * c.kv_heads * cap * dk, b * c.kv_heads * cap * dv);
+        let limit = gpu.binding_limit();
+        let packed_bytes = elem * (k_elems + v_elems + b * h * cap * dk) as u64;
+        let chunk_keys = match chunks {
+            Chunks::Auto if packed_bytes <= limit => None,
+            Chunks::Auto => Some(largest_chunk(mha, b, limit)?),
+            Chunks::Keys(keys) => Some(keys.div_ceil(chunk_unit(mha)) * chunk_unit(mha)),
+        };
+        if chunk_keys.is_some() && !(fused && mha.flash.is_some()) {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: format!(
+                    "a multi-pass KV cache of {cap} tokens: its keys and values need more than                      one storage binding, which only the fused path reads"
+                ),
+            });
+        }
+        // Tokens one step may bring: all of them, unless the cache is chunked; then as many
+        // as the step's own buffers (scratch Q/K/V, inputs, outputs) hold in one binding.
+        let per_token = [
+            elem as usize * b * (h * dk + c.kv_heads * (dk + dv)),
+            4 * b
+                * c.model_dim
+                    .max(c.key_dim)
+                    .max(c.v_width())
+                    .max(c.output_dim()),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1)
+        .max(1);
+        let max_step = match chunk_keys {
+            None => cap,
+            Some(_) => cap.min((limit / per_token as u64) as usize),
+        };
+        if max_step == 0 {
+            return Err(Error::TooLarge {
+                what: "one token of a KV cache step (its projected Q, K and V)".into(),
+                needed: per_token as u64,
+                limit,
+            });
+        }
         // The decode pass's state for its largest step over the full capacity, and the flash
         // pass's carry for a step of as many tokens as one binding holds (a longer prefill is
         // `Err(TooLarge)`: split it into steps).
         let carry_len = match fused {
             false => 0,
             true => {
-                let decode = (1..=cap.min(MAX_ROWS))
+                let decode = (1..=max_step.min(MAX_ROWS))
                     .filter(|&n| mha.decodes(n))
                     .map(|n| partials_for(gpu, c.kv_group(), n, b * h * n, cap, dk, dv))
                     .max()
                     .unwrap_or(0);
                 let per_token = b * h * carry_stride(dv);
-                let fits = (gpu.binding_limit() / 4) as usize / per_token;
-                decode.max(per_token * cap.min(fits))
+                let fits = (limit / 4) as usize / per_token;
+                decode.max(per_token * max_step.min(fits))
             }
         };
-        // Keys and values of the key/value heads only (fewer than H under GQA/MQA).
-        let (k_elems, v_elems) = (b * c.kv_heads * cap * dk, b * c.kv_heads * cap * dv);
+        let m = max_step;
         let sizes = [
             (
                 "the KV cache with its query scratch",
-                k_elems + v_elems + b * h * cap * dk,
+                match chunk_keys {
+                    None => k_elems + v_elems + b * h * cap * dk,
+                    Some(_) => b * (h * dk + c.kv_heads * (dk + dv)) * m,
+                },
             ),
-            ("the cache's query input", b * cap * c.model_dim),
-            ("the cache's combined heads", b * cap * c.v_width()),
-            ("the cache's output", b * cap * c.output_dim()),
+            ("the cache's query input", b * m * c.model_dim),
+            ("the cache's combined heads", b * m * c.v_width()),
+            ("the cache's output", b * m * c.output_dim()),
             (
                 "the cache's attention scores",
                 if fused { 0 } else { b * h * cap * cap },
             ),
+            ("the cache's fused-pass state", carry_len),
         ];
-        let sizes = [
-            sizes.as_slice(),
-            &[("the cache's fused-pass state", carry_len)],
-        ]
-        .concat();
         for (what, elems) in sizes {
             gpu.check_fits(what, 4 * elems as u64)?;
         }
-        let groups = (b * h).max((b * cap).div_ceil(64));
+        if let Some(keys) = chunk_keys {
+            let rows = b * c.kv_heads * keys;
+            gpu.check_fits(
+                "one chunk of the KV cache",
+                elem * (rows * dk.max(dv)) as u64,
+            )?;
+        }
+        let groups = (b * h).max((b * m).div_ceil(64));
         gpu.check_workgroups(
             "KV cache step",
             [groups.min(u32::MAX as usize) as u32, 1, 1],
@@ -167,39 +276,117 @@ impl KvCache {
             let none = wgpu::BufferUsages::empty();
             let copy = wgpu::BufferUsages::COPY_SRC;
             let f32s = |elems: usize| 4 * elems as u64;
+            // Unchunked: `[K | V | Q scratch]` at the capacity. Chunked: the step's scratch
+            // `[Q | K | V]` of `m` tokens, and K and V in chunks of `keys` tokens.
+            let (kv, layout, k_chunks, v_chunks) = match chunk_keys {
+                None => (
+                    gpu.storage(
+                        "KV cache",
+                        elem * (k_elems + v_elems + b * h * cap * dk) as u64,
+                        none,
+                    ),
+                    QkvLayout {
+                        k_offset: 0,
+                        v_offset: k_elems as u32,
+                        q_offset: (k_elems + v_elems) as u32,
+                        kv_stride: cap as u32,
+                        kv_group: c.kv_group() as u32,
+                    },
+                    Vec::new(),
+                    Vec::new(),
+                ),
+                Some(keys) => {
+                    let (q_len, k_len) = (b * h * m * dk, b * c.kv_heads * m * dk);
+                    let v_len = b * c.kv_heads * m * dv;
+                    let scratch = elem * (q_len + k_len + v_len) as u64;
+                    let chunk = |d: usize, label: &str| -> Vec<wgpu::Buffer> {
+                        (0..cap.div_ceil(keys))
+                            .map(|_| {
+                                gpu.storage(label, elem * (b * c.kv_heads * keys * d) as u64, none)
+                            })
+                            .collect()
+                    };
+                    (
+                        gpu.storage("KV cache step scratch", scratch, none),
+                        QkvLayout {
+                            q_offset: 0,
+                            k_offset: q_len as u32,
+                            v_offset: (q_len + k_len) as u32,
+                            kv_stride: m as u32,
+                            kv_group: c.kv_group() as u32,
+                        },
+                        chunk(dk, "KV cache key chunk"),
+                        chunk(dv, "KV cache value chunk"),
+                    )
+                }
+            };
             KvCache {
                 batch: b,
                 capacity: cap,
                 len: 0,
                 fused,
+                max_step: m,
                 owner: mha.weights.w_qkv.clone(),
-                kv: gpu.storage(
-                    "KV cache",
-                    mha.qkv_elem_bytes() * (k_elems + v_elems + b * h * cap * dk) as u64,
-                    none,
-                ),
-                layout: QkvLayout {
-                    k_offset: 0,
-                    v_offset: k_elems as u32,
-                    q_offset: (k_elems + v_elems) as u32,
-                    kv_stride: cap as u32,
-                    kv_group: c.kv_group() as u32,
-                },
-                x_q: gpu.storage("step query input", f32s(b * cap * c.model_dim), none),
-                x_kv: gpu.storage("step key/value input", f32s(b * cap * c.key_dim), none),
-                combined: gpu.storage("step combined heads", f32s(b * cap * c.v_width()), copy),
+                kv,
+                layout,
+                k_chunks,
+                v_chunks,
+                chunk_keys: chunk_keys.unwrap_or(cap),
+                x_q: gpu.storage("step query input", f32s(b * m * c.model_dim), none),
+                x_kv: gpu.storage("step key/value input", f32s(b * m * c.key_dim), none),
+                combined: gpu.storage("step combined heads", f32s(b * m * c.v_width()), copy),
                 output: c
                     .output_projection
-                    .then(|| gpu.storage("step output", f32s(b * cap * c.output_dim()), copy)),
-                staging: gpu.staging("step readback", f32s(b * cap * c.output_dim())),
+                    .then(|| gpu.storage("step output", f32s(b * m * c.output_dim()), copy)),
+                staging: gpu.staging("step readback", f32s(b * m * c.output_dim())),
                 scores: (!fused).then(|| gpu.storage("step scores", f32s(b * h * cap * cap), none)),
                 carry: gpu.storage("step carry", f32s(carry_len), none),
                 mask: MaskBuffers::new(gpu, 0),
                 rope: c
                     .rope
-                    .map(|r| gpu.storage("step RoPE table", f32s(b * cap * r.rotary_dims), none)),
+                    .map(|r| gpu.storage("step RoPE table", f32s(b * m * r.rotary_dims), none)),
             }
         })
+    }
+
+    /// A cache whose keys and values are stored in chunks of `chunk_keys` tokens (rounded up
+    /// to a multiple of [`chunk_unit`](Self::chunk_unit)), each chunk its own buffers, on the
+    /// fused path. [`new`](Self::new) chunks a cache by itself when its keys and values would
+    /// exceed one storage binding; this forces it, e.g. to test chunking on small caches.
+    pub fn chunked(
+        mha: &MultiHeadAttention,
+        batch: usize,
+        capacity: usize,
+        chunk_keys: usize,
+    ) -> Result<Self> {
+        if chunk_keys == 0 {
+            return Err(Error::Misuse(
+                "a KV cache chunk needs at least one token".into(),
+            ));
+        }
+        Self::build(
+            mha,
+            batch,
+            capacity,
+            AttentionPath::Fused,
+            Chunks::Keys(chunk_keys),
+        )
+    }
+
+    /// The multiple of which a chunked cache's chunks hold tokens: every key range the
+    /// attention passes read (a decode split, a flash key tile) then lies in one chunk.
+    pub fn chunk_unit(mha: &MultiHeadAttention) -> usize {
+        chunk_unit(mha)
+    }
+
+    /// Chunks the keys and values are stored in (1 for an unchunked cache).
+    pub fn chunks(&self) -> usize {
+        self.k_chunks.len().max(1)
+    }
+
+    /// Most tokens one step may bring (the capacity, unless the cache is chunked).
+    pub fn max_step(&self) -> usize {
+        self.max_step
     }
 
     /// Tokens cached so far (per sequence).
@@ -340,6 +527,13 @@ impl MultiHeadAttention {
         if n == 0 {
             return Ok(Tensor::zeros([b, 0, c.output_dim()]));
         }
+        if n > cache.max_step {
+            return Err(Error::Misuse(format!(
+                "a step of {n} tokens: this chunked KV cache takes at most {} per step (its step \
+                 buffers fill one storage binding); step in fewer tokens",
+                cache.max_step
+            )));
+        }
         let (len0, lk) = (cache.len, cache.len + n);
         let out_len = b * n * c.output_dim();
         // The fused pass's state for this step must fit the cache's (see `with_path`).
@@ -353,7 +547,7 @@ impl MultiHeadAttention {
                 c.qk_head_dim,
                 c.v_head_dim,
             ),
-            (true, Some(f)) if f.key_ranges(lk).len() > 1 => {
+            (true, Some(f)) if f.key_ranges(lk).len() > 1 || !cache.k_chunks.is_empty() => {
                 b * c.heads * n * carry_stride(c.v_head_dim)
             }
             _ => 0,
@@ -431,6 +625,11 @@ impl MultiHeadAttention {
                 carry: &cache.carry,
                 mask: &cache.mask,
                 rope: cache.rope.as_ref().map(|t| RopeTables { q: t, k: t }),
+                chunks: (!cache.k_chunks.is_empty()).then_some(KvChunks {
+                    k: &cache.k_chunks,
+                    v: &cache.v_chunks,
+                    keys: cache.chunk_keys,
+                }),
             };
             let chain = dispatches(self, &geometry, &bound)?;
             let mut encoder = self.gpu.encoder("forward_step");

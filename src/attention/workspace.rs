@@ -5,11 +5,13 @@
 use crate::error::Result;
 use crate::gpu::pass::Dispatch;
 use crate::kernels::decode;
+use crate::kernels::kv_append::{self, NewRows};
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
 use crate::kernels::rope::{self, RopeRows};
 use crate::kernels::{
-    av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, QkvBuffers, QkvLayout,
+    av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, KvChunks, QkvBuffers,
+    QkvLayout,
 };
 
 use super::plan::{Shape, Sharing};
@@ -47,6 +49,9 @@ pub(crate) struct Bound<'a> {
     pub mask: &'a MaskBuffers,
     /// cos/sin tables of the queries' and the new keys' positions, for a module with RoPE.
     pub rope: Option<RopeTables<'a>>,
+    /// A KV cache stored in chunks: new keys and values are projected to rows `0..` of
+    /// `qkv`'s K/V (a scratch) and appended to the chunks at `kv_pos`, which attention reads.
+    pub chunks: Option<KvChunks<'a>>,
 }
 
 /// `[B, n, rotary_dims / 2, 2]` cos/sin tables ([`crate::model::rope::Rope::table`]).
@@ -76,6 +81,18 @@ pub(crate) fn dispatches(
         chain.extend(rotations(mha, rope, g, b, tables)?);
     }
 
+    // cache.append(K, V): into a chunked KV cache, from the scratch they were projected to
+    let mut layout = g.layout;
+    if let Some(chunks) = b.chunks {
+        chain.extend(appends(mha, g, b, &chunks)?);
+        layout = QkvLayout {
+            k_offset: 0,
+            v_offset: 0,
+            kv_stride: chunks.keys as u32,
+            ..layout
+        };
+    }
+
     let core = CoreProblem {
         dims: CoreDims {
             batch: g.batch,
@@ -86,7 +103,7 @@ pub(crate) fn dispatches(
             v_head_dim: dv,
         },
         scale: c.scale(),
-        layout: g.layout,
+        layout,
     };
     match (&mha.flash, b.scores) {
         (Some(_), _) if g.fused && mha.decodes(g.lq) => {
@@ -97,6 +114,7 @@ pub(crate) fn dispatches(
                 partials: b.carry,
                 out: b.combined,
                 mask: b.mask,
+                chunks: b.chunks,
             };
             let f16 = mha.qkv_elem_bytes() == 2;
             chain.extend(decode::dispatches(gpu, &core, f16, &buffers)?);
@@ -109,10 +127,11 @@ pub(crate) fn dispatches(
                 out: b.combined,
                 carry: b.carry,
                 mask: b.mask,
+                chunks: b.chunks,
             };
             chain.extend(flash.dispatches(gpu, &core, &buffers)?);
         }
-        (_, Some(scores_buf)) if !g.fused => {
+        (_, Some(scores_buf)) if !g.fused && b.chunks.is_none() => {
             // scores = mask(Q·Kᵀ·scale)
             let buffers = scores::ScoresBuffers {
                 qkv: b.qkv,
@@ -254,7 +273,7 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
             );
             // Every GEMM but the query one writes keys and values.
             if i > 0 || fused_qkv {
-                p = p.appending(l.kv_stride, g.kv_pos as u32);
+                p = p.appending(l.kv_stride, new_kv_row(g, b) as u32);
             }
             let buffers = LinearBuffers {
                 x,
@@ -266,6 +285,46 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
         })
         .collect::<Result<Vec<Vec<Dispatch>>>>()
         .map(|gemms| gemms.into_iter().flatten().collect())
+}
+
+/// The row of `qkv`'s K/V layout the projections write the first new key to: `kv_pos`, or 0
+/// in a chunked cache's scratch.
+fn new_kv_row(g: &Geometry, b: &Bound) -> usize {
+    if b.chunks.is_some() {
+        0
+    } else {
+        g.kv_pos
+    }
+}
+
+/// The new keys and values, from the scratch rows `0..` into a chunked cache at `kv_pos`.
+fn appends(
+    mha: &MultiHeadAttention,
+    g: &Geometry,
+    b: &Bound,
+    chunks: &KvChunks,
+) -> Result<Vec<Dispatch>> {
+    let c = &mha.config;
+    let f16 = mha.qkv_elem_bytes() == 2;
+    let l = g.layout;
+    let keys = NewRows {
+        scratch: b.qkv.k,
+        offset: l.k_offset,
+        stride: l.kv_stride as usize,
+        blocks: g.batch * c.kv_heads,
+        count: g.lk - g.kv_pos - g.appended,
+        width: c.qk_head_dim,
+        first: g.kv_pos,
+    };
+    let values = NewRows {
+        scratch: b.qkv.v,
+        offset: l.v_offset,
+        width: c.v_head_dim,
+        ..keys
+    };
+    let mut chain = kv_append::dispatches(&mha.gpu, f16, keys, chunks, true)?;
+    chain.extend(kv_append::dispatches(&mha.gpu, f16, values, chunks, false)?);
+    Ok(chain)
 }
 
 /// The two RoPE dispatches: Q rows `0..lq`, and K rows `kv_pos..` of the new keys.
@@ -292,7 +351,7 @@ fn rotations(
         heads: c.kv_heads,
         n: g.lk - g.kv_pos - g.appended,
         stride: l.kv_stride as usize,
-        first: g.kv_pos,
+        first: new_kv_row(g, b),
         offset: l.k_offset,
         ..q_rows
     };
@@ -437,6 +496,7 @@ impl Workspace {
             output: self.output.as_ref(),
             carry: &self.carry,
             mask: &self.mask,
+            chunks: None,
             rope: self.rope.as_ref().map(|[q, k]| RopeTables { q, k }),
         };
         dispatches(mha, &geometry, &bound)

@@ -9,7 +9,7 @@ use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::mask::MaskBuffers;
 use crate::kernels::source::Prelude;
-use crate::kernels::{CoreProblem, QkvBuffers};
+use crate::kernels::{kv_spans, CoreProblem, KvChunks, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/decode_attention.wgsl");
 pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/decode_rows_vec4.wgsl");
@@ -115,7 +115,8 @@ impl DecodeShape {
         16 * self.acc_shared() + 4 * self.threads
     }
 
-    /// Keys per split: a multiple of the tile whose loops stay within [`SPLIT_ITERATIONS`].
+    /// Keys per split: a power of two, a multiple of the tile, whose loops stay within
+    /// [`SPLIT_ITERATIONS`].
     pub fn keys_per_split(&self) -> usize {
         let (qk_lanes, qk_vecs) = self.lanes(self.qk_head_dim);
         let (v_lanes, v_vecs) = self.lanes(self.v_head_dim);
@@ -129,7 +130,8 @@ impl DecodeShape {
             + (self.rows * qk_lanes).div_ceil(self.threads)
             + 2 * self.rows;
         let keys = (SPLIT_ITERATIONS / per_key).min(MAX_KEYS_PER_SPLIT);
-        (keys / tile).max(1) * tile
+        // A power of two, so that it divides a KV cache's chunk (a multiple of the largest).
+        (1usize << keys.max(1).ilog2()).max(tile)
     }
 
     /// Key ranges for `lk` keys.
@@ -187,6 +189,10 @@ pub struct DecodeParams {
     pub kv_stride: u32,
     pub keys_per_split: u32,
     pub splits: u32,
+    pub split_base: u32,
+    pub key_base: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
 }
 
 /// Mirrors `ReduceParams` in `decode_reduce.wgsl`.
@@ -253,6 +259,9 @@ pub struct DecodeBuffers<'a> {
     /// Combined heads `[B, Lq, H·dv]`.
     pub out: &'a wgpu::Buffer,
     pub mask: &'a MaskBuffers,
+    /// A KV cache's K/V chunks, read in place of `qkv.k` and `qkv.v`; a chunk holds a whole
+    /// number of splits ([`MAX_KEYS_PER_SPLIT`] divides its keys).
+    pub chunks: Option<KvChunks<'a>>,
 }
 
 /// The decode pass over every key range, then the reduce; `c` must be one it [`serves`].
@@ -274,36 +283,45 @@ pub fn dispatches(
     .iter()
     .all(|n| n % 4 == 0);
     let splits = shape.splits(c.lk);
-    let p = DecodeParams {
-        lq: c.lq as u32,
-        lk: c.lk as u32,
-        heads: c.heads as u32,
-        kv_heads: kv_heads as u32,
-        kv_group: kv_group as u32,
-        scale: c.scale,
-        q_offset: c.layout.q_offset,
-        k_offset: c.layout.k_offset,
-        v_offset: c.layout.v_offset,
-        kv_stride: c.layout.kv_stride,
-        keys_per_split: shape.keys_per_split() as u32,
-        splits: splits as u32,
-    };
-    let groups = [splits as u32, (c.batch * kv_heads) as u32, 1];
-    gpu.check_workgroups("decode attention", groups)?;
+    let per_split = shape.keys_per_split();
     let key = format!("decode_attention {shape:?}");
     let pass = gpu.compile(&key, &PassSpec::main("decode_attention", SLOTS), || {
         source(shape)
     });
     let [words, mask_params] = b.mask.bindings();
-    let buffers = [
-        (1, b.qkv.q),
-        (2, b.qkv.k),
-        (3, b.qkv.v),
-        (4, b.partials),
-        words,
-        mask_params,
-    ];
-    let decode = Dispatch::new(gpu, pass, &p, &buffers, groups)?;
+    let mut chain = Vec::new();
+    for span in kv_spans(&b.qkv, b.chunks, c.lk) {
+        let split_base = span.key_base / per_split;
+        let span_splits = span.key_end.div_ceil(per_split).max(split_base + 1) - split_base;
+        let p = DecodeParams {
+            lq: c.lq as u32,
+            lk: c.lk as u32,
+            heads: c.heads as u32,
+            kv_heads: kv_heads as u32,
+            kv_group: kv_group as u32,
+            scale: c.scale,
+            q_offset: c.layout.q_offset,
+            k_offset: c.layout.k_offset,
+            v_offset: c.layout.v_offset,
+            kv_stride: c.layout.kv_stride,
+            keys_per_split: per_split as u32,
+            splits: splits as u32,
+            split_base: split_base as u32,
+            key_base: span.key_base as u32,
+            ..Default::default()
+        };
+        let groups = [span_splits as u32, (c.batch * kv_heads) as u32, 1];
+        gpu.check_workgroups("decode attention", groups)?;
+        let buffers = [
+            (1, b.qkv.q),
+            (2, span.k),
+            (3, span.v),
+            (4, b.partials),
+            words,
+            mask_params,
+        ];
+        chain.push(Dispatch::new(gpu, pass.clone(), &p, &buffers, groups)?);
+    }
 
     let rows = (c.batch * c.heads * c.lq) as u32;
     let max = gpu.limits().max_compute_workgroups_per_dimension;
@@ -324,7 +342,8 @@ pub fn dispatches(
         reduce_source(v_head_dim)
     });
     let reduce = Dispatch::new(gpu, pass, &r, &[(1, b.partials), (4, b.out)], reduce_groups)?;
-    Ok(vec![decode, reduce])
+    chain.push(reduce);
+    Ok(chain)
 }
 
 #[cfg(test)]
@@ -348,7 +367,9 @@ mod tests {
         for s in every_shape() {
             let per = s.keys_per_split();
             assert!(
-                (1..=MAX_KEYS_PER_SPLIT).contains(&per) && per % s.tile() == 0,
+                (1..=MAX_KEYS_PER_SPLIT).contains(&per)
+                    && per % s.tile() == 0
+                    && MAX_KEYS_PER_SPLIT.is_multiple_of(per),
                 "{s:?}"
             );
             assert_eq!(s.splits(0), 1);

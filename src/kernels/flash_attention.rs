@@ -9,7 +9,7 @@ use crate::gpu::Gpu;
 
 use super::mask::MaskBuffers;
 use super::source::Prelude;
-use super::{CoreProblem, QkvBuffers};
+use super::{kv_spans, CoreProblem, KvChunks, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 
@@ -71,7 +71,7 @@ pub struct FlashParams {
     pub carry_flags: u32,
     /// Query heads per key/value head (see [`crate::kernels::QkvLayout::kv_group`]).
     pub kv_group: u32,
-    pub _pad0: u32,
+    pub key_base: u32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -191,6 +191,8 @@ pub struct FlashBuffers<'a> {
     /// problem runs as one dispatch).
     pub carry: &'a wgpu::Buffer,
     pub mask: &'a MaskBuffers,
+    /// A KV cache's K/V chunks, read in place of `qkv.k` and `qkv.v`.
+    pub chunks: Option<KvChunks<'a>>,
 }
 
 /// The fused pass of one module's head sizes on one device: its pipeline, its tile and how
@@ -233,6 +235,11 @@ impl Flash {
         key_ranges(lk, self.shape.kv_tile, self.tiles_per_dispatch)
     }
 
+    /// Keys per staged tile.
+    pub fn kv_tile(&self) -> u32 {
+        self.shape.kv_tile
+    }
+
     /// Most keys one dispatch covers.
     pub fn keys_per_dispatch(&self) -> usize {
         (self.shape.kv_tile * self.tiles_per_dispatch) as usize
@@ -261,18 +268,33 @@ impl Flash {
             1,
         ];
         let [words, mask_params] = b.mask.bindings();
-        let buffers = [
-            (1, b.qkv.q),
-            (2, b.qkv.k),
-            (3, b.qkv.v),
-            (4, b.out),
-            (5, b.carry),
-            words,
-            mask_params,
-        ];
-        self.key_ranges(c.lk)
-            .into_iter()
-            .map(|(tile_begin, tile_end, carry_flags)| {
+        let tiles = (c.lk as u32).div_ceil(self.shape.kv_tile).max(1);
+        let mut chain = Vec::new();
+        for span in kv_spans(&b.qkv, b.chunks, c.lk) {
+            let buffers = [
+                (1, b.qkv.q),
+                (2, span.k),
+                (3, span.v),
+                (4, b.out),
+                (5, b.carry),
+                words,
+                mask_params,
+            ];
+            // A chunk's keys start on a tile (the cache sizes chunks so); its key ranges
+            // carry in unless they are the first of all, out unless the last.
+            let first_tile = span.key_base as u32 / self.shape.kv_tile;
+            let span_tiles = (span.key_end as u32)
+                .div_ceil(self.shape.kv_tile)
+                .max(first_tile + 1)
+                - first_tile;
+            for (begin, end, _) in key_ranges(
+                (span_tiles * self.shape.kv_tile) as usize,
+                self.shape.kv_tile,
+                self.tiles_per_dispatch,
+            ) {
+                let (tile_begin, tile_end) = (first_tile + begin, first_tile + end);
+                let carry_flags = if tile_begin > 0 { CARRY_IN } else { 0 }
+                    | if tile_end < tiles { CARRY_OUT } else { 0 };
                 let p = FlashParams {
                     lq: c.lq as u32,
                     lk: c.lk as u32,
@@ -287,13 +309,14 @@ impl Flash {
                     tile_end,
                     carry_flags,
                     kv_group: c.layout.kv_group,
-                    _pad0: 0,
+                    key_base: span.key_base as u32,
                     _pad1: 0,
                     _pad2: 0,
                 };
-                Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)
-            })
-            .collect()
+                chain.push(Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)?);
+            }
+        }
+        Ok(chain)
     }
 }
 

@@ -10,6 +10,7 @@
 pub mod av_combine;
 pub mod decode;
 pub mod flash_attention;
+pub mod kv_append;
 pub mod linear;
 pub mod mask;
 pub mod naive;
@@ -101,6 +102,57 @@ pub struct QkvBuffers<'a> {
     pub q: &'a wgpu::Buffer,
     pub k: &'a wgpu::Buffer,
     pub v: &'a wgpu::Buffer,
+}
+
+/// Keys and values stored in chunks of `keys` rows per (batch, key/value head) — a KV cache
+/// larger than one storage binding: chunk `c` holds keys `c·keys .. (c+1)·keys` in its own
+/// buffers, `[B, H_kv, keys, d]` each (offset 0, `kv_stride = keys`). The attention passes
+/// make one dispatch per chunk, each binding that chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct KvChunks<'a> {
+    pub k: &'a [wgpu::Buffer],
+    pub v: &'a [wgpu::Buffer],
+    pub keys: usize,
+}
+
+/// One dispatch's view of K and V: buffers whose row 0 is key `key_base`, holding keys up to
+/// `key_end`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvSpan<'a> {
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub key_base: usize,
+    pub key_end: usize,
+}
+
+/// The spans `lk` keys are read in: the whole of `qkv`'s K and V, or one per chunk holding
+/// any of them (at least one).
+pub fn kv_spans<'a>(
+    qkv: &QkvBuffers<'a>,
+    chunks: Option<KvChunks<'a>>,
+    lk: usize,
+) -> Vec<KvSpan<'a>> {
+    match chunks {
+        None => vec![KvSpan {
+            k: qkv.k,
+            v: qkv.v,
+            key_base: 0,
+            key_end: lk,
+        }],
+        Some(ch) => {
+            let used = lk
+                .div_ceil(ch.keys.max(1))
+                .clamp(1, ch.k.len().min(ch.v.len()));
+            (0..used)
+                .map(|c| KvSpan {
+                    k: &ch.k[c],
+                    v: &ch.v[c],
+                    key_base: c * ch.keys,
+                    key_end: lk.min((c + 1) * ch.keys),
+                })
+                .collect()
+        }
+    }
 }
 
 impl<'a> QkvBuffers<'a> {

@@ -451,6 +451,7 @@ impl Job {
                         out: &out,
                         carry: &carry,
                         mask: &mask_buffers,
+                        chunks: None,
                     };
                     let flash = flash
                         .as_ref()
@@ -555,6 +556,7 @@ impl Job {
                 partials: &partials,
                 out: &out,
                 mask: &mask,
+                chunks: None,
             };
             let steps = decode::dispatches(gpu, &c, false, &buffers)?;
             let keep = vec![qb, kb, vb, partials, mask.words, mask.params];
