@@ -1,6 +1,6 @@
 // flash_attention: scores + mask + online softmax + P·V in one pass, no [Lq, Lk] buffer.
-// One workgroup takes BLOCK_Q = 8·ROWS query rows of one (batch, head); each of its THREADS = 8
-// threads owns ROWS query rows (16 on lavapipe, 4 elsewhere; see `rows_per_thread`), with q
+// One workgroup takes BLOCK_Q = THREADS·ROWS query rows of one (batch, head); each of its
+// THREADS threads (8 on CPU adapters, 64 on GPUs) owns ROWS query rows (see `rows_per_thread`), with q
 // and the output accumulators in registers as vec4s, so every K/V value read from workgroup
 // memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys (a multiple of 8) are staged
 // in workgroup memory, zero-padded to whole vec4s and whole tiles.
@@ -22,7 +22,7 @@
 //
 // The host's prelude (src/kernels/flash_attention.rs) defines the head sizes HEAD_DIM_QK and
 // HEAD_DIM_V (fixed per module), KV_TILE (keys per staged tile), ROWS (rows per thread, per
-// device), THREADS (8: one SIMD vector of llvmpipe), CARRY_IN and CARRY_OUT, and the element
+// device), THREADS (8: one SIMD vector of llvmpipe; 64 on GPUs), CARRY_IN and CARRY_OUT, and the element
 // type QkvElem of Q/K/V (f32, or f16 in an f16 module; widened to f32 on load).
 const BLOCK_Q: u32 = ROWS * THREADS;
 const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;      // vec4s per q/k row
@@ -131,17 +131,22 @@ fn skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) -> array<vec4<u32>,
             mine[c] |= select(vec4<u32>(0u), vec4<u32>(1u), (bits & exponent) == exponent);
         }
     }
-    for (var c = 0u; c < DV4; c++) {
-        v_tile[thread * DV4 + c] = bitcast<vec4<f32>>(mine[c]);
-    }
-    workgroupBarrier();
+    // KV_TILE threads at a time (a GPU workgroup has more threads than v_tile has rows).
     var all: array<vec4<u32>, DV4>;
-    for (var t = 0u; t < THREADS; t++) {
-        for (var c = 0u; c < DV4; c++) {
-            all[c] |= bitcast<vec4<u32>>(v_tile[t * DV4 + c]);
+    for (var first = 0u; first < THREADS; first += KV_TILE) {
+        if (thread >= first && thread < first + KV_TILE) {
+            for (var c = 0u; c < DV4; c++) {
+                v_tile[(thread - first) * DV4 + c] = bitcast<vec4<f32>>(mine[c]);
+            }
         }
+        workgroupBarrier();
+        for (var t = 0u; t < min(KV_TILE, THREADS - first); t++) {
+            for (var c = 0u; c < DV4; c++) {
+                all[c] |= bitcast<vec4<u32>>(v_tile[t * DV4 + c]);
+            }
+        }
+        workgroupBarrier();
     }
-    workgroupBarrier();
     return all;
 }
 

@@ -34,6 +34,7 @@ fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> FlashShape {
         v_head_dim: dv,
         kv_tile: flash_attention::kv_tile(dk, dv, 32 * 1024).expect("fits 32 KiB"),
         rows,
+        threads: 8,
         f16,
     }
 }
@@ -74,10 +75,15 @@ fn all_sources() -> Vec<(String, String)> {
         }
     }
     for (dk, dv) in [(1, 1), (3, 7), (16, 24), (64, 64), (256, 512)] {
-        for rows in [4, 16] {
+        for rows in [1, 4, 16] {
             for f16 in [false, true] {
-                let s = flash_shape(dk, dv, rows, f16);
-                all.push((format!("flash {s:?}"), flash_attention::source(s)));
+                for threads in [8, 64] {
+                    let s = FlashShape {
+                        threads,
+                        ..flash_shape(dk, dv, rows, f16)
+                    };
+                    all.push((format!("flash {s:?}"), flash_attention::source(s)));
+                }
             }
         }
     }
@@ -453,10 +459,18 @@ fn constant(module: &naga::Module, name: &str) -> f64 {
 /// Host constants the geometry and buffers depend on equal the shader's.
 #[test]
 fn host_constants_match_the_shaders() {
-    for (dk, dv, rows) in [(64, 64, 16), (3, 7, 4), (256, 512, 16)] {
-        let s = flash_shape(dk, dv, rows, false);
+    for (dk, dv, rows, threads) in [
+        (64, 64, 16, 8),
+        (3, 7, 4, 8),
+        (256, 512, 16, 8),
+        (128, 128, 1, 64),
+    ] {
+        let s = FlashShape {
+            threads,
+            ..flash_shape(dk, dv, rows, false)
+        };
         let m = validate("flash", &flash_attention::source(s)).unwrap_or_else(|e| panic!("{e}"));
-        let threads = flash_attention::THREADS as f64;
+        let threads = threads as f64;
         assert_eq!(constant(&m, "THREADS"), threads);
         assert_eq!(
             constant(&m, "BLOCK_Q"),

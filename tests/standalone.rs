@@ -151,8 +151,8 @@ fn linear_variants_refuse_what_they_cannot_run() {
     }
 }
 
-/// The auto choice: `Subgroup` only with SUBGROUP, on the adapters the policy names (CPU
-/// devices with subgroups of 8 or more, where it was measured faster), and only where the vec4
+/// The auto choice: `Subgroup` only with SUBGROUP, with the kernels the policy names (CPU
+/// kernels, on subgroups of 8 or more, where it was measured faster), and only where the vec4
 /// precondition holds, like `Vec4`.
 #[test]
 fn linear_auto_choice_follows_the_policy() {
@@ -164,7 +164,7 @@ fn linear_auto_choice_follows_the_policy() {
     };
     let info = gpu().info();
     let subgroup_here = gpu().has_subgroups()
-        && info.device_type == wgpu::DeviceType::Cpu
+        && gpu().kernel_class() == wgpu_mha::KernelClass::Cpu
         && info.subgroup_min_size >= 8;
     assert_eq!(linear::subgroup_preferred(gpu()), subgroup_here);
     let fast = if subgroup_here { Subgroup } else { Vec4 };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::gpu::pass::Slot::{Read, Uniform, Write};
 use crate::gpu::pass::{Dispatch, Pass, PassSpec, Slot};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, KernelClass};
 
 use super::mask::MaskBuffers;
 use super::source::Prelude;
@@ -13,36 +13,50 @@ use super::{kv_spans, CoreProblem, KvChunks, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 
-/// Threads per workgroup (`THREADS` in the shader): one 8-lane SIMD vector on llvmpipe.
-pub const THREADS: u32 = 8;
+/// Threads per workgroup (`THREADS` in the shader): one 8-lane SIMD vector on a CPU adapter
+/// (llvmpipe), two warps (or one AMD wave) on a GPU. Not measured on a GPU: this task had none.
+pub fn threads(class: KernelClass) -> u32 {
+    match class {
+        KernelClass::Cpu => 8,
+        KernelClass::Gpu => 64,
+    }
+}
 
 /// Query rows each thread owns (`ROWS` in the shader's prelude, per device and head size); a
-/// workgroup takes `rows · THREADS` query rows.
-/// * Vulkan on a CPU (lavapipe): 16. Measured at L=1024 d64 against the multi-pass core in one
-///   run: 16 rows 2.5×, 8 rows 2.1×, 4 rows 1.6×; at 32 the loops no longer unroll.
-/// * Everything else: 4. On GL's llvmpipe the GLSL route compiles the unrolled kernel very
-///   slowly (first use at d64, cold cache: 362 s at 16 rows, 140 s at 8, 65 s at 4); on GPUs
-///   fewer rows keep q and the accumulators (2 · rows · head size floats) in registers. Not
-///   measured on a GPU: this task had none.
-/// * Either way halved while q and the accumulators would exceed [`MAX_ROW_VEC4S`]: the
-///   kernel is unrolled over rows × head size, and lavapipe spent 285 s and 3.7 GB compiling
-///   16 rows at q/k = v = 512.
+/// workgroup takes `rows · threads` query rows.
+/// * CPU kernels on Vulkan (lavapipe): 16. Measured at L=1024 d64 against the multi-pass core
+///   in one run: 16 rows 2.5×, 8 rows 2.1×, 4 rows 1.6×; at 32 the loops no longer unroll.
+///   Halved while q and the accumulators would exceed [`MAX_ROW_VEC4S`]: the kernel is
+///   unrolled over rows × head size, and lavapipe spent 285 s and 3.7 GB compiling 16 rows at
+///   q/k = v = 512.
+/// * CPU kernels elsewhere (GL's llvmpipe): 4. The GLSL route compiles the unrolled kernel
+///   very slowly (first use at d64, cold cache: 362 s at 16 rows, 140 s at 8, 65 s at 4).
+/// * GPU kernels: 4, halved while q and the accumulators would exceed [`GPU_ROW_VEC4S`], so
+///   that they stay in registers (1 row at d128, 2 at d64). Not measured on a GPU.
 pub fn rows_per_thread(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize) -> u32 {
-    let info = gpu.info();
-    let lavapipe =
-        info.backend == wgpu::Backend::Vulkan && info.device_type == wgpu::DeviceType::Cpu;
-    rows_for_head_sizes(if lavapipe { 16 } else { 4 }, qk_head_dim, v_head_dim)
+    let vulkan = gpu.info().backend == wgpu::Backend::Vulkan;
+    match gpu.kernel_class() {
+        KernelClass::Cpu if vulkan => {
+            rows_for_head_sizes(16, MAX_ROW_VEC4S, qk_head_dim, v_head_dim)
+        }
+        KernelClass::Cpu => rows_for_head_sizes(4, MAX_ROW_VEC4S, qk_head_dim, v_head_dim),
+        KernelClass::Gpu => rows_for_head_sizes(4, GPU_ROW_VEC4S, qk_head_dim, v_head_dim),
+    }
 }
+
+/// Most vec4s of q and accumulators one GPU thread holds: 256 floats, about what a GPU keeps
+/// in registers per thread before spilling.
+pub const GPU_ROW_VEC4S: u32 = 64;
 
 /// Most vec4s of q and accumulators one thread holds: 16 rows at d64 + d64 (lavapipe's
 /// default) up to d128 + d128.
 pub const MAX_ROW_VEC4S: u32 = 1024;
 
-/// `rows`, halved until `rows · (q/k + v vec4s)` is within [`MAX_ROW_VEC4S`] (never below 1).
-fn rows_for_head_sizes(rows: u32, qk_head_dim: usize, v_head_dim: usize) -> u32 {
+/// `rows`, halved until `rows · (q/k + v vec4s)` is within `budget` (never below 1).
+fn rows_for_head_sizes(rows: u32, budget: u32, qk_head_dim: usize, v_head_dim: usize) -> u32 {
     let per_row = (qk_head_dim.div_ceil(4) + v_head_dim.div_ceil(4)) as u32;
     let mut rows = rows;
-    while rows > 1 && rows * per_row > MAX_ROW_VEC4S {
+    while rows > 1 && rows * per_row > budget {
         rows /= 2;
     }
     rows
@@ -96,11 +110,12 @@ pub fn tiles_per_dispatch(
     v_head_dim: usize,
     kv_tile: u32,
     rows: u32,
+    threads: u32,
     software: bool,
 ) -> u32 {
     let keys = if software {
         let (dk4, dv4) = (qk_head_dim.div_ceil(4), v_head_dim.div_ceil(4));
-        let (rows, threads) = (rows as usize, THREADS as usize);
+        let (rows, threads) = (rows as usize, threads as usize);
         // Per key group: the score loop (dk4 × rows), the softmax loop (rows), the P·V loop
         // (dv4 × rows) and the group loop itself; per key: the K and V staging loops.
         let per_group = (dk4 + dv4) * (1 + rows) + rows + 1;
@@ -151,6 +166,8 @@ pub struct FlashShape {
     pub kv_tile: u32,
     /// Query rows per thread ([`rows_per_thread`]).
     pub rows: u32,
+    /// Threads per workgroup ([`threads`]).
+    pub threads: u32,
     /// Q/K/V stored as f16 (scores, statistics, accumulators and output stay f32).
     pub f16: bool,
 }
@@ -162,7 +179,7 @@ pub fn source(s: FlashShape) -> String {
         .u32("HEAD_DIM_V", s.v_head_dim as u32)
         .u32("KV_TILE", s.kv_tile)
         .u32("ROWS", s.rows)
-        .u32("THREADS", THREADS)
+        .u32("THREADS", s.threads)
         .u32("CARRY_IN", CARRY_IN)
         .u32("CARRY_OUT", CARRY_OUT)
         .elem("QkvElem", s.f16);
@@ -214,11 +231,19 @@ impl Flash {
             v_head_dim,
             kv_tile: kv_tile(qk_head_dim, v_head_dim, workgroup_bytes)?,
             rows: rows_per_thread(gpu, qk_head_dim, v_head_dim),
+            threads: threads(gpu.kernel_class()),
             f16,
         };
-        let software = gpu.info().device_type == wgpu::DeviceType::Cpu;
-        let tiles_per_dispatch =
-            tiles_per_dispatch(qk_head_dim, v_head_dim, shape.kv_tile, shape.rows, software);
+        // The loop cap is the software rasteriser's, whichever kernels it runs.
+        let software = super::is_software(gpu);
+        let tiles_per_dispatch = tiles_per_dispatch(
+            qk_head_dim,
+            v_head_dim,
+            shape.kv_tile,
+            shape.rows,
+            shape.threads,
+            software,
+        );
         let key = format!("flash_attention {shape:?}");
         // Runtime bounds checks stay on: measured no faster without them on lavapipe.
         let spec = PassSpec::main("flash_attention", SLOTS);
@@ -254,7 +279,7 @@ impl Flash {
         }
     }
 
-    /// One dispatch per key range, each of `ceil(Lq / (rows · THREADS))` × (batch·heads)
+    /// One dispatch per key range, each of `ceil(Lq / (rows · threads))` × (batch·heads)
     /// workgroups.
     pub fn dispatches(
         &self,
@@ -263,7 +288,7 @@ impl Flash {
         b: &FlashBuffers,
     ) -> Result<Vec<Dispatch>> {
         let groups = [
-            (c.lq as u32).div_ceil(self.shape.rows * THREADS),
+            (c.lq as u32).div_ceil(self.shape.rows * self.shape.threads),
             c.batch_heads(),
             1,
         ];
@@ -345,27 +370,27 @@ mod tests {
 
     #[test]
     fn tiles_per_dispatch_keeps_software_invocations_under_the_loop_cap() {
-        let software = tiles_per_dispatch(64, 64, 32, 16, true);
-        let gpu = tiles_per_dispatch(64, 64, 32, 16, false);
+        let software = tiles_per_dispatch(64, 64, 32, 16, 8, true);
+        let gpu = tiles_per_dispatch(64, 64, 32, 16, 8, false);
         assert_eq!(gpu, 8192 / 32);
         assert!(software >= 1 && software < gpu, "{software}");
         // Wider heads and more rows per thread mean fewer keys per dispatch.
-        assert!(tiles_per_dispatch(256, 512, 8, 16, true) * 8 < software * 32);
-        assert!(tiles_per_dispatch(64, 64, 32, 4, true) >= software);
+        assert!(tiles_per_dispatch(256, 512, 8, 16, 8, true) * 8 < software * 32);
+        assert!(tiles_per_dispatch(64, 64, 32, 4, 8, true) >= software);
         // At least one tile, however large the head.
-        assert_eq!(tiles_per_dispatch(100_000, 100_000, 8, 16, true), 1);
+        assert_eq!(tiles_per_dispatch(100_000, 100_000, 8, 16, 8, true), 1);
     }
 
     #[test]
     fn wide_heads_get_fewer_rows_per_thread() {
         // d128 + d128 = 64 vec4s per row: 16 rows are exactly the budget, one float more is not.
-        assert_eq!(rows_for_head_sizes(16, 64, 64), 16);
-        assert_eq!(rows_for_head_sizes(16, 128, 128), 16);
-        assert_eq!(rows_for_head_sizes(16, 128, 132), 8);
-        assert_eq!(rows_for_head_sizes(16, 512, 512), 4);
-        assert_eq!(rows_for_head_sizes(4, 512, 512), 4);
-        assert_eq!(rows_for_head_sizes(4, 1024, 1024), 2);
-        assert_eq!(rows_for_head_sizes(4, 1 << 20, 1 << 20), 1);
+        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 64, 64), 16);
+        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 128, 128), 16);
+        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 128, 132), 8);
+        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 512, 512), 4);
+        assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 512, 512), 4);
+        assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 1024, 1024), 2);
+        assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 1 << 20, 1 << 20), 1);
     }
 
     #[test]

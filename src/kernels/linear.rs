@@ -151,13 +151,13 @@ pub fn variant(gpu: &Gpu, p: &LinearParams, bound: &BoundElems) -> LinearVariant
 /// faster. On lavapipe (a CPU adapter, subgroups of 8) it is about 1.7× faster than `Vec4` at
 /// 4096×512×512 (`bench --only gemm`, same run) and at 128×1536×512 (a fused QKV projection),
 /// because each lane's load is a separate scalar access there and it makes 10 loads per K step
-/// instead of 24. So: CPU adapters with SUBGROUP whose subgroups are at least 8 wide (narrower
+/// instead of 24. So: CPU kernels ([`KernelClass`](crate::KernelClass)) with SUBGROUP whose subgroups are at least 8 wide (narrower
 /// ones never take its shared path). Not measured on a GPU, where the 8 threads' identical X
 /// loads likely hit one cached line anyway and the shuffles and layout check are extra work:
 /// GPUs keep `Vec4` until a bench there (it prints both variants) shows otherwise.
 pub fn subgroup_preferred(gpu: &Gpu) -> bool {
-    let info = gpu.info();
-    gpu.has_subgroups() && info.device_type == wgpu::DeviceType::Cpu && info.subgroup_min_size >= 8
+    let cpu_kernels = gpu.kernel_class() == crate::gpu::KernelClass::Cpu;
+    gpu.has_subgroups() && cpu_kernels && gpu.info().subgroup_min_size >= 8
 }
 
 /// Most K the vec4 variants walk on a software rasteriser, whose loops stop after 65,535
