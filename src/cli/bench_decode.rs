@@ -1,7 +1,8 @@
 //! `wgpu-mha bench --only decode` (or `--config decode:b=1,h=32,kvh=8,d=128,ctx=4096`): the
 //! decode pass's GPU time per step over a context, the K/V bytes it reads per second, and,
 //! measured in the same run on the same device, a pass that only reads as many bytes
-//! (`read_probe`): decoding is memory-bound, so the probe is its ceiling.
+//! (`read_probe`): decoding is memory-bound, so the probe is its ceiling. The decode pass's
+//! output is checked against an f64 reference on sampled heads before it is timed.
 
 use wgpu_mha::error::{Error, Result};
 use wgpu_mha::gpu::Gpu;
@@ -151,7 +152,7 @@ pub fn run(
         probe_gbps: 0.0,
         skipped: Some(why),
     };
-    // K alone past one storage binding: the cache would need several buffers (not yet).
+    // K alone past one storage binding: this job binds K and V whole (a KvCache chunks them).
     if let Err(e) = gpu.check_fits("K of this context", 4 * kv_len as u64) {
         return Ok(skipped(e.to_string()));
     }
@@ -163,6 +164,9 @@ pub fn run(
         Ok(job) => job,
         Err(e) => return Ok(skipped(e.to_string())),
     };
+    // Checked before it is timed: sampled heads against the f64 reference.
+    job.run(None)?;
+    check_sampled_heads(c, (q.data(), k.data(), v.data()), scale, &job.read()?)?;
     let step_ms = time(&job)?;
     let probe = Job::read_probe(gpu, c.kv_bytes() / 2)?;
     let probe_ms = time(&probe)?;
@@ -174,6 +178,49 @@ pub fn run(
         probe_gbps: gbps(probe_ms),
         skipped: None,
     })
+}
+
+/// The first, a middle and the last head of every sequence, computed in f64 from the same
+/// `q [B, H, d]`, `k`/`v [B, H_kv, ctx, d]`, against the pass's combined `[B, 1, H·d]`.
+fn check_sampled_heads(
+    c: &DecodeConfig,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    scale: f32,
+    got: &[f32],
+) -> Result<()> {
+    let (d, ctx, group) = (c.head_dim, c.context, c.heads / c.kv_heads.max(1));
+    for b in 0..c.batch {
+        for h in [0, c.heads / 2, c.heads - 1] {
+            let q = &q[(b * c.heads + h) * d..][..d];
+            let kv = (b * c.kv_heads + h / group) * ctx * d;
+            let scores: Vec<f64> = (0..ctx)
+                .map(|j| {
+                    let key = &k[kv + j * d..][..d];
+                    let dot: f64 = q.iter().zip(key).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    dot * scale as f64
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            let out = &got[(b * c.heads + h) * d..][..d];
+            for (e, &o) in out.iter().enumerate() {
+                let want: f64 = (0..ctx)
+                    .map(|j| weights[j] * v[kv + j * d + e] as f64)
+                    .sum::<f64>()
+                    / sum;
+                let diff = (o as f64 - want).abs();
+                if diff.is_nan() || diff > 1e-4 * (1.0 + want.abs()) {
+                    return Err(Error::Misuse(format!(
+                        "{}: the decode pass gives {o} at batch {b}, head {h}, element {e}; the f64 \
+                         reference {want} (nothing was timed)",
+                        c.name()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
