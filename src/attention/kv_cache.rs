@@ -13,6 +13,7 @@
 //! `[B, n, out]` output.
 //! Growing past `capacity` is an [`Error::KvCacheFull`] and leaves the cache unchanged.
 
+use crate::attention::kv_chunks::{chunk_unit, largest_chunk, Chunks};
 use crate::attention::workspace::{dispatches, Bound, Geometry, RopeTables};
 use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
@@ -68,50 +69,6 @@ impl std::fmt::Debug for KvCache {
             .field("fused", &self.fused)
             .finish()
     }
-}
-
-/// How a cache stores its keys and values.
-#[derive(Debug, Clone, Copy)]
-enum Chunks {
-    /// In one buffer when that fits a storage binding, else in the largest chunks that do.
-    Auto,
-    /// In chunks of (at least) this many tokens.
-    Keys(usize),
-}
-
-/// Tokens per chunk are a multiple of this: of the decode pass's largest split and of the
-/// flash pass's key tile, so neither pass reads across a chunk's end.
-fn chunk_unit(mha: &MultiHeadAttention) -> usize {
-    let tile = mha.flash.as_ref().map_or(1, |f| f.kv_tile() as usize);
-    let split = crate::kernels::decode::MAX_KEYS_PER_SPLIT;
-    split / gcd(split, tile) * tile
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-/// The most tokens per chunk whose keys or values fit one binding of `limit` bytes.
-fn largest_chunk(mha: &MultiHeadAttention, batch: usize, limit: u64) -> Result<usize> {
-    let c = &mha.config;
-    let per_token =
-        mha.qkv_elem_bytes() * (batch * c.kv_heads * c.qk_head_dim.max(c.v_head_dim)) as u64;
-    let unit = chunk_unit(mha) as u64;
-    let units = limit / (per_token * unit).max(1);
-    if units == 0 {
-        return Err(Error::TooLarge {
-            what: format!(
-                "a KV cache chunk of {unit} tokens (the smallest the attention passes read)"
-            ),
-            needed: per_token * unit,
-            limit,
-        });
-    }
-    Ok((units * unit) as usize)
 }
 
 impl KvCache {

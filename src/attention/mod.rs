@@ -10,6 +10,7 @@
 pub mod gpu_tensor;
 mod gpu_weights;
 pub mod kv_cache;
+mod kv_chunks;
 mod plan;
 mod run;
 mod workspace;
