@@ -1,4 +1,13 @@
 //! `flash_attention`: fused scores + mask + online softmax + P·V; no `[Lq, Lk]` buffer.
+//!
+//! Tried and measured slower on lavapipe (so not here): blocking the kernel like the subgroup
+//! GEMM (64 threads, 16 rows × 8 keys of scores and 16 rows × dv/8 output columns per thread,
+//! Q and P passed round by subgroup shuffles, no K/V staging). With the online softmax and P·V
+//! it took 1.3–2.4× the staged kernel's time, whether P went lane to lane by shuffles (from a
+//! runtime lane, or 16 unrolled calls) or through workgroup memory; 8 rows per thread was slower
+//! still. Scores alone ran at about half the GEMM's GFLOP/s, and adding only the softmax step
+//! (P·V off) more than doubled the time: it keeps the accumulators live beside the scores
+//! (~290 floats per thread), which the GEMM never holds at once.
 
 use std::sync::Arc;
 
