@@ -80,6 +80,34 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     return all_tiles;
 }
 
+// Whether the mask can change any score of keys j .. j + 7 for rows [i0, i1) (uniform over the
+// workgroup). Where it cannot, the key group skips the mask code (see the tile loop): most of
+// a causal block's groups lie wholly below the diagonal.
+fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
+    let first_key = i32(j);
+    let last_key = first_key + 7;
+    switch mask.kind {
+        case MASK_NONE: {
+            return false;
+        }
+        case MASK_CAUSAL: {
+            // Row i sees key k iff k <= i + offset: the first row sees the least.
+            return last_key > i32(i0) + mask.causal_offset;
+        }
+        case MASK_SLIDING_WINDOW: {
+            // ... and k > i + offset - window: the last row sees the least far back.
+            let oldest = i32(i1 - 1u) + mask.causal_offset - i32(mask.window);
+            return last_key > i32(i0) + mask.causal_offset || first_key <= oldest;
+        }
+        case MASK_KEY_PADDING: {
+            return j + 8u > mask_words[mask.batch_base + b];
+        }
+        default: {
+            return true;
+        }
+    }
+}
+
 // Which buffer a row is read from (a literal at every call, so the switch folds away).
 const Q_ROW: u32 = 0u;
 const K_ROW: u32 = 1u;
@@ -251,14 +279,28 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                     }
                 }
             }
+            // Scaled, and masked only where the mask or the end of the keys can touch the group:
+            // one uniform branch per group, outside the unrolled row loops (a branch per row
+            // and key quad cost lavapipe a third of the pass at d64, two thirds at d16).
+            let left = keys - jg;  // keys of this group that exist (at least 1)
+            if (left < 8u || group_needs_mask(b, i0, i1, j0 + jg)) {
+                for (var r = 0u; r < ROWS; r++) {
+                    // Rows past Lq (results discarded) evaluate the mask at the last row, in range.
+                    let i = min(i0 + lid.x + THREADS * r, p.lq - 1u);
+                    sa[r] = score_group(p.scale * sa[r], b, h, i, j0 + jg, left);
+                    sb[r] = score_group(p.scale * sb[r], b, h, i, j0 + jg + 4u, max(left, 4u) - 4u);
+                }
+            } else {
+                for (var r = 0u; r < ROWS; r++) {
+                    sa[r] *= p.scale;
+                    sb[r] *= p.scale;
+                }
+            }
             // Online softmax over the group: rescale what was accumulated under the old max.
             var correction: array<f32, ROWS>;
             for (var r = 0u; r < ROWS; r++) {
-                // Rows past Lq (results discarded) evaluate the mask at the last row, in range.
-                let i = min(i0 + lid.x + THREADS * r, p.lq - 1u);
-                let left = keys - jg;  // keys of this group that exist (at least 1)
-                let ra = score_group(p.scale * sa[r], b, h, i, j0 + jg, left);
-                let rb = score_group(p.scale * sb[r], b, h, i, j0 + jg + 4u, max(left, 4u) - 4u);
+                let ra = sa[r];
+                let rb = sb[r];
                 let m4 = max(ra, rb);
                 let new_max = max(row_max[r], max(max(m4.x, m4.y), max(m4.z, m4.w)));
                 correction[r] = exp(row_max[r] - new_max);

@@ -132,6 +132,22 @@ fn cases() -> Vec<Case> {
             67,
             Mask::KeyPadding(vec![40, 0]),
         ),
+        // Key groups wholly visible to a block's rows skip the mask; these blocks hold groups
+        // that the causal edge leaves visible but the window's far edge does not.
+        classic(
+            "classic sliding window 19, 150x150 (multi-block)",
+            1,
+            150,
+            150,
+            Mask::SlidingWindow(19),
+        ),
+        classic(
+            "classic sliding window 9, Lq 40 < Lk 150",
+            2,
+            40,
+            150,
+            Mask::SlidingWindow(9),
+        ),
         classic(
             "classic causal Lq>Lk 80x33 (multi-tile)",
             1,
