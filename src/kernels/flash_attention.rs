@@ -12,8 +12,9 @@
 //! it took 1.3–2.4× the staged kernel's time, whether P went lane to lane by shuffles (from a
 //! runtime lane, or 16 unrolled calls) or through workgroup memory; 8 rows per thread was slower
 //! still. Scores alone ran at about half the GEMM's GFLOP/s, and adding only the softmax step
-//! (P·V off) more than doubled the time: it keeps the accumulators live beside the scores
-//! (~290 floats per thread), which the GEMM never holds at once.
+//! (P·V off) more than doubled the time. That step still masked every row inside the unrolled
+//! loops, the cost `group_needs_mask` later removed here, so the blocked layout was never timed
+//! without it and may deserve another try on that basis.
 
 use std::sync::Arc;
 
