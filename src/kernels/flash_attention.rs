@@ -15,6 +15,22 @@
 //! (P·V off) more than doubled the time. That step still masked every row inside the unrolled
 //! loops, the cost `group_needs_mask` later removed here, so the blocked layout was never timed
 //! without it and may deserve another try on that basis.
+//!
+//! Where the time goes now (tools/lavapipe_profile.py: perf samples over llvmpipe's JIT code,
+//! L1024 d64, no mask): not in the multiply-adds. Most samples sit in per-lane scalar loads
+//! and stores (`vpextrd`/`vpinsrd`/`mov`, a mask test and branch per lane) of private arrays
+//! indexed at run time; the hottest code gathers each row's weights (`sa`, `sb`, 2 KiB each)
+//! with a clamped index, multiplies by V and scatters the accumulators: the P·V row loop,
+//! apparently not unrolled (Mesa unrolls by body size, and naga's index clamp hides the loop
+//! variable from its array-index heuristic). Ablations agree: dropping 15/16 of the
+//! multiply-adds, all the exps, or the staging changed the time by less than the run-to-run
+//! noise (±30 %), while the key-group loop with an empty body ran in a tenth of the time.
+//! What did not help (each against the current kernel, several interleaved runs): unrolling
+//! the head-size loops or the P·V row loop by hand, splitting the P·V row loop in two, handing
+//! K/V vec4s between lanes by `subgroupBroadcast` instead of 8 workgroup loads (perhaps 15 %,
+//! within the noise), and dropping the `r < live_rows` checks.
+//! The next try: keep a row's 8 weights in named values rather than an array the P·V loop
+//! indexes, e.g. rows outer and the head size inner, with V staged transposed.
 
 use std::sync::Arc;
 
@@ -261,7 +277,8 @@ impl Flash {
             software,
         );
         let key = format!("flash_attention {shape:?}");
-        // Runtime bounds checks stay on: measured no faster without them on lavapipe.
+        // Runtime bounds checks stay on: without them lavapipe took about twice as long (L1024
+        // d64, three interleaved runs each; why was not found).
         let spec = PassSpec::main("flash_attention", SLOTS);
         let pass = gpu.compile(&key, &spec, || source(shape));
         Some(Flash {
