@@ -82,8 +82,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="lvp_profile_")
     data = os.path.join(work, "perf.data")
-    # setarch -R: no address randomisation, so a rerun maps its JIT code at the same addresses.
-    perf = subprocess.Popen(["setarch", "-R", "perf", "record", "-q", "-o", data, "--", *command])
+    perf = subprocess.Popen(["perf", "record", "-q", "-o", data, "--", *command])
     pid = command_pid(perf.pid)
     dumps = {}  # (start, end) -> copy; a later copy of the same range replaces an earlier one
     while perf.poll() is None:
@@ -104,10 +103,14 @@ def main():
     ips = subprocess.run(["perf", "script", "-i", data, "-F", "ip"], capture_output=True, text=True)
     samples = collections.Counter(int(l, 16) for l in ips.stdout.split())
     total = sum(samples.values())
-    insns = []
-    for (start, _), path in sorted(dumps.items()):
+    # One entry per address: a mapping that grew was copied under two ranges, and the later
+    # copy (inserted later into `dumps`) is the one that holds the newer code.
+    code = {}
+    for (start, _), path in dumps.items():
         if os.path.exists(path):
-            insns += disassemble(path, start)
+            for a, op, operands in disassemble(path, start):
+                code[a] = (op, operands)
+    insns = [(a, op, operands) for a, (op, operands) in sorted(code.items())]
     by_addr = {a: i for i, (a, _, _) in enumerate(insns)}
     covered = sum(samples[a] for a in by_addr)
     print(f"{total} samples; {100 * covered / max(total, 1):.1f}% in the JIT code copied")
