@@ -11,9 +11,10 @@
 // Per tile of TILE keys:
 //   1. each lane's partial dot products of its keys against every row (QK_PARTS keys at once);
 //   2. lane t sums the partials of keys t, t + THREADS, ... of the tile, scales and masks
-//      their scores (a masked score is replaced by -1e9, a bias added, as on the other paths);
-//   3. every lane takes the rows' new max over the tile, rescales what it accumulated, and
-//      turns its keys' scores into weights exp(s - max);
+//      their scores (a masked score is replaced by -1e9, a bias added, as on the other paths)
+//      and keeps their max;
+//   3. every lane takes the rows' new max over the tile from the lanes' maxima, rescales what
+//      it accumulated, and turns its keys' scores into weights exp(s - max);
 //   4. each lane adds weight · V over its part of the tile's keys (V_PARTS parts).
 // The running max starts at -f32::MAX, so keys whose score is -inf weigh exactly 0 and a row
 // with every score -inf keeps max -f32::MAX (the reduce pass returns NaN for it, as PyTorch).
@@ -33,6 +34,7 @@ const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;
 const QK_PARTS: u32 = THREADS / QK_LANES;     // keys scored at once
 const V_PARTS: u32 = THREADS / V_LANES;       // keys whose values are added at once
 const PART_STRIDE: u32 = 2u + 4u * DV4;       // per (row, split): max, sum, accumulator
+const ROW_VECS: u32 = (ROWS + 3u) / 4u;
 const LOWEST: f32 = -3.402823e38;
 
 struct DecodeParams {
@@ -58,9 +60,13 @@ struct DecodeParams {
 @group(0) @binding(1) var<storage, read> q_in: array<QkvElem>;
 @group(0) @binding(4) var<storage, read_write> partials: array<f32>;
 
-var<workgroup> dot_sh: array<f32, ROWS * TILE * QK_LANES>;
-var<workgroup> score_sh: array<f32, ROWS * TILE>;
-var<workgroup> weight_sh: array<f32, ROWS * TILE>;
+// Per-row values travel four rows to a vec4 (rows 4n..4n+3 in vec4 n): llvmpipe reads and
+// writes workgroup memory one lane at a time whatever the type, so a vec4 moves four rows for
+// the price of one.
+var<workgroup> dot_sh: array<vec4<f32>, ROW_VECS * TILE * QK_LANES>;
+var<workgroup> score_sh: array<vec4<f32>, ROW_VECS * TILE>;
+var<workgroup> weight_sh: array<vec4<f32>, ROW_VECS * TILE>;
+var<workgroup> max_sh: array<vec4<f32>, ROW_VECS * THREADS>;  // each lane's max of step 2
 // The V parts' accumulators of one row, summed at the end (one element when V_PARTS is 1).
 var<workgroup> acc_sh: array<vec4<f32>, ACC_SHARED>;
 var<workgroup> sum_sh: array<f32, THREADS>;
@@ -104,11 +110,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
     }
 
-    var row_max: array<f32, ROWS>;
-    var row_sum: array<f32, ROWS>;
+    // Every loop that indexes these private arrays has a constant trip count, so that the
+    // compiler unrolls it and the arrays become registers. Had one index stayed dynamic,
+    // llvmpipe would turn every access of the array into a per-lane gather or scatter (about
+    // 1.5x the whole step's time at d128).
+    var row_max: array<vec4<f32>, ROW_VECS>;
+    var row_sum: array<vec4<f32>, ROW_VECS>;
     var acc: array<vec4<f32>, ROWS * V_VECS>;
-    for (var r = 0u; r < ROWS; r++) {
-        row_max[r] = LOWEST;
+    for (var n = 0u; n < ROW_VECS; n++) {
+        row_max[n] = vec4<f32>(LOWEST);
     }
     let first = split * p.keys_per_split;
     let end = min(p.lk, first + p.keys_per_split);
@@ -118,81 +128,99 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (qk_part < QK_PARTS) {
             for (var kk = qk_part; kk < keys; kk += QK_PARTS) {
                 let base = p.k_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * HEAD_DIM_QK;
-                var dots: array<f32, ROWS>;
+                var dots: array<vec4<f32>, ROW_VECS>;
                 for (var v = 0u; v < QK_VECS; v++) {
                     let k = key4(base, qk_lane + QK_LANES * v);
                     for (var r = 0u; r < ROWS; r++) {
-                        dots[r] += dot(q[r * QK_VECS + v], k);
+                        dots[r / 4u][r % 4u] += dot(q[r * QK_VECS + v], k);
                     }
                 }
-                for (var r = 0u; r < ROWS; r++) {
-                    dot_sh[(r * TILE + kk) * QK_LANES + qk_lane] = dots[r];
+                for (var n = 0u; n < ROW_VECS; n++) {
+                    dot_sh[(n * TILE + kk) * QK_LANES + qk_lane] = dots[n];
                 }
             }
         }
         workgroupBarrier();
-        // 2. The scores of keys t, t + THREADS, ..., scaled and masked.
+        // 2. The scores of keys t, t + THREADS, ..., scaled and masked, and this lane's max.
+        var lane_max: array<vec4<f32>, ROW_VECS>;
+        for (var n = 0u; n < ROW_VECS; n++) {
+            lane_max[n] = vec4<f32>(LOWEST);
+        }
         for (var kt = t; kt < TILE; kt += THREADS) {
-            for (var r = 0u; r < ROWS; r++) {
-                var s = LOWEST;
-                if (kt < keys && r < rows) {
-                    var d = 0.0;
-                    for (var l = 0u; l < QK_LANES; l++) {
-                        d += dot_sh[(r * TILE + kt) * QK_LANES + l];
-                    }
-                    let h = g * p.kv_group + r / p.lq;
-                    s = apply_mask(p.scale * d, b, h, r % p.lq, j0 + kt);
+            for (var n = 0u; n < ROW_VECS; n++) {
+                var d = vec4<f32>(0.0);
+                for (var l = 0u; l < QK_LANES; l++) {
+                    d += dot_sh[(n * TILE + kt) * QK_LANES + l];
                 }
-                score_sh[r * TILE + kt] = s;
+                var s = vec4<f32>(LOWEST);
+                for (var e = 0u; e < 4u; e++) {
+                    let r = 4u * n + e;
+                    if (kt < keys && r < rows) {
+                        let h = g * p.kv_group + r / p.lq;
+                        s[e] = apply_mask(p.scale * d[e], b, h, r % p.lq, j0 + kt);
+                    }
+                }
+                score_sh[n * TILE + kt] = s;
+                lane_max[n] = max(lane_max[n], s);
             }
+        }
+        for (var n = 0u; n < ROW_VECS; n++) {
+            max_sh[n * THREADS + t] = lane_max[n];
         }
         workgroupBarrier();
         // 3. The rows' max over the tile (the same in every lane), the rescale of what this
         //    lane accumulated, and key t's weights.
+        var tile_max: array<vec4<f32>, ROW_VECS>;
+        var correction: array<vec4<f32>, ROW_VECS>;
+        for (var n = 0u; n < ROW_VECS; n++) {
+            var m = row_max[n];
+            for (var l = 0u; l < THREADS; l++) {
+                m = max(m, max_sh[n * THREADS + l]);
+            }
+            tile_max[n] = m;
+            correction[n] = exp(row_max[n] - m);
+            row_max[n] = m;
+            row_sum[n] *= correction[n];
+        }
         for (var r = 0u; r < ROWS; r++) {
-            var m = row_max[r];
-            for (var k = 0u; k < keys; k++) {
-                m = max(m, score_sh[r * TILE + k]);
-            }
-            let correction = exp(row_max[r] - m);
-            row_max[r] = m;
-            row_sum[r] *= correction;
             for (var v = 0u; v < V_VECS; v++) {
-                acc[r * V_VECS + v] *= correction;
+                acc[r * V_VECS + v] *= correction[r / 4u][r % 4u];
             }
-            for (var kt = t; kt < keys; kt += THREADS) {
-                weight_sh[r * TILE + kt] = exp(score_sh[r * TILE + kt] - m);
+        }
+        for (var kt = t; kt < keys; kt += THREADS) {
+            for (var n = 0u; n < ROW_VECS; n++) {
+                weight_sh[n * TILE + kt] = exp(score_sh[n * TILE + kt] - tile_max[n]);
             }
         }
         workgroupBarrier();
         // 4. weight · V over this lane's part of the tile; every V vec4 read feeds every row.
         for (var kk = v_part; kk < keys; kk += V_PARTS) {
             let base = p.v_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * HEAD_DIM_V;
-            var w: array<f32, ROWS>;
-            for (var r = 0u; r < ROWS; r++) {
-                w[r] = weight_sh[r * TILE + kk];
-                row_sum[r] += w[r];
+            var w: array<vec4<f32>, ROW_VECS>;
+            for (var n = 0u; n < ROW_VECS; n++) {
+                w[n] = weight_sh[n * TILE + kk];
+                row_sum[n] += w[n];
             }
             for (var v = 0u; v < V_VECS; v++) {
                 let value = value4(base, v_lane + V_LANES * v);
                 for (var r = 0u; r < ROWS; r++) {
-                    acc[r * V_VECS + v] += w[r] * value;
+                    acc[r * V_VECS + v] += w[r / 4u][r % 4u] * value;
                 }
             }
         }
     }
 
     // (max, sum, accumulator) of every row to `partials`, the V parts summed first.
-    for (var r = 0u; r < rows; r++) {
+    for (var r = 0u; r < ROWS; r++) {
         let h = g * p.kv_group + r / p.lq;
         let out = (((b * p.heads + h) * p.lq + r % p.lq) * p.splits + split) * PART_STRIDE;
-        var total_sum = row_sum[r];
+        var total_sum = row_sum[r / 4u][r % 4u];
         if (V_PARTS > 1u) {
             workgroupBarrier();
             for (var v = 0u; v < V_VECS; v++) {
                 acc_sh[t * V_VECS + v] = acc[r * V_VECS + v];
             }
-            sum_sh[t] = row_sum[r];
+            sum_sh[t] = total_sum;
             workgroupBarrier();
             if (v_part == 0u) {
                 for (var part = 1u; part < V_PARTS; part++) {
@@ -204,17 +232,29 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 }
             }
         }
-        if (v_part == 0u) {
+        if (v_part == 0u && r < rows) {
             if (t == 0u) {
-                partials[out] = row_max[r];
+                partials[out] = row_max[r / 4u][r % 4u];
                 partials[out + 1u] = total_sum;
             }
             for (var v = 0u; v < V_VECS; v++) {
                 let c = v_lane + V_LANES * v;
-                for (var e = 0u; e < 4u; e++) {
-                    if (4u * c + e < HEAD_DIM_V) {
-                        partials[out + 2u + 4u * c + e] = acc[r * V_VECS + v][e];
-                    }
+                let a = acc[r * V_VECS + v];
+                let at = out + 2u + 4u * c;
+                // Element by element with constant indices: a loop over the vec4 here
+                // measured 1.5x slower on lavapipe (the compiler then leaves `acc` an
+                // indexed array, every access of it a per-lane gather or scatter).
+                if (4u * c < HEAD_DIM_V) {
+                    partials[at] = a.x;
+                }
+                if (4u * c + 1u < HEAD_DIM_V) {
+                    partials[at + 1u] = a.y;
+                }
+                if (4u * c + 2u < HEAD_DIM_V) {
+                    partials[at + 2u] = a.z;
+                }
+                if (4u * c + 3u < HEAD_DIM_V) {
+                    partials[at + 3u] = a.w;
                 }
             }
         }

@@ -94,11 +94,17 @@ impl DecodeShape {
         let (qk_lanes, _) = self.lanes(self.qk_head_dim);
         let mut tile = self.threads.max(32);
         while tile > 1
-            && 4 * self.rows * tile * (qk_lanes + 2) + self.acc_shared_bytes() > WORKGROUP_BYTES
+            && self.score_bytes(tile, qk_lanes) + self.acc_shared_bytes() > WORKGROUP_BYTES
         {
             tile /= 2;
         }
         tile
+    }
+
+    /// Workgroup memory of the per-row values, four rows to a vec4: each lane's partial dot
+    /// products, the scores and weights of a tile, each lane's max.
+    fn score_bytes(&self, tile: usize, qk_lanes: usize) -> usize {
+        16 * self.rows.div_ceil(4) * (tile * (qk_lanes + 2) + self.threads)
     }
 
     /// Vec4s of workgroup memory the V parts are summed through (1 when there is one part).
