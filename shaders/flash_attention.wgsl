@@ -2,13 +2,21 @@
 // One workgroup takes BLOCK_Q = THREADS·ROWS query rows of one (batch, head); each of its
 // THREADS threads (8 on CPU adapters, 64 on GPUs) owns ROWS query rows (see `rows_per_thread`), with q
 // and the output accumulators in registers as vec4s, so every K/V value read from workgroup
-// memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys (a multiple of 8) are staged
-// in workgroup memory, zero-padded to whole vec4s and whole tiles.
-// Keys are consumed 8 at a time: a row's 8 scores are two vec4s and the online softmax
-// rescales once per 8 keys. Every loop inside a key group has a constant trip count, so the
-// compiler unrolls it and q, the scores and acc are indexed by constants only; a runtime index
-// into a private array makes llvmpipe gather and scatter per lane, which cost the version that
-// kept a tile's scores in an array half its speed.
+// memory feeds 4·ROWS multiply-adds. K/V tiles of KV_TILE keys (a multiple of KEY_GROUP) are
+// staged in workgroup memory, zero-padded to whole vec4s and whole tiles.
+// Keys are consumed KEY_GROUP (16, or 8 where a tile of 16 does not fit) at a time: a row's
+// scores of a group are GROUP_VECS vec4s, and the online softmax rescales once per group.
+// A runtime index into a private array makes llvmpipe gather and scatter per lane on *every*
+// access of that array, anywhere in the shader, so the per-row arrays (scores, max, sum,
+// correction) are indexed only in loops the compiler unrolls: loops with a constant trip
+// count and small bodies. Lavapipe's compiler unrolls a loop over 4 rows of a 16-key group but
+// not over 16 rows, so the key group's row loops run in quarters (the functions below, each
+// called for rows [0, ROWS/4), [ROWS/4, ROWS/2), ...). Loops that must stay rolled (the mask,
+// the carry, the output) work on copies. q and acc are indexed by the head-size vec4 of a
+// rolled loop and stay gathered, which is what makes a 16-key group pay: each gather then
+// serves twice the keys. At d64 with 16 rows (lavapipe, the pass alone, interleaved runs):
+// 8-key groups with their row loops in halves ran 1.6x the speed of the kernel whose loops
+// stayed rolled, and 16-key groups in quarters 1.7x that again.
 // Masked scores are replaced by -1e9 like the multi-pass path, so a fully masked row still
 // averages V over all keys. Keys past Lk in the last tile score -f32::MAX and weigh exactly 0.
 // Tiles that are masked for every row of the block (causal, key padding) are skipped, but
@@ -21,12 +29,19 @@
 // Dispatch: (ceil(Lq / BLOCK_Q), B·H, 1) per key range; z offset as in scores.
 //
 // The host's prelude (src/kernels/flash_attention.rs) defines the head sizes HEAD_DIM_QK and
-// HEAD_DIM_V (fixed per module), KV_TILE (keys per staged tile), ROWS (rows per thread, per
+// HEAD_DIM_V (fixed per module), KV_TILE (keys per staged tile), KEY_GROUP (8 or 16: keys
+// scored at once), ROWS (rows per thread, per
 // device), THREADS (8: one SIMD vector of llvmpipe; 64 on GPUs), CARRY_IN and CARRY_OUT, and the element
 // type QkvElem of Q/K/V (f32, or f16 in an f16 module; widened to f32 on load).
 const BLOCK_Q: u32 = ROWS * THREADS;
 const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;      // vec4s per q/k row
 const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;       // vec4s per v row
+const GROUP_VECS: u32 = KEY_GROUP / 4u;        // a row's scores of one key group, as vec4s
+
+// Each owned row's scores (then weights) of one key group: vec4s 2 and 3 only with 16 keys.
+alias GroupScores = array<array<vec4<f32>, 4>, ROWS>;
+// One head-size vec4 of each key (or value) of a group: 8..15 only with 16 keys.
+alias GroupRows = array<vec4<f32>, 16>;
 
 struct FlashParams {
     lq: u32,
@@ -80,12 +95,12 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     return all_tiles;
 }
 
-// Whether the mask can change any score of keys j .. j + 7 for rows [i0, i1) (uniform over the
+// Whether the mask can change any score of keys j .. j + KEY_GROUP - 1 for rows [i0, i1) (uniform over the
 // workgroup). Where it cannot, the key group skips the mask code (see the tile loop): most of
 // a causal block's groups lie wholly below the diagonal.
 fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
     let first_key = i32(j);
-    let last_key = first_key + 7;
+    let last_key = first_key + i32(KEY_GROUP) - 1;
     switch mask.kind {
         case MASK_NONE: {
             return false;
@@ -100,7 +115,7 @@ fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
             return last_key > i32(i0) + mask.causal_offset || first_key <= oldest;
         }
         case MASK_KEY_PADDING: {
-            return j + 8u > mask_words[mask.batch_base + b];
+            return j + KEY_GROUP > mask_words[mask.batch_base + b];
         }
         default: {
             return true;
@@ -181,7 +196,7 @@ fn skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) -> array<vec4<u32>,
 // Scaled scores of keys j .. j + 3 for row i with the mask applied. Only the first `left` of
 // them exist; the others (past Lk, in the last tile) get -f32::MAX, so they weigh exactly 0
 // (a row's max is at least MASKED_SCORE once it has seen one key) without counting as masked.
-fn score_group(scaled: vec4<f32>, b: u32, h: u32, i: u32, j: u32, left: u32) -> vec4<f32> {
+fn score_quad(scaled: vec4<f32>, b: u32, h: u32, i: u32, j: u32, left: u32) -> vec4<f32> {
     var sr = scaled;
     if (mask.kind != MASK_NONE) {
         let last = p.lk - 1u;
@@ -198,6 +213,97 @@ fn score_group(scaled: vec4<f32>, b: u32, h: u32, i: u32, j: u32, left: u32) -> 
     return sr;
 }
 
+// The four dot products of qc with keys j .. j + 3 of a group.
+fn quad_dots(qc: vec4<f32>, k: GroupRows, j: u32) -> vec4<f32> {
+    return vec4<f32>(dot(qc, k[j]), dot(qc, k[j + 1u]), dot(qc, k[j + 2u]), dot(qc, k[j + 3u]));
+}
+
+// Weights w of keys j .. j + 3 times their value vec4s.
+fn quad_values(w: vec4<f32>, v: GroupRows, j: u32) -> vec4<f32> {
+    return w.x * v[j] + w.y * v[j + 1u] + w.z * v[j + 2u] + w.w * v[j + 3u];
+}
+
+// The functions below spell out each vec4 of a row's scores rather than loop over them: with
+// an inner loop, lavapipe ran about 1.2x slower.
+
+// Rows [first, last) of a key group's QKᵀ over head-size vec4 c: each row's scores gain its
+// dot products with the group's keys k.
+fn add_group_dots(
+    first: u32,
+    last: u32,
+    live_rows: u32,
+    q: ptr<function, array<array<vec4<f32>, DK4>, ROWS>>,
+    c: u32,
+    k: GroupRows,
+    s: ptr<function, GroupScores>,
+) {
+    for (var r = first; r < last; r++) {
+        if (r < live_rows) {
+            let qc = (*q)[r][c];
+            (*s)[r][0] += quad_dots(qc, k, 0u);
+            (*s)[r][1] += quad_dots(qc, k, 4u);
+            if (KEY_GROUP == 16u) {
+                (*s)[r][2] += quad_dots(qc, k, 8u);
+                (*s)[r][3] += quad_dots(qc, k, 12u);
+            }
+        }
+    }
+}
+
+// Rows [first, last) of a key group's online softmax: the new max, the correction of what was
+// accumulated under the old one, and the scores turned into weights exp(s - max).
+fn group_softmax_rows(
+    first: u32,
+    last: u32,
+    s: ptr<function, GroupScores>,
+    row_max: ptr<function, array<f32, ROWS>>,
+    row_sum: ptr<function, array<f32, ROWS>>,
+    correction: ptr<function, array<f32, ROWS>>,
+) {
+    for (var r = first; r < last; r++) {
+        var m4 = max((*s)[r][0], (*s)[r][1]);
+        if (KEY_GROUP == 16u) {
+            m4 = max(m4, max((*s)[r][2], (*s)[r][3]));
+        }
+        let m = vec4<f32>(max((*row_max)[r], max(max(m4.x, m4.y), max(m4.z, m4.w))));
+        (*correction)[r] = exp((*row_max)[r] - m.x);
+        (*s)[r][0] = exp((*s)[r][0] - m);
+        (*s)[r][1] = exp((*s)[r][1] - m);
+        var total = (*s)[r][0] + (*s)[r][1];
+        if (KEY_GROUP == 16u) {
+            (*s)[r][2] = exp((*s)[r][2] - m);
+            (*s)[r][3] = exp((*s)[r][3] - m);
+            total += (*s)[r][2] + (*s)[r][3];
+        }
+        (*row_sum)[r] = (*row_sum)[r] * (*correction)[r] + dot(total, vec4<f32>(1.0));
+        (*row_max)[r] = m.x;
+    }
+}
+
+// Rows [first, last) of a key group's P·V over head-size vec4 c: acc[r][c], rescaled, gains
+// the weights times the group's values v.
+fn add_group_values(
+    first: u32,
+    last: u32,
+    live_rows: u32,
+    s: ptr<function, GroupScores>,
+    correction: ptr<function, array<f32, ROWS>>,
+    c: u32,
+    v: GroupRows,
+    acc: ptr<function, array<array<vec4<f32>, DV4>, ROWS>>,
+) {
+    for (var r = first; r < last; r++) {
+        if (r < live_rows) {
+            var o = (*acc)[r][c] * (*correction)[r];
+            o += quad_values((*s)[r][0], v, 0u) + quad_values((*s)[r][1], v, 4u);
+            if (KEY_GROUP == 16u) {
+                o += quad_values((*s)[r][2], v, 8u) + quad_values((*s)[r][3], v, 12u);
+            }
+            (*acc)[r][c] = o;
+        }
+    }
+}
+
 @compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let z = wid.y + p.z_offset;
@@ -205,37 +311,45 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let h = z % p.heads;
     let i0 = wid.x * BLOCK_Q;
     let i1 = min(p.lq, i0 + BLOCK_Q);
+    let lane = kv_lane(lid.x);  // for group_keys and group_values
 
-    // Thread lid.x owns rows i0 + lid.x + THREADS·r (r < ROWS).
+    // Thread lid.x owns rows i0 + lid.x + THREADS·r (r < ROWS). q is held pre-scaled, so the
+    // dot products are the scaled scores.
     var q: array<array<vec4<f32>, DK4>, ROWS>;
     var acc: array<array<vec4<f32>, DV4>, ROWS>;
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
     for (var r = 0u; r < ROWS; r++) {
-        let i = i0 + lid.x + THREADS * r;
         row_max[r] = -3.402823e38;
-        row_sum[r] = 0.0;
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        let i = i0 + lid.x + THREADS * r;
         if (i < p.lq) {
             let q_base = p.q_offset + (z * p.lq + i) * HEAD_DIM_QK;
             for (var c = 0u; c < DK4; c++) {
-                q[r][c] = staged_vec4(Q_ROW, q_base, 4u * c, HEAD_DIM_QK, true);
+                q[r][c] = p.scale * staged_vec4(Q_ROW, q_base, 4u * c, HEAD_DIM_QK, true);
             }
         }
     }
 
     if ((p.carry_flags & CARRY_IN) != 0u) {
+        // Through copies: this loop stays rolled (see the header).
+        var carried_max = row_max;
+        var carried_sum = row_sum;
         for (var r = 0u; r < ROWS; r++) {
             let i = i0 + lid.x + THREADS * r;
             if (i < p.lq) {
                 let base = (z * p.lq + i) * CARRY_STRIDE;
-                row_max[r] = carry[base];
-                row_sum[r] = carry[base + 1u];
+                carried_max[r] = carry[base];
+                carried_sum[r] = carry[base + 1u];
                 for (var c = 0u; c < DV4; c++) {
                     let e = base + 2u + 4u * c;
                     acc[r][c] = vec4<f32>(carry[e], carry[e + 1u], carry[e + 2u], carry[e + 3u]);
                 }
             }
         }
+        row_max = carried_max;
+        row_sum = carried_sum;
     }
 
     // Rows r >= live_rows of every thread are past Lq in this block (uniform: small Lq, decode).
@@ -257,79 +371,49 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             v_tile[e] = staged_vec4(V_ROW, base, 4u * (e % DV4), HEAD_DIM_V, key < keys);
         }
         workgroupBarrier();
-        // Key groups of 8 (see the header): sa/sb hold each owned row's scores of keys
-        // jg .. jg + 3 and jg + 4 .. jg + 7, then their weights exp(s - max).
-        for (var jg = 0u; jg < keys; jg += 8u) {
-            var sa: array<vec4<f32>, ROWS>;
-            var sb: array<vec4<f32>, ROWS>;
+        // Key groups (see the header): s holds each owned row's scores of keys
+        // jg .. jg + KEY_GROUP - 1, then their weights exp(s - max).
+        for (var jg = 0u; jg < keys; jg += KEY_GROUP) {
+            var s: GroupScores;
             for (var c = 0u; c < DK4; c++) {
-                let k0 = k_tile[jg * DK4 + c];
-                let k1 = k_tile[(jg + 1u) * DK4 + c];
-                let k2 = k_tile[(jg + 2u) * DK4 + c];
-                let k3 = k_tile[(jg + 3u) * DK4 + c];
-                let k4 = k_tile[(jg + 4u) * DK4 + c];
-                let k5 = k_tile[(jg + 5u) * DK4 + c];
-                let k6 = k_tile[(jg + 6u) * DK4 + c];
-                let k7 = k_tile[(jg + 7u) * DK4 + c];
-                for (var r = 0u; r < ROWS; r++) {
-                    if (r < live_rows) {
-                        let qc = q[r][c];
-                        sa[r] += vec4<f32>(dot(qc, k0), dot(qc, k1), dot(qc, k2), dot(qc, k3));
-                        sb[r] += vec4<f32>(dot(qc, k4), dot(qc, k5), dot(qc, k6), dot(qc, k7));
-                    }
-                }
+                let k = group_keys(jg, c, lane);
+                add_group_dots(0u, ROWS / 4u, live_rows, &q, c, k, &s);
+                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, &q, c, k, &s);
+                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, &q, c, k, &s);
+                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, &q, c, k, &s);
             }
-            // Scaled, and masked only where the mask or the end of the keys can touch the group:
-            // one uniform branch per group, outside the unrolled row loops (a branch per row
-            // and key quad cost lavapipe a third of the pass at d64, two thirds at d16).
+            // Masked only where the mask or the end of the keys can touch the group: one uniform
+            // branch per group, outside the unrolled row loops (a branch per row and key quad
+            // cost lavapipe a third of the pass at d64, two thirds at d16). The scores are
+            // already scaled: q was, on load (a loop over the rows here would stay rolled).
             let left = keys - jg;  // keys of this group that exist (at least 1)
-            if (left < 8u || group_needs_mask(b, i0, i1, j0 + jg)) {
+            if (left < KEY_GROUP || group_needs_mask(b, i0, i1, j0 + jg)) {
+                // Through a copy: this loop stays rolled (see the header).
+                var masked = s;
                 for (var r = 0u; r < ROWS; r++) {
                     // Rows past Lq (results discarded) evaluate the mask at the last row, in range.
                     let i = min(i0 + lid.x + THREADS * r, p.lq - 1u);
-                    sa[r] = score_group(p.scale * sa[r], b, h, i, j0 + jg, left);
-                    sb[r] = score_group(p.scale * sb[r], b, h, i, j0 + jg + 4u, max(left, 4u) - 4u);
+                    for (var n = 0u; n < GROUP_VECS; n++) {
+                        let j = 4u * n;
+                        let quad = masked[r][n];
+                        masked[r][n] = score_quad(quad, b, h, i, j0 + jg + j, max(left, j) - j);
+                    }
                 }
-            } else {
-                for (var r = 0u; r < ROWS; r++) {
-                    sa[r] *= p.scale;
-                    sb[r] *= p.scale;
-                }
+                s = masked;
             }
             // Online softmax over the group: rescale what was accumulated under the old max.
             var correction: array<f32, ROWS>;
-            for (var r = 0u; r < ROWS; r++) {
-                let ra = sa[r];
-                let rb = sb[r];
-                let m4 = max(ra, rb);
-                let new_max = max(row_max[r], max(max(m4.x, m4.y), max(m4.z, m4.w)));
-                correction[r] = exp(row_max[r] - new_max);
-                let pa = exp(ra - vec4<f32>(new_max));
-                let pb = exp(rb - vec4<f32>(new_max));
-                row_sum[r] = row_sum[r] * correction[r] + dot(pa + pb, vec4<f32>(1.0));
-                row_max[r] = new_max;
-                sa[r] = pa;
-                sb[r] = pb;
-            }
+            group_softmax_rows(0u, ROWS / 4u, &s, &row_max, &row_sum, &correction);
+            group_softmax_rows(ROWS / 4u, ROWS / 2u, &s, &row_max, &row_sum, &correction);
+            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u, &s, &row_max, &row_sum, &correction);
+            group_softmax_rows(3u * ROWS / 4u, ROWS, &s, &row_max, &row_sum, &correction);
             // P·V: each V vec4 feeds ROWS rows.
             for (var c = 0u; c < DV4; c++) {
-                let v0 = v_tile[jg * DV4 + c];
-                let v1 = v_tile[(jg + 1u) * DV4 + c];
-                let v2 = v_tile[(jg + 2u) * DV4 + c];
-                let v3 = v_tile[(jg + 3u) * DV4 + c];
-                let v4 = v_tile[(jg + 4u) * DV4 + c];
-                let v5 = v_tile[(jg + 5u) * DV4 + c];
-                let v6 = v_tile[(jg + 6u) * DV4 + c];
-                let v7 = v_tile[(jg + 7u) * DV4 + c];
-                for (var r = 0u; r < ROWS; r++) {
-                    if (r < live_rows) {
-                        let pa = sa[r];
-                        let pb = sb[r];
-                        acc[r][c] = acc[r][c] * correction[r]
-                            + pa.x * v0 + pa.y * v1 + pa.z * v2 + pa.w * v3
-                            + pb.x * v4 + pb.y * v5 + pb.z * v6 + pb.w * v7;
-                    }
-                }
+                let v = group_values(jg, c, lane);
+                add_group_values(0u, ROWS / 4u, live_rows, &s, &correction, c, v, &acc);
+                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, &s, &correction, c, v, &acc);
+                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, &s, &correction, c, v, &acc);
+                add_group_values(3u * ROWS / 4u, ROWS, live_rows, &s, &correction, c, v, &acc);
             }
         }
         workgroupBarrier();
@@ -345,13 +429,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             }
         }
     }
+    // Through copies from here on: these loops stay rolled (see the header).
+    var final_max = row_max;
+    var final_sum = row_sum;
     if ((p.carry_flags & CARRY_OUT) != 0u) {
         for (var r = 0u; r < ROWS; r++) {
             let i = i0 + lid.x + THREADS * r;
             if (i < p.lq) {
                 let base = (z * p.lq + i) * CARRY_STRIDE;
-                carry[base] = row_max[r];
-                carry[base + 1u] = row_sum[r];
+                carry[base] = final_max[r];
+                carry[base + 1u] = final_sum[r];
                 for (var c = 0u; c < DV4; c++) {
                     let e = base + 2u + 4u * c;
                     carry[e] = acc[r][c].x;
@@ -369,7 +456,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             // Every score of the row was -inf (an additive mask) iff its max never rose above
             // the start value, -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN. Tested on the
             // max, since fast math need not keep exp(-inf) = 0 exact.
-            let inv = select(1.0 / row_sum[r], nan(), row_max[r] <= -3.402823e38);
+            let inv = select(1.0 / final_sum[r], nan(), final_max[r] <= -3.402823e38);
             let out_base = (b * p.lq + i) * (p.heads * HEAD_DIM_V) + h * HEAD_DIM_V;
             for (var c = 0u; c < DV4; c++) {
                 let o = acc[r][c] * inv;

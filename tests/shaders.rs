@@ -36,6 +36,7 @@ fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> FlashShape {
         rows,
         threads: 8,
         f16,
+        subgroup_kv: false,
     }
 }
 
@@ -77,9 +78,11 @@ fn all_sources() -> Vec<(String, String)> {
     for (dk, dv) in [(1, 1), (3, 7), (16, 24), (64, 64), (256, 512)] {
         for rows in [1, 4, 16] {
             for f16 in [false, true] {
-                for threads in [8, 64] {
+                // Subgroup K/V reads only where a workgroup is one subgroup of 8 lanes.
+                for (threads, subgroup_kv) in [(8, false), (8, true), (64, false)] {
                     let s = FlashShape {
                         threads,
+                        subgroup_kv,
                         ..flash_shape(dk, dv, rows, f16)
                     };
                     all.push((format!("flash {s:?}"), flash_attention::source(s)));
@@ -478,6 +481,10 @@ fn host_constants_match_the_shaders() {
             "workgroup rows"
         );
         assert_eq!(constant(&m, "KV_TILE"), s.kv_tile as f64);
+        assert_eq!(
+            constant(&m, "KEY_GROUP"),
+            flash_attention::key_group(s.kv_tile) as f64
+        );
         assert_eq!(constant(&m, "CARRY_IN"), flash_attention::CARRY_IN as f64);
         assert_eq!(constant(&m, "CARRY_OUT"), flash_attention::CARRY_OUT as f64);
         let stride = flash_attention::carry_stride(dv) as f64;
@@ -527,6 +534,36 @@ fn linear_subgroup_validates_with_subgroup_capability_only() {
         without.is_err(),
         "validated without the SUBGROUP capability"
     );
+}
+
+/// The fused pass's subgroup K/V reads use only what wgpu's SUBGROUP feature gives (an
+/// exclusive add, broadcasts) and need the capability; its shared reads need none, so GL
+/// (no subgroups) still builds the pass.
+#[test]
+fn flash_subgroup_kv_needs_the_subgroup_capability_and_only_it() {
+    use naga::valid::{ShaderStages, SubgroupOperationSet as Ops};
+    let shape = |subgroup_kv| FlashShape {
+        subgroup_kv,
+        ..flash_shape(64, 64, 16, false)
+    };
+    let source = flash_attention::source(shape(true));
+    let module = parse("flash subgroup", &source).unwrap_or_else(|e| panic!("{e}"));
+    naga::valid::Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP)
+        .subgroup_stages(ShaderStages::COMPUTE)
+        .subgroup_operations(Ops::ARITHMETIC | Ops::BALLOT)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("validation: {}", e.emit_to_string(&source)));
+    let without = naga::valid::Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module);
+    assert!(
+        without.is_err(),
+        "validated without the SUBGROUP capability"
+    );
+    let shared = flash_attention::source(shape(false));
+    let module = parse("flash shared", &shared).unwrap_or_else(|e| panic!("{e}"));
+    naga::valid::Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("validation: {}", e.emit_to_string(&shared)));
 }
 
 #[test]

@@ -16,23 +16,32 @@
 //! loops, the cost `group_needs_mask` later removed here, so the blocked layout was never timed
 //! without it and may deserve another try on that basis.
 //!
-//! Where the time goes now (tools/lavapipe_profile.py: perf samples over llvmpipe's JIT code,
-//! L1024 d64, no mask): not in the multiply-adds. Most samples sit in per-lane scalar loads
-//! and stores (`vpextrd`/`vpinsrd`/`mov`, a mask test and branch per lane) of private arrays
-//! indexed at run time; the hottest code gathers each row's weights (`sa`, `sb`, 2 KiB each)
-//! with a clamped index, multiplies by V and scatters the accumulators: the P·V row loop,
-//! apparently not unrolled (Mesa unrolls by body size, and naga's index clamp hides the loop
-//! variable from its array-index heuristic). Ablations agree: dropping 15/16 of the
-//! multiply-adds, all the exps, or the staging changed the time by less than the run-to-run
-//! noise (±30 %), while the key-group loop with an empty body ran in a tenth of the time.
-//! What did not help (each against the current kernel, several interleaved runs): unrolling
-//! the head-size loops or the P·V row loop by hand, splitting the P·V row loop in two, handing
-//! K/V vec4s between lanes by `subgroupBroadcast` instead of 8 workgroup loads (perhaps 15 %,
-//! within the noise), and dropping the `r < live_rows` checks.
-//! Nor did turning P·V round (rows outer, each row's weights read once, the group's V copied
-//! to eight register arrays first): 2.5× the time (min 664–715 ms against 239–382). So far
-//! every change that gives Mesa more code to unroll has been slower on lavapipe; check a new
-//! layout's instruction mix with the profile tool before timing it on a noisy machine.
+//! Where the time went (tools/lavapipe_profile.py: perf samples over llvmpipe's JIT code,
+//! L1024 d64, no mask): not in the multiply-adds but in per-lane scalar loads and stores
+//! (`vpextrd`/`vpinsrd`/`mov`, a mask test and branch per lane) of private arrays indexed at
+//! run time. llvmpipe makes *every* access of a private array a per-lane gather or scatter as
+//! soon as one access anywhere has a runtime index, and Mesa unrolls a loop (making its index
+//! a constant) only when its body times its trip count is small: at 16 rows none of the key
+//! group's row loops unrolled, and the rolled mask, carry and output loops indexed the row
+//! arrays too. Splitting only one loop, as tried once, changed nothing for that reason. What
+//! the kernel does now, each step timed against the last (probe of `Core::Fused` alone, B1 H8
+//! L1024 d64, interleaved runs, medians of per-run minima):
+//! * the key group's row loops in pieces small enough to unroll, the loops that stay rolled on
+//!   copies of the row arrays, q pre-scaled (a scale loop over 16 rows stayed rolled): 1.6x;
+//! * K/V vec4s read once per subgroup and broadcast ([`subgroup_kv`]): about 1.2x;
+//! * 16-key groups ([`WIDE_KEY_GROUP`]) with the row loops in quarters: 1.7x (228 → 129 ms).
+//!   q and the accumulators stay gathered (indexed by the head-size vec4 of a loop too large
+//!   to unroll), and a wider group spreads each gather over more keys. Writing each score
+//!   vec4 out rather than looping over them gained another 1.2x.
+//!
+//! `bench --only gemm` then puts the fused core at 0.63-0.66x the picked GEMM's GFLOP/s
+//! (timed in turn), from 0.23-0.37x.
+//! What did not help (each against the kernel of its day, several interleaved runs): unrolling
+//! the head-size loops by hand, dropping the `r < live_rows` checks, and turning P·V round
+//! (rows outer, each row's weights read once, the group's V copied to eight register arrays
+//! first): 2.5x the time. On a machine this noisy (±30-50 % between identical runs), check a
+//! new layout's instruction mix with the profile tool before timing it, and time variants in
+//! turn.
 
 use std::sync::Arc;
 
@@ -46,6 +55,11 @@ use super::source::Prelude;
 use super::{kv_spans, CoreProblem, KvChunks, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
+/// Every lane reads a key group's K/V vec4s from the staged tiles itself.
+pub const KV_SHARED_WGSL: &str = include_str!("../../shaders/flash_kv_shared.wgsl");
+/// One lane per key reads them and a subgroup broadcast hands them round (see
+/// [`subgroup_kv`]).
+pub const KV_SUBGROUP_WGSL: &str = include_str!("../../shaders/flash_kv_subgroup.wgsl");
 
 /// Threads per workgroup (`THREADS` in the shader): one 8-lane SIMD vector on a CPU adapter
 /// (llvmpipe), two warps (or one AMD wave) on a GPU. Not measured on a GPU: this task had none.
@@ -150,10 +164,13 @@ pub fn tiles_per_dispatch(
     let keys = if software {
         let (dk4, dv4) = (qk_head_dim.div_ceil(4), v_head_dim.div_ceil(4));
         let (rows, threads) = (rows as usize, threads as usize);
-        // Per key group: the score loop (dk4 × rows), the softmax loop (rows), the P·V loop
-        // (dv4 × rows) and the group loop itself; per key: the K and V staging loops.
-        let per_group = (dk4 + dv4) * (1 + rows) + rows + 1;
-        let per_key = per_group.div_ceil(KEY_GROUP) + (dk4 + dv4).div_ceil(threads) + 1;
+        // Per key group: the score loop (dk4 × rows), the P·V loop (dv4 × rows), the mask or
+        // scale loop and the softmax loop (rows × (1 + vec4s of scores) each) and the group
+        // loop itself; per key: the K and V staging loops.
+        let group = key_group(kv_tile) as usize;
+        let score_vec4s = group / 4;
+        let per_group = (dk4 + dv4) * (1 + rows) + 2 * rows * (1 + score_vec4s) + 1;
+        let per_key = per_group.div_ceil(group) + (dk4 + dv4).div_ceil(threads) + 1;
         // Loading q and the carried state, writing the carry or the output, plus a margin.
         let fixed = rows * (dk4 + 6 * dv4) + 4096;
         (65_535usize.saturating_sub(fixed) * 2 / (3 * per_key)).max(kv_tile as usize)
@@ -178,17 +195,39 @@ pub fn key_ranges(lk: usize, kv_tile: u32, tiles_per_dispatch: u32) -> Vec<(u32,
         .collect()
 }
 
-/// Keys the kernel takes at once: a row's scores for them are two vec4s.
+/// The fewest keys the kernel takes at once (`KEY_GROUP` in the shader, see [`key_group`]):
+/// the fused path needs a tile of at least this many.
 pub const KEY_GROUP: usize = 8;
 
+/// The most keys the kernel takes at once, where the tile holds them: each of q's and the
+/// accumulators' gathers then serves twice the keys (see the shader's header).
+pub const WIDE_KEY_GROUP: usize = 16;
+
 /// Keys per staged K/V tile for these head sizes within `workgroup_bytes` of workgroup memory
-/// (the device's `max_compute_workgroup_storage_size`): a multiple of [`KEY_GROUP`], or `None`
-/// if not even one group fits (the fused path is then unavailable; the multi-pass core runs).
+/// (the device's `max_compute_workgroup_storage_size`): whole groups of [`WIDE_KEY_GROUP`]
+/// keys where that many fit, else of [`KEY_GROUP`]; `None` if not even one group fits (the
+/// fused path is then unavailable; the multi-pass core runs).
 pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize, workgroup_bytes: u32) -> Option<u32> {
     // Rows are staged as whole vec4s (zero-padded).
     let per_key = (qk_head_dim.div_ceil(4) + v_head_dim.div_ceil(4)) * 16;
-    let keys = (workgroup_bytes as usize / per_key).min(MAX_KV_TILE) / KEY_GROUP * KEY_GROUP;
+    let fit = (workgroup_bytes as usize / per_key).min(MAX_KV_TILE);
+    let group = if fit >= WIDE_KEY_GROUP {
+        WIDE_KEY_GROUP
+    } else {
+        KEY_GROUP
+    };
+    let keys = fit / group * group;
     (keys >= KEY_GROUP).then_some(keys as u32)
+}
+
+/// Keys the kernel takes at once with a tile of `kv_tile` keys ([`kv_tile`]): 16 where the
+/// tile is whole groups of 16, else 8.
+pub fn key_group(kv_tile: u32) -> u32 {
+    if (kv_tile as usize).is_multiple_of(WIDE_KEY_GROUP) {
+        WIDE_KEY_GROUP as u32
+    } else {
+        KEY_GROUP as u32
+    }
 }
 
 /// Everything the shader is specialised on.
@@ -204,6 +243,23 @@ pub struct FlashShape {
     pub threads: u32,
     /// Q/K/V stored as f16 (scores, statistics, accumulators and output stay f32).
     pub f16: bool,
+    /// A key group's K/V vec4s are read once per subgroup and broadcast ([`subgroup_kv`]).
+    pub subgroup_kv: bool,
+}
+
+/// Whether the fused pass shares K/V reads across a subgroup on this adapter: CPU kernels
+/// with SUBGROUP where a workgroup (`threads` lanes) is exactly one subgroup of 8 lanes, so
+/// lane l can read key l of every 8 keys. On lavapipe each lane's read of workgroup memory is
+/// a separate scalar access, and this reads each K/V vec4 of a group once instead of eight
+/// times: the fused core at L1024 d64 about 1.2-1.3x faster (see the module doc). GPUs read a
+/// vec4 every lane wants as one broadcast access anyway.
+pub fn subgroup_kv(gpu: &Gpu, threads: u32) -> bool {
+    let info = gpu.info();
+    gpu.kernel_class() == KernelClass::Cpu
+        && gpu.has_subgroups()
+        && threads == 8
+        && info.subgroup_min_size == threads
+        && info.subgroup_max_size == threads
 }
 
 /// The full source: a prelude with this shape's sizes and element type, the mask rule, body.
@@ -212,12 +268,18 @@ pub fn source(s: FlashShape) -> String {
         .u32("HEAD_DIM_QK", s.qk_head_dim as u32)
         .u32("HEAD_DIM_V", s.v_head_dim as u32)
         .u32("KV_TILE", s.kv_tile)
+        .u32("KEY_GROUP", key_group(s.kv_tile))
         .u32("ROWS", s.rows)
         .u32("THREADS", s.threads)
         .u32("CARRY_IN", CARRY_IN)
         .u32("CARRY_OUT", CARRY_OUT)
         .elem("QkvElem", s.f16);
-    super::mask::prelude(prelude).source(&[super::mask::WGSL, WGSL])
+    let kv = if s.subgroup_kv {
+        KV_SUBGROUP_WGSL
+    } else {
+        KV_SHARED_WGSL
+    };
+    super::mask::prelude(prelude).source(&[super::mask::WGSL, kv, WGSL])
 }
 
 /// Bindings: params, Q, K, V, output, carried state, mask words, mask params.
@@ -260,13 +322,15 @@ impl Flash {
     /// at these head sizes (the multi-pass core runs instead).
     pub fn new(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize, f16: bool) -> Option<Self> {
         let workgroup_bytes = gpu.limits().max_compute_workgroup_storage_size;
+        let threads = threads(gpu.kernel_class());
         let shape = FlashShape {
             qk_head_dim,
             v_head_dim,
             kv_tile: kv_tile(qk_head_dim, v_head_dim, workgroup_bytes)?,
             rows: rows_per_thread(gpu, qk_head_dim, v_head_dim),
-            threads: threads(gpu.kernel_class()),
+            threads,
             f16,
+            subgroup_kv: subgroup_kv(gpu, threads),
         };
         // The loop cap is the software rasteriser's, whichever kernels it runs.
         let software = super::is_software(gpu);
@@ -438,6 +502,13 @@ mod tests {
         // Odd head sizes round up to whole vec4s.
         assert_eq!(kv_tile(3, 5, 8 * 48 - 1), None);
         assert_eq!(kv_tile(3, 5, 8 * 48), Some(8));
+        // Groups of 16 once 16 keys fit, never a tile of 24.
+        assert_eq!(kv_tile(3, 5, 16 * 48 - 1), Some(8));
+        assert_eq!(kv_tile(3, 5, 16 * 48), Some(16));
+        assert_eq!(kv_tile(3, 5, 31 * 48), Some(16));
+        for (tile, group) in [(8, 8), (16, 16), (32, 16)] {
+            assert_eq!(key_group(tile), group);
+        }
     }
 
     #[test]
