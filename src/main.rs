@@ -203,8 +203,9 @@ fn bench(
     };
     let mut decodes = Vec::new();
     for c in &decode_configs {
-        let r =
-            cli::bench_decode::run(&gpu, c, |job| cli::bench::time_job(&gpu, job, iters.max(5)))?;
+        let r = cli::bench_decode::run(&gpu, c, |jobs| {
+            cli::bench::time_jobs_in_turn(&gpu, jobs, iters.max(5))
+        })?;
         print!("{}", r.format());
         decodes.push(r);
     }

@@ -129,12 +129,14 @@ impl DecodeResult {
     }
 }
 
-/// Times the decode pass over `c` and the read probe over as many bytes.
-/// `time` gives a job's median GPU milliseconds.
+/// Times the decode pass over `c` and the read probe over as many bytes, in turn.
+/// `time_in_turn` gives each job's median GPU milliseconds, the jobs run alternately
+/// ([`time_jobs_in_turn`](super::bench::time_jobs_in_turn)) so that their ratio is not the
+/// machine's drift between two measurements.
 pub fn run(
     gpu: &Gpu,
     c: &DecodeConfig,
-    time: impl Fn(&Job) -> Result<f64>,
+    time_in_turn: impl Fn(&[&Job]) -> Result<Vec<f64>>,
 ) -> Result<DecodeResult> {
     let dims = CoreDims {
         batch: c.batch,
@@ -167,9 +169,12 @@ pub fn run(
     // Checked before it is timed: sampled heads against the f64 reference.
     job.run(None)?;
     check_sampled_heads(c, (q.data(), k.data(), v.data()), scale, &job.read()?)?;
-    let step_ms = time(&job)?;
     let probe = Job::read_probe(gpu, c.kv_bytes() / 2)?;
-    let probe_ms = time(&probe)?;
+    let [step_ms, probe_ms] = time_in_turn(&[&job, &probe])?[..] else {
+        return Err(Error::Misuse(
+            "the timer gave no median for the decode pass and the probe".into(),
+        ));
+    };
     let gbps = |ms: f64| c.kv_bytes() as f64 / ms / 1e6;
     Ok(DecodeResult {
         config: *c,
