@@ -520,19 +520,29 @@ fn host_constants_match_the_shaders() {
 /// (vote, ballot, shuffle) in compute, and is rejected without the capability: it does use it.
 #[test]
 fn linear_subgroup_validates_with_subgroup_capability_only() {
-    use naga::valid::{ShaderStages, SubgroupOperationSet as Ops};
+    use naga::valid::SubgroupOperationSet as Ops;
     let source = linear::source(LinearVariant::Subgroup, LinearElems::F32);
-    let module = parse("subgroup", &source).unwrap_or_else(|e| panic!("{e}"));
+    assert_needs_subgroups_with_only("subgroup", &source, Ops::VOTE | Ops::BALLOT | Ops::SHUFFLE);
+}
+
+/// `source` validates with the SUBGROUP capability and only `ops` in compute, and not
+/// without the capability (it does use it).
+fn assert_needs_subgroups_with_only(
+    name: &str,
+    source: &str,
+    ops: naga::valid::SubgroupOperationSet,
+) {
+    let module = parse(name, source).unwrap_or_else(|e| panic!("{e}"));
     naga::valid::Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP)
-        .subgroup_stages(ShaderStages::COMPUTE)
-        .subgroup_operations(Ops::VOTE | Ops::BALLOT | Ops::SHUFFLE)
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(ops)
         .validate(&module)
-        .unwrap_or_else(|e| panic!("validation: {}", e.emit_to_string(&source)));
+        .unwrap_or_else(|e| panic!("{name}: validation: {}", e.emit_to_string(source)));
     let without = naga::valid::Validator::new(ValidationFlags::all(), Capabilities::empty())
         .validate(&module);
     assert!(
         without.is_err(),
-        "validated without the SUBGROUP capability"
+        "{name}: validated without the SUBGROUP capability"
     );
 }
 
@@ -541,24 +551,13 @@ fn linear_subgroup_validates_with_subgroup_capability_only() {
 /// (no subgroups) still builds the pass.
 #[test]
 fn flash_subgroup_kv_needs_the_subgroup_capability_and_only_it() {
-    use naga::valid::{ShaderStages, SubgroupOperationSet as Ops};
+    use naga::valid::SubgroupOperationSet as Ops;
     let shape = |subgroup_kv| FlashShape {
         subgroup_kv,
         ..flash_shape(64, 64, 16, false)
     };
     let source = flash_attention::source(shape(true));
-    let module = parse("flash subgroup", &source).unwrap_or_else(|e| panic!("{e}"));
-    naga::valid::Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP)
-        .subgroup_stages(ShaderStages::COMPUTE)
-        .subgroup_operations(Ops::ARITHMETIC | Ops::BALLOT)
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("validation: {}", e.emit_to_string(&source)));
-    let without = naga::valid::Validator::new(ValidationFlags::all(), Capabilities::empty())
-        .validate(&module);
-    assert!(
-        without.is_err(),
-        "validated without the SUBGROUP capability"
-    );
+    assert_needs_subgroups_with_only("flash subgroup", &source, Ops::ARITHMETIC | Ops::BALLOT);
     let shared = flash_attention::source(shape(false));
     let module = parse("flash shared", &shared).unwrap_or_else(|e| panic!("{e}"));
     naga::valid::Validator::new(ValidationFlags::all(), Capabilities::empty())
