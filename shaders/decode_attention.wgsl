@@ -26,39 +26,12 @@
 //
 // The host's prelude (src/kernels/decode.rs) defines HEAD_DIM_QK, HEAD_DIM_V, ROWS, THREADS,
 // TILE, QK_LANES, QK_VECS, V_LANES, V_VECS, ACC_SHARED and the element type QkvElem; the mask
-// rule (mask.wgsl) and the K/V bindings with their loads key4 and value4 (decode_rows_vec4.wgsl
-// where every row starts on a vec4, else decode_rows_scalar.wgsl) are prepended.
+// rule (mask.wgsl), the parameters (decode_params.wgsl) and the K/V bindings with their loads
+// key4 and value4 (decode_rows_vec4.wgsl where every row starts on a vec4, else
+// decode_rows_scalar.wgsl) are prepended.
 
-const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;
-const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;
 const QK_PARTS: u32 = THREADS / QK_LANES;     // keys scored at once
 const V_PARTS: u32 = THREADS / V_LANES;       // keys whose values are added at once
-const PART_STRIDE: u32 = 2u + 4u * DV4;       // per (row, split): max, sum, accumulator
-const ROW_VECS: u32 = (ROWS + 3u) / 4u;
-const LOWEST: f32 = -3.402823e38;
-
-struct DecodeParams {
-    lq: u32,              // query rows per (batch, head)
-    lk: u32,
-    heads: u32,
-    kv_heads: u32,
-    kv_group: u32,        // query heads per key/value head
-    scale: f32,
-    q_offset: u32,
-    k_offset: u32,
-    v_offset: u32,
-    kv_stride: u32,       // rows of K/V per (batch, kv head)
-    keys_per_split: u32,  // a multiple of TILE
-    splits: u32,          // of the whole key range (the layout of `partials`)
-    split_base: u32,      // the first split of this dispatch
-    key_base: u32,        // the key in row 0 of the bound K/V (a KV cache's chunk start)
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: DecodeParams;
-@group(0) @binding(1) var<storage, read> q_in: array<QkvElem>;
-@group(0) @binding(4) var<storage, read_write> partials: array<f32>;
 
 // Per-row values travel four rows to a vec4 (rows 4n..4n+3 in vec4 n): llvmpipe reads and
 // writes workgroup memory one lane at a time whatever the type, so a vec4 moves four rows for
@@ -70,17 +43,6 @@ var<workgroup> max_sh: array<vec4<f32>, ROW_VECS * THREADS>;  // each lane's max
 // The V parts' accumulators of one row, summed at the end (one element when V_PARTS is 1).
 var<workgroup> acc_sh: array<vec4<f32>, ACC_SHARED>;
 var<workgroup> sum_sh: array<f32, THREADS>;
-
-// Vec4 c of the query row starting at element `base`, zero past the row's end.
-fn query4(base: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        if (4u * c + e < HEAD_DIM_QK) {
-            v[e] = f32(q_in[base + 4u * c + e]);
-        }
-    }
-    return v;
-}
 
 @compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {

@@ -1,27 +1,40 @@
-// decode_attention's K and V rows element by element, for rows that may start anywhere or
-// end inside a vec4; elements past a row's end read as zero.
+// The decode passes' Q, K and V rows element by element, for rows that may start anywhere or
+// end inside a vec4; elements past a row's end read as zero. No loop over the elements: the
+// host counts loop iterations against the 65,535 a software rasteriser allows.
 
+@group(0) @binding(1) var<storage, read> q_in: array<QkvElem>;
 @group(0) @binding(2) var<storage, read> k_in: array<QkvElem>;
 @group(0) @binding(3) var<storage, read> v_in: array<QkvElem>;
 
 // Vec4 c of the key row starting at element `base`.
 fn key4(base: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        if (4u * c + e < HEAD_DIM_QK) {
-            v[e] = f32(k_in[base + 4u * c + e]);
-        }
-    }
+    let i = base + 4u * c;
+    if (4u * c < HEAD_DIM_QK) { v.x = f32(k_in[i]); }
+    if (4u * c + 1u < HEAD_DIM_QK) { v.y = f32(k_in[i + 1u]); }
+    if (4u * c + 2u < HEAD_DIM_QK) { v.z = f32(k_in[i + 2u]); }
+    if (4u * c + 3u < HEAD_DIM_QK) { v.w = f32(k_in[i + 3u]); }
     return v;
 }
 
 // Vec4 c of the value row starting at element `base`.
 fn value4(base: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        if (4u * c + e < HEAD_DIM_V) {
-            v[e] = f32(v_in[base + 4u * c + e]);
-        }
-    }
+    let i = base + 4u * c;
+    if (4u * c < HEAD_DIM_V) { v.x = f32(v_in[i]); }
+    if (4u * c + 1u < HEAD_DIM_V) { v.y = f32(v_in[i + 1u]); }
+    if (4u * c + 2u < HEAD_DIM_V) { v.z = f32(v_in[i + 2u]); }
+    if (4u * c + 3u < HEAD_DIM_V) { v.w = f32(v_in[i + 3u]); }
+    return v;
+}
+
+// Vec4 c of the query row starting at element `base`, zero past the row's end.
+fn query4(base: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    let i = base + 4u * c;
+    if (4u * c < HEAD_DIM_QK) { v.x = f32(q_in[i]); }
+    if (4u * c + 1u < HEAD_DIM_QK) { v.y = f32(q_in[i + 1u]); }
+    if (4u * c + 2u < HEAD_DIM_QK) { v.z = f32(q_in[i + 2u]); }
+    if (4u * c + 3u < HEAD_DIM_QK) { v.w = f32(q_in[i + 3u]); }
     return v;
 }

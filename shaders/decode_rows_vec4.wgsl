@@ -1,6 +1,7 @@
-// decode_attention's K and V rows as whole vec4s: one load per vec4 instead of four, where
+// The decode passes' Q, K and V rows as whole vec4s: one load per vec4 instead of four, where
 // the host has checked that every row starts on a vec4 (head sizes and offsets multiples of 4).
 
+@group(0) @binding(1) var<storage, read> q_in: array<vec4<QkvElem>>;
 @group(0) @binding(2) var<storage, read> k_in: array<vec4<QkvElem>>;
 @group(0) @binding(3) var<storage, read> v_in: array<vec4<QkvElem>>;
 
@@ -12,4 +13,10 @@ fn key4(base: u32, c: u32) -> vec4<f32> {
 // Vec4 c of the value row starting at element `base`.
 fn value4(base: u32, c: u32) -> vec4<f32> {
     return vec4<f32>(v_in[base / 4u + c]);
+}
+
+// Vec4 c of the query row starting at element `base`, zero past the row's end (where a
+// lane's share of the head overhangs it, so that the key it meets there adds nothing).
+fn query4(base: u32, c: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), vec4<f32>(q_in[base / 4u + c]), c < DK4);
 }

@@ -86,6 +86,34 @@ fn decode_equals_multi_pass_and_the_reference_across_split_boundaries() {
     }
 }
 
+/// Heads wider than `decode_lane_keys` takes (d132 here) run `decode_attention`, whose lanes
+/// share each key, on every adapter class.
+#[test]
+fn a_head_too_wide_for_lane_keys_decodes_on_shared_keys_like_the_reference() {
+    let config = AttentionConfig::classic(264, 2)
+        .unwrap()
+        .with_kv_heads(1)
+        .unwrap();
+    let weights = AttentionWeights::random(&config, 3);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let shape = decode::shape(gpu(), 2, 1, 132, 132, false);
+    assert!(!shape.lane_keys, "{shape:?}");
+    let s = shape.keys_per_split();
+    for lk in [s - 1, s + 1] {
+        let q = Tensor::random([2, 1, 264], lk as u64);
+        let kv = Tensor::random([2, lk, 264], 3 * lk as u64);
+        let bits = common::bits(2 * lk, 5);
+        for mask in [Mask::Causal, Mask::block([2, 1, 1, lk], &bits).unwrap()] {
+            let label = format!("d132 Lk {lk} {}", mask.kind_name());
+            let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
+            let fused = mha
+                .forward_with(&q, &kv, &kv, &mask, &options(AttentionPath::Fused, false))
+                .unwrap();
+            assert_close(&label, fused.output.data(), &want.output);
+        }
+    }
+}
+
 #[test]
 fn a_row_of_only_minus_infinity_is_nan_as_on_the_other_paths() {
     let (config, _, mha) = module(2);

@@ -3,6 +3,11 @@
 //! key/value head) for every query row that reads that head, so under GQA a group's query
 //! heads read their K/V once; a reduce pass combines the ranges in a fixed order. Same masks,
 //! same −1e9 rule and the same NaN for an all −inf row as the other paths.
+//!
+//! Two bodies do a range's work ([`DecodeShape::lane_keys`]): on CPU adapters each lane takes
+//! whole keys of its own (`decode_lane_keys.wgsl`); elsewhere, and for heads wider than it
+//! takes, the lanes share each key's head (`decode_attention.wgsl`). Both write the same
+//! per-range state, so the reduce is one.
 
 use crate::error::Result;
 use crate::gpu::pass::{Dispatch, PassSpec, Slot};
@@ -12,6 +17,8 @@ use crate::kernels::source::Prelude;
 use crate::kernels::{kv_spans, CoreProblem, KvChunks, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/decode_attention.wgsl");
+pub const LANE_KEYS_WGSL: &str = include_str!("../../shaders/decode_lane_keys.wgsl");
+pub const PARAMS_WGSL: &str = include_str!("../../shaders/decode_params.wgsl");
 pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/decode_rows_vec4.wgsl");
 pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/decode_rows_scalar.wgsl");
 pub const REDUCE_WGSL: &str = include_str!("../../shaders/decode_reduce.wgsl");
@@ -24,6 +31,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const MAX_KEYS_PER_SPLIT: usize = 512;
 /// Vec4s of a row each lane aims to hold (fewer lanes per key leave more keys in flight).
 const VECS_PER_LANE: usize = 4;
+/// Widest head `decode_lane_keys` takes: eight of its unrolled chunks of 4 vec4s.
+const LANE_KEYS_MAX_HEAD_DIM: usize = 128;
 /// Loop iterations one invocation may make per split, counted as if no loop were unrolled:
 /// a third of the 65,535 after which a software rasteriser silently stops its loops.
 const SPLIT_ITERATIONS: usize = 21_000;
@@ -50,9 +59,16 @@ pub struct DecodeShape {
     /// nothing and q stays in one vector's registers), 64 for GPUs (two warps, or one AMD
     /// wave; several keys in flight). See [`KernelClass`].
     pub threads: usize,
-    /// Whether every K/V row starts on a vec4 (head sizes and offsets multiples of 4), so
+    /// Whether every Q, K and V row starts on a vec4 (head sizes and offsets multiples of 4), so
     /// rows are read as vec4s: about 1.4× faster on lavapipe at d128.
     pub vec4_rows: bool,
+    /// Whether each lane takes whole keys of its own (`decode_lane_keys.wgsl`) rather than a
+    /// share of every key's head (`decode_attention.wgsl`): CPU adapters, heads up to
+    /// [`LANE_KEYS_MAX_HEAD_DIM`]. On llvmpipe a lane-wide load costs the same whichever memory
+    /// the lanes read, so sharing a key only adds the exchanges: each lane its own keys steps
+    /// about 1.8× faster at d128 (`bench --only decode`). A GPU would hold far too many
+    /// registers per lane (q and the accumulator of every row).
+    pub lane_keys: bool,
 }
 
 impl DecodeShape {
@@ -74,6 +90,8 @@ impl DecodeShape {
             f16,
             threads,
             vec4_rows: false,
+            lane_keys: class == KernelClass::Cpu
+                && qk_head_dim.max(v_head_dim) <= LANE_KEYS_MAX_HEAD_DIM,
         }
     }
 
@@ -91,6 +109,9 @@ impl DecodeShape {
     /// keys per tile step about 1.15× faster than 8 (`bench --only decode`, same run; 64 no
     /// faster than 32).
     fn tile(&self) -> usize {
+        if self.lane_keys {
+            return self.threads; // one key per lane at a time
+        }
         let (qk_lanes, _) = self.lanes(self.qk_head_dim);
         let mut tile = self.threads.max(32);
         while tile > 1
@@ -124,6 +145,9 @@ impl DecodeShape {
     /// Keys per split: a power of two, a multiple of the tile, whose loops stay within
     /// [`SPLIT_ITERATIONS`].
     pub fn keys_per_split(&self) -> usize {
+        if self.lane_keys {
+            return self.lane_keys_per_split();
+        }
         let (qk_lanes, qk_vecs) = self.lanes(self.qk_head_dim);
         let (v_lanes, v_vecs) = self.lanes(self.v_head_dim);
         let tile = self.tile();
@@ -138,6 +162,30 @@ impl DecodeShape {
         let keys = (SPLIT_ITERATIONS / per_key).min(MAX_KEYS_PER_SPLIT);
         // A power of two, so that it divides a KV cache's chunk (a multiple of the largest).
         (1usize << keys.max(1).ilog2()).max(tile)
+    }
+
+    /// [`Self::keys_per_split`] of `decode_lane_keys`: its loops within [`SPLIT_ITERATIONS`],
+    /// its workgroup memory within [`WORKGROUP_BYTES`].
+    fn lane_keys_per_split(&self) -> usize {
+        let (dk4, dv4) = (self.qk_head_dim.div_ceil(4), self.v_head_dim.div_ceil(4));
+        let row_vecs = self.rows.div_ceil(4);
+        // Per key of a lane: the vec4 loops of q·k and w·v with their row loops, the mask's
+        // element loops, the weights.
+        let per_key = (dk4 + dv4) * (self.rows + 1) + 6 * row_vecs;
+        let mut keys = (SPLIT_ITERATIONS / per_key * self.threads).min(MAX_KEYS_PER_SPLIT);
+        keys = 1usize << keys.max(1).ilog2();
+        while keys > self.threads && self.lane_keys_bytes(keys) > WORKGROUP_BYTES {
+            keys /= 2;
+        }
+        keys.max(self.threads)
+    }
+
+    /// Workgroup memory of `decode_lane_keys`: a split's scores, each lane's max and sum,
+    /// one row's accumulators of every lane.
+    fn lane_keys_bytes(&self, keys: usize) -> usize {
+        let row_vecs = self.rows.div_ceil(4);
+        let dv4 = self.v_head_dim.div_ceil(4);
+        16 * (row_vecs * keys + 2 * row_vecs * self.threads + self.threads * dv4)
     }
 
     /// Key ranges for `lk` keys.
@@ -217,6 +265,22 @@ pub struct ReduceParams {
 
 /// The full source: sizes and element type, the mask rule, the body.
 pub fn source(s: DecodeShape) -> String {
+    let rows = if s.vec4_rows {
+        ROWS_VEC4_WGSL
+    } else {
+        ROWS_SCALAR_WGSL
+    };
+    if s.lane_keys {
+        let prelude = Prelude::new()
+            .u32("HEAD_DIM_QK", s.qk_head_dim as u32)
+            .u32("HEAD_DIM_V", s.v_head_dim as u32)
+            .u32("ROWS", s.rows as u32)
+            .u32("THREADS", s.threads as u32)
+            .u32("KEYS", s.keys_per_split() as u32)
+            .elem("QkvElem", s.f16);
+        let parts = [super::mask::WGSL, PARAMS_WGSL, rows, LANE_KEYS_WGSL];
+        return super::mask::prelude(prelude).source(&parts);
+    }
     let (qk_lanes, qk_vecs) = s.lanes(s.qk_head_dim);
     let (v_lanes, v_vecs) = s.lanes(s.v_head_dim);
     let prelude = Prelude::new()
@@ -231,12 +295,7 @@ pub fn source(s: DecodeShape) -> String {
         .u32("V_VECS", v_vecs as u32)
         .u32("ACC_SHARED", s.acc_shared() as u32)
         .elem("QkvElem", s.f16);
-    let rows = if s.vec4_rows {
-        ROWS_VEC4_WGSL
-    } else {
-        ROWS_SCALAR_WGSL
-    };
-    super::mask::prelude(prelude).source(&[super::mask::WGSL, rows, WGSL])
+    super::mask::prelude(prelude).source(&[super::mask::WGSL, PARAMS_WGSL, rows, WGSL])
 }
 
 /// The reduce pass's source for values of `v_head_dim`.
@@ -283,6 +342,7 @@ pub fn dispatches(
     shape.vec4_rows = [
         c.qk_head_dim as u32,
         c.v_head_dim as u32,
+        c.layout.q_offset,
         c.layout.k_offset,
         c.layout.v_offset,
     ]
@@ -386,12 +446,28 @@ mod tests {
     }
 
     #[test]
+    fn cpu_adapters_give_each_lane_its_own_keys_up_to_d128() {
+        for s in every_shape() {
+            let narrow = s.qk_head_dim.max(s.v_head_dim) <= LANE_KEYS_MAX_HEAD_DIM;
+            assert_eq!(s.lane_keys, s.threads == 8 && narrow, "{s:?}");
+        }
+        // The bench's shape (d128, a GQA group of 4) keeps 512 keys per split.
+        let s = DecodeShape::new(KernelClass::Cpu, 128, 128, 4, false);
+        assert_eq!(s.keys_per_split(), 512);
+    }
+
+    #[test]
     fn lanes_cover_a_row_and_memory_fits() {
         for s in every_shape() {
             for d in [s.qk_head_dim, s.v_head_dim] {
                 let (lanes, vecs) = s.lanes(d);
                 assert!(lanes * vecs >= d.div_ceil(4) && lanes <= s.threads, "{s:?}");
                 assert!((lanes - 1) * vecs < d.div_ceil(4), "an idle lane: {s:?}");
+            }
+            if s.lane_keys {
+                let keys = s.keys_per_split();
+                assert!(s.lane_keys_bytes(keys) <= WORKGROUP_BYTES, "{s:?}");
+                continue;
             }
             let (qk_lanes, _) = s.lanes(s.qk_head_dim);
             let bytes = 4 * s.rows * s.tile() * (qk_lanes + 2) + s.acc_shared_bytes();
