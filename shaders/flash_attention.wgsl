@@ -28,14 +28,16 @@
 // rasterisers cap a shader's loop iterations; desktop drivers reset long-running dispatches).
 // Dispatch: (ceil(Lq / BLOCK_Q), B·H, 1) per key range; z offset as in scores.
 //
-// The host's prelude (src/kernels/flash_attention.rs) defines the head sizes HEAD_DIM_QK and
-// HEAD_DIM_V (fixed per module), KV_TILE (keys per staged tile), KEY_GROUP (8 or 16: keys
-// scored at once), ROWS (rows per thread, per
-// device), THREADS (8: one SIMD vector of llvmpipe; 64 on GPUs), CARRY_IN and CARRY_OUT, and the element
-// type QkvElem of Q/K/V (f32, or f16 in an f16 module; widened to f32 on load).
+// The host's prelude (src/kernels/flash_attention.rs) defines HEAD_CAP_QK and HEAD_CAP_V, the
+// head sizes the registers and tiles are laid out for (the module's own, rounded up to a
+// bucket: see `head_cap`; vec4s past the real size p.head_dim_qk / p.head_dim_v are zero, so
+// they add nothing to a score and are never written out), KV_TILE (keys per staged tile),
+// KEY_GROUP (8 or 16: keys scored at once), ROWS (rows per thread, per device), THREADS (8:
+// one SIMD vector of llvmpipe; 64 on GPUs), CARRY_IN and CARRY_OUT, and the element type
+// QkvElem of Q/K/V (f32, or f16 in an f16 module; widened to f32 on load).
 const BLOCK_Q: u32 = ROWS * THREADS;
-const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;      // vec4s per q/k row
-const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;       // vec4s per v row
+const DK4: u32 = (HEAD_CAP_QK + 3u) / 4u;      // vec4s per q/k row held
+const DV4: u32 = (HEAD_CAP_V + 3u) / 4u;       // vec4s per v row held
 const GROUP_VECS: u32 = KEY_GROUP / 4u;        // a row's scores of one key group, as vec4s
 
 // Each owned row's scores (then weights) of one key group: vec4s 2 and 3 only with 16 keys.
@@ -58,11 +60,14 @@ struct FlashParams {
     carry_flags: u32, // CARRY_IN: resume from `carry`; CARRY_OUT: store to `carry`, not `out`
     kv_group: u32,    // query heads per key/value head (1, or H / H_kv for GQA/MQA)
     key_base: u32,    // the key in row 0 of the bound K/V (a KV cache's chunk start)
-    _pad1: u32,
-    _pad2: u32,
+    head_dim_qk: u32, // the module's head sizes (at most HEAD_CAP_QK, HEAD_CAP_V)
+    head_dim_v: u32,
 }
 
-const CARRY_STRIDE: u32 = 2u + 4u * DV4;      // per query row: max, sum, accumulator
+// Carried floats per query row: max, sum, and the accumulator's vec4s of the real head size.
+fn carry_stride() -> u32 {
+    return 2u + 4u * ((p.head_dim_v + 3u) / 4u);
+}
 
 @group(0) @binding(0) var<uniform> p: FlashParams;
 // Q, K and V: one packed buffer bound three times, or one buffer each (at the params' offsets).
@@ -168,9 +173,9 @@ fn skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) -> array<vec4<u32>,
     let exponent = vec4<u32>(0x7f800000u);
     var mine: array<vec4<u32>, DV4>;
     for (var j = t0 * KV_TILE + thread; j < min(t1 * KV_TILE, p.lk); j += THREADS) {
-        let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j - p.key_base) * HEAD_DIM_V;
+        let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j - p.key_base) * p.head_dim_v;
         for (var c = 0u; c < DV4; c++) {
-            let bits = bitcast<vec4<u32>>(staged_vec4(V_ROW, base, 4u * c, HEAD_DIM_V, true));
+            let bits = bitcast<vec4<u32>>(staged_vec4(V_ROW, base, 4u * c, p.head_dim_v, true));
             mine[c] |= select(vec4<u32>(0u), vec4<u32>(1u), (bits & exponent) == exponent);
         }
     }
@@ -325,9 +330,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var r = 0u; r < ROWS; r++) {
         let i = i0 + lid.x + THREADS * r;
         if (i < p.lq) {
-            let q_base = p.q_offset + (z * p.lq + i) * HEAD_DIM_QK;
+            let q_base = p.q_offset + (z * p.lq + i) * p.head_dim_qk;
             for (var c = 0u; c < DK4; c++) {
-                q[r][c] = p.scale * staged_vec4(Q_ROW, q_base, 4u * c, HEAD_DIM_QK, true);
+                q[r][c] = p.scale * staged_vec4(Q_ROW, q_base, 4u * c, p.head_dim_qk, true);
             }
         }
     }
@@ -339,10 +344,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var r = 0u; r < ROWS; r++) {
             let i = i0 + lid.x + THREADS * r;
             if (i < p.lq) {
-                let base = (z * p.lq + i) * CARRY_STRIDE;
+                let base = (z * p.lq + i) * carry_stride();
                 carried_max[r] = carry[base];
                 carried_sum[r] = carry[base + 1u];
-                for (var c = 0u; c < DV4; c++) {
+                for (var c = 0u; c < (p.head_dim_v + 3u) / 4u; c++) {
                     let e = base + 2u + 4u * c;
                     acc[r][c] = vec4<f32>(carry[e], carry[e + 1u], carry[e + 2u], carry[e + 3u]);
                 }
@@ -362,13 +367,13 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // key are zeroed so a padded key's P·V term is exactly 0 even if stale data were NaN.
         for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
             let key = e / DK4;
-            let base = p.k_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * HEAD_DIM_QK;
-            k_tile[e] = staged_vec4(K_ROW, base, 4u * (e % DK4), HEAD_DIM_QK, key < keys);
+            let base = p.k_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * p.head_dim_qk;
+            k_tile[e] = staged_vec4(K_ROW, base, 4u * (e % DK4), p.head_dim_qk, key < keys);
         }
         for (var e = lid.x; e < KV_TILE * DV4; e += THREADS) {
             let key = e / DV4;
-            let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * HEAD_DIM_V;
-            v_tile[e] = staged_vec4(V_ROW, base, 4u * (e % DV4), HEAD_DIM_V, key < keys);
+            let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * p.head_dim_v;
+            v_tile[e] = staged_vec4(V_ROW, base, 4u * (e % DV4), p.head_dim_v, key < keys);
         }
         workgroupBarrier();
         // Key groups (see the header): s holds each owned row's scores of keys
@@ -436,10 +441,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var r = 0u; r < ROWS; r++) {
             let i = i0 + lid.x + THREADS * r;
             if (i < p.lq) {
-                let base = (z * p.lq + i) * CARRY_STRIDE;
+                let base = (z * p.lq + i) * carry_stride();
                 carry[base] = final_max[r];
                 carry[base + 1u] = final_sum[r];
-                for (var c = 0u; c < DV4; c++) {
+                for (var c = 0u; c < (p.head_dim_v + 3u) / 4u; c++) {
                     let e = base + 2u + 4u * c;
                     carry[e] = acc[r][c].x;
                     carry[e + 1u] = acc[r][c].y;
@@ -457,11 +462,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             // the start value, -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN. Tested on the
             // max, since fast math need not keep exp(-inf) = 0 exact.
             let inv = select(1.0 / final_sum[r], nan(), final_max[r] <= -3.402823e38);
-            let out_base = (b * p.lq + i) * (p.heads * HEAD_DIM_V) + h * HEAD_DIM_V;
+            let out_base = (b * p.lq + i) * (p.heads * p.head_dim_v) + h * p.head_dim_v;
             for (var c = 0u; c < DV4; c++) {
                 let o = acc[r][c] * inv;
                 for (var e = 0u; e < 4u; e++) {
-                    if (4u * c + e < HEAD_DIM_V) {
+                    if (4u * c + e < p.head_dim_v) {
                         out[out_base + 4u * c + e] = o[e];
                     }
                 }

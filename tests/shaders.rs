@@ -30,8 +30,8 @@ fn validate(name: &str, source: &str) -> Result<naga::Module, String> {
 
 fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> FlashShape {
     FlashShape {
-        qk_head_dim: dk,
-        v_head_dim: dv,
+        qk_cap: flash_attention::head_cap(dk),
+        v_cap: flash_attention::head_cap(dv),
         kv_tile: flash_attention::kv_tile(dk, dv, 32 * 1024).expect("fits 32 KiB"),
         rows,
         threads: 8,
@@ -274,8 +274,8 @@ fn uniform_structs_match_their_wgsl_layout() {
                     carry_flags,
                     kv_group,
                     key_base,
-                    _pad1,
-                    _pad2
+                    head_dim_qk,
+                    head_dim_v
                 ]
             ),
         ),
@@ -487,12 +487,13 @@ fn host_constants_match_the_shaders() {
         );
         assert_eq!(constant(&m, "CARRY_IN"), flash_attention::CARRY_IN as f64);
         assert_eq!(constant(&m, "CARRY_OUT"), flash_attention::CARRY_OUT as f64);
-        let stride = flash_attention::carry_stride(dv) as f64;
-        assert_eq!(
-            constant(&m, "CARRY_STRIDE"),
-            stride,
-            "carry floats per row, dv {dv}"
-        );
+        // Registers and tiles are laid out for the head-size buckets the host sized
+        // workgroup memory and loop caps for (the carry's stride follows the real head size
+        // at run time, as `carry_stride` does on the host).
+        for (name, d) in [("DK4", dk), ("DV4", dv)] {
+            let vec4s = flash_attention::head_cap(d).div_ceil(4) as f64;
+            assert_eq!(constant(&m, name), vec4s, "{name} of d{d}");
+        }
         assert_eq!(
             constant(&m, "MASKED_SCORE"),
             wgpu_mha::model::mask::MASKED_SCORE as f64

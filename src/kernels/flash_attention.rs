@@ -134,8 +134,26 @@ pub struct FlashParams {
     /// Query heads per key/value head (see [`crate::kernels::QkvLayout::kv_group`]).
     pub kv_group: u32,
     pub key_base: u32,
-    pub _pad1: u32,
-    pub _pad2: u32,
+    /// The module's head sizes; the shader holds [`head_cap`] of each.
+    pub head_dim_qk: u32,
+    pub head_dim_v: u32,
+}
+
+/// The head size a flash pipeline is laid out for when the module's is `d`: 4, 8 or 16, then
+/// multiples of 16 up to 128 and of 32 up to 256, then of 64. The shader reads the real size
+/// from its parameters and zero-pads the rest, so modules whose heads round to one bucket share
+/// one compiled pipeline (a software adapter spends seconds on each; the test suite had 56
+/// flash specialisations, one per head size it tried). Sizes models use (64, 80, 96, 128, 256)
+/// are buckets themselves and run exactly as before; another size pays for its padding: fewer
+/// than 16 extra dims up to 128, 32 up to 256, 64 beyond.
+pub fn head_cap(d: usize) -> usize {
+    match d {
+        0..=4 => 4,
+        5..=8 => 8,
+        9..=128 => d.div_ceil(16) * 16,
+        129..=256 => d.div_ceil(32) * 32,
+        _ => d.div_ceil(64) * 64,
+    }
 }
 
 /// Resume from the carried state (every key range but the first).
@@ -208,8 +226,8 @@ pub const WIDE_KEY_GROUP: usize = 16;
 /// keys where that many fit, else of [`KEY_GROUP`]; `None` if not even one group fits (the
 /// fused path is then unavailable; the multi-pass core runs).
 pub fn kv_tile(qk_head_dim: usize, v_head_dim: usize, workgroup_bytes: u32) -> Option<u32> {
-    // Rows are staged as whole vec4s (zero-padded).
-    let per_key = (qk_head_dim.div_ceil(4) + v_head_dim.div_ceil(4)) * 16;
+    // Rows are staged as whole vec4s of the bucketed sizes (zero-padded).
+    let per_key = (head_cap(qk_head_dim).div_ceil(4) + head_cap(v_head_dim).div_ceil(4)) * 16;
     let fit = (workgroup_bytes as usize / per_key).min(MAX_KV_TILE);
     let group = if fit >= WIDE_KEY_GROUP {
         WIDE_KEY_GROUP
@@ -233,8 +251,9 @@ pub fn key_group(kv_tile: u32) -> u32 {
 /// Everything the shader is specialised on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FlashShape {
-    pub qk_head_dim: usize,
-    pub v_head_dim: usize,
+    /// The head sizes the shader is laid out for ([`head_cap`] of the module's).
+    pub qk_cap: usize,
+    pub v_cap: usize,
     /// Keys per staged K/V tile ([`kv_tile`]).
     pub kv_tile: u32,
     /// Query rows per thread ([`rows_per_thread`]).
@@ -265,8 +284,8 @@ pub fn subgroup_kv(gpu: &Gpu, threads: u32) -> bool {
 /// The full source: a prelude with this shape's sizes and element type, the mask rule, body.
 pub fn source(s: FlashShape) -> String {
     let prelude = Prelude::new()
-        .u32("HEAD_DIM_QK", s.qk_head_dim as u32)
-        .u32("HEAD_DIM_V", s.v_head_dim as u32)
+        .u32("HEAD_CAP_QK", s.qk_cap as u32)
+        .u32("HEAD_CAP_V", s.v_cap as u32)
         .u32("KV_TILE", s.kv_tile)
         .u32("KEY_GROUP", key_group(s.kv_tile))
         .u32("ROWS", s.rows)
@@ -323,11 +342,12 @@ impl Flash {
     pub fn new(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize, f16: bool) -> Option<Self> {
         let workgroup_bytes = gpu.limits().max_compute_workgroup_storage_size;
         let threads = threads(gpu.kernel_class());
+        let (qk_cap, v_cap) = (head_cap(qk_head_dim), head_cap(v_head_dim));
         let shape = FlashShape {
-            qk_head_dim,
-            v_head_dim,
-            kv_tile: kv_tile(qk_head_dim, v_head_dim, workgroup_bytes)?,
-            rows: rows_per_thread(gpu, qk_head_dim, v_head_dim),
+            qk_cap,
+            v_cap,
+            kv_tile: kv_tile(qk_cap, v_cap, workgroup_bytes)?,
+            rows: rows_per_thread(gpu, qk_cap, v_cap),
             threads,
             f16,
             subgroup_kv: subgroup_kv(gpu, threads),
@@ -335,8 +355,8 @@ impl Flash {
         // The loop cap is the software rasteriser's, whichever kernels it runs.
         let software = super::is_software(gpu);
         let tiles_per_dispatch = tiles_per_dispatch(
-            qk_head_dim,
-            v_head_dim,
+            qk_cap,
+            v_cap,
             shape.kv_tile,
             shape.rows,
             shape.threads,
@@ -434,8 +454,8 @@ impl Flash {
                     carry_flags,
                     kv_group: c.layout.kv_group,
                     key_base: span.key_base as u32,
-                    _pad1: 0,
-                    _pad2: 0,
+                    head_dim_qk: c.qk_head_dim as u32,
+                    head_dim_v: c.v_head_dim as u32,
                 };
                 chain.push(Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)?);
             }
@@ -509,6 +529,29 @@ mod tests {
         for (tile, group) in [(8, 8), (16, 16), (32, 16)] {
             assert_eq!(key_group(tile), group);
         }
+    }
+
+    #[test]
+    fn head_caps_hold_the_head_and_are_few() {
+        let mut caps = std::collections::BTreeSet::new();
+        for d in 1..=1024 {
+            let cap = head_cap(d);
+            assert!(cap >= d && cap.is_multiple_of(4), "d{d} -> {cap}");
+            assert_eq!(head_cap(cap), cap, "a cap is its own bucket");
+            let most = match d {
+                0..=128 => 16,
+                129..=256 => 32,
+                _ => 64,
+            };
+            assert!(cap - d < most, "d{d} -> {cap}");
+            if d <= 256 {
+                caps.insert(cap);
+            }
+        }
+        for d in [64, 80, 96, 128, 256] {
+            assert_eq!(head_cap(d), d, "a common head size is padded");
+        }
+        assert_eq!(caps.len(), 14, "{caps:?}");
     }
 
     #[test]
