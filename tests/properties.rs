@@ -3,11 +3,14 @@
 //! `Err` and never panic.
 //!
 //! Case counts: 300 valid problems and 1,200 invalid inputs; `PROPTEST_CASES` overrides both.
-//! The valid problems draw their module from 32 random configurations (sizes 1–64, heads 1–8,
-//! both shapes, drawn once from a seeded generator) and everything else — batch, Lq, Lk, mask,
-//! path, data — per case: lavapipe JIT-compiles each new flash kernel specialisation on first
-//! use (up to ~3 s for odd head sizes), which 300 distinct configurations would spend on
-//! compiling rather than checking. Modules are built once per configuration and reused.
+//! The valid problems draw their module from 32 random configurations (embedding widths 1–64,
+//! heads 1–8, both shapes, drawn once from a seeded generator) and everything else — batch,
+//! Lq, Lk, mask, path, data — per case. Head sizes come from a small fixed set
+//! ([`CLASSIC_HEAD_DIMS`], [`PER_HEAD_DIMS`]): they select the fused and decode shaders'
+//! specialisations, and a software adapter spends seconds compiling each new one (about
+//! 300 s on lavapipe and 1,500 s on GL for this file when every configuration had its own), so
+//! the set covers what the kernels treat differently — under one vec4, ragged vec4s, aligned,
+//! q/k narrower and wider than v — and no more. Modules are built once per configuration.
 
 mod common;
 
@@ -42,21 +45,49 @@ struct Problem {
     seed: u64,
 }
 
-/// 32 random configurations: half classic (heads 1–8, d_k 1–8), half per-head (sizes 1–64).
+/// Classic head sizes (`d_k`, for queries, keys and values): under one vec4, ragged, aligned.
+const CLASSIC_HEAD_DIMS: [usize; 3] = [1, 3, 8];
+
+/// Per-head `(q_k_size, v_size)`: q/k wider than v, both ragged, equal and aligned, v wider.
+const PER_HEAD_DIMS: [(usize, usize); 4] = [(2, 1), (5, 13), (16, 16), (24, 64)];
+
+/// 32 random configurations: half classic (heads 1–8), half per-head (embedding 1–64, heads
+/// 1–8), head sizes from the fixed sets above.
 fn config_pool() -> Vec<AttentionConfig> {
     let mut rng = wgpu_mha::model::weights::SplitMix64::new(2026);
-    let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
+    let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
     (0..32)
         .map(|i| {
+            let heads = 1 + pick(8);
             if i % 2 == 0 {
-                let (h, dk) = (pick(1, 8), pick(1, 8));
-                AttentionConfig::classic(h * dk, h).unwrap()
+                let dk = CLASSIC_HEAD_DIMS[pick(CLASSIC_HEAD_DIMS.len())];
+                AttentionConfig::classic(heads * dk, heads).unwrap()
             } else {
-                AttentionConfig::per_head(pick(1, 64), pick(1, 64), pick(1, 64), pick(1, 8))
-                    .unwrap()
+                let (qk, v) = PER_HEAD_DIMS[pick(PER_HEAD_DIMS.len())];
+                AttentionConfig::per_head(1 + pick(64), qk, v, heads).unwrap()
             }
         })
         .collect()
+}
+
+/// The pool is drawn at random: make sure the draw left no head size of the sets out.
+#[test]
+fn the_config_pool_covers_every_head_size() {
+    let pool = config_pool();
+    for dk in CLASSIC_HEAD_DIMS {
+        assert!(
+            pool.iter()
+                .any(|c| c.output_projection && c.qk_head_dim == dk && c.v_head_dim == dk),
+            "no classic configuration of d_k {dk}"
+        );
+    }
+    for (qk, v) in PER_HEAD_DIMS {
+        assert!(
+            pool.iter()
+                .any(|c| !c.output_projection && c.qk_head_dim == qk && c.v_head_dim == v),
+            "no per-head configuration of q_k {qk}, v {v}"
+        );
+    }
 }
 
 fn config_strategy() -> impl Strategy<Value = AttentionConfig> {

@@ -194,9 +194,14 @@ impl DecodeShape {
     }
 }
 
-/// The shape `gpu` runs the decode pass in for `kv_group · lq` rows per workgroup.
+/// The shape `gpu` runs the decode pass in for `kv_group · lq` rows per workgroup. GL's
+/// llvmpipe keeps the shared-key body: its GLSL route compiles the unrolled lane-keys body
+/// about twice as slowly as lavapipe (24 s against 15 s at d128, cold), once for every head
+/// size and row count, and a software GL is where the engine runs, not where it is fast.
 pub fn shape(gpu: &Gpu, kv_group: usize, lq: usize, qk: usize, v: usize, f16: bool) -> DecodeShape {
-    DecodeShape::new(gpu.kernel_class(), qk, v, kv_group.max(1) * lq, f16)
+    let mut shape = DecodeShape::new(gpu.kernel_class(), qk, v, kv_group.max(1) * lq, f16);
+    shape.lane_keys &= gpu.info().backend != wgpu::Backend::Gl;
+    shape
 }
 
 /// Floats of per-split state (`partials`) for a step of `lq` query rows per (batch, head)
