@@ -61,7 +61,8 @@ enum Command {
     /// Named configurations: gemm (linear 4096x512x512 and attention core at L=1024),
     /// classic-b1-l128, classic-b8-l512, classic-b1-l2048-d1024-h16, per_head-b16-l128.
     Bench {
-        /// Run only this named configuration (`decode`: the decode configurations).
+        /// Run only this named configuration (`decode`: the decode configurations; `compile`:
+        /// the cold compile time of each kernel family at the named configurations' shapes).
         #[arg(long)]
         only: Option<String>,
         /// A custom shape instead of the named ones: `classic:b=1,l=128,d=512,h=8`,
@@ -99,6 +100,7 @@ fn main() -> ExitCode {
         backend: cli.backend.clone(),
         adapter_name: cli.adapter.clone(),
         kernels,
+        ..GpuOptions::default()
     };
     let result = match cli.command.unwrap_or(Command::Demo) {
         Command::Info => info(&options),
@@ -138,10 +140,11 @@ fn info(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
             a.info.name, a.info.backend, a.info.device_type, a.info.driver, a.info.driver_info
         );
         println!(
-            "  features: f16={} subgroup={} timestamps={}",
+            "  features: f16={} subgroup={} timestamps={} pipeline_cache={}",
             a.features.contains(wgpu::Features::SHADER_F16),
             a.features.contains(wgpu::Features::SUBGROUP),
-            a.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+            a.features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            a.features.contains(wgpu::Features::PIPELINE_CACHE)
         );
         println!(
             "  limits: storage binding {} MiB, buffer {} MiB, workgroup memory {} KiB, invocations {}, groups/dim {}",
@@ -163,6 +166,9 @@ fn bench(
     json: Option<std::path::PathBuf>,
     skip_naive: bool,
 ) -> Result<ExitCode, wgpu_mha::Error> {
+    if only.as_deref() == Some("compile") {
+        return bench_compile(options, json);
+    }
     // Decode configurations are their own kind of row (see cli::bench_decode).
     let decode_spec = config.as_deref().filter(|c| c.starts_with("decode:"));
     let decode_configs = match (decode_spec, only.as_deref(), &config) {
@@ -212,6 +218,31 @@ fn bench(
     if let (Some(path), Some(pending)) = (json, pending_json) {
         let mut list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         list.extend(decodes.iter().map(|r| r.json(&gpu)));
+        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
+        pending.commit(text.as_bytes())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --only compile`: cold compile time of each kernel family (see cli::bench_compile).
+fn bench_compile(
+    options: &GpuOptions,
+    json: Option<std::path::PathBuf>,
+) -> Result<ExitCode, wgpu_mha::Error> {
+    let pending_json = json
+        .as_deref()
+        .map(|p| wgpu_mha::io::files::PendingOutput::create(p, &[]))
+        .transpose()?;
+    // Cold means cold: Mesa's on-disk shader cache is read when a device is made, so it is
+    // switched off before the first one (no other thread runs yet). Other drivers keep caches
+    // of their own that no variable reaches; their figures may be warm.
+    std::env::set_var("MESA_SHADER_CACHE_DISABLE", "true");
+    let gpu = Gpu::with_options(options)?;
+    println!("adapter: {}", gpu.describe());
+    let results = cli::bench_compile::run(&gpu, |r| print!("{}", r.format()))?;
+    if let (Some(path), Some(pending)) = (json, pending_json) {
+        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         let text = serde_json::to_string_pretty(&list).unwrap_or_default();
         pending.commit(text.as_bytes())?;
         println!("wrote {}", path.display());

@@ -1,6 +1,7 @@
 //! The command-line tool's subcommands beyond `info` and the demo: case files, benchmarks, soak.
 
 pub mod bench;
+pub mod bench_compile;
 pub mod bench_config;
 pub mod bench_decode;
 pub mod hf;

@@ -3,19 +3,23 @@
 
 pub mod buffers;
 pub mod pass;
+pub mod pipeline_cache;
 pub mod timer;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::gpu::pass::{Pass, PassSpec};
+use crate::gpu::pipeline_cache::DiskCache;
+pub use crate::gpu::pipeline_cache::PipelineCacheDir;
 
 use crate::error::{Error, Result};
 
 /// Optional features the engine uses when the adapter has them.
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
-    .union(wgpu::Features::TIMESTAMP_QUERY);
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::PIPELINE_CACHE);
 
 /// Compiled passes the cache keeps beyond those in use: a pass no module or workspace holds any
 /// more (say, the flash pass of a dropped module's head sizes) is dropped once there are more
@@ -83,6 +87,9 @@ pub struct GpuOptions {
     pub adapter_name: Option<String>,
     /// The kernel shapes to run; `None` = `WGPU_MHA_KERNELS` or the adapter's own class.
     pub kernels: Option<KernelClass>,
+    /// Where compiled pipelines are kept between processes (adapters with
+    /// `PIPELINE_CACHE`, i.e. Vulkan); see [`pipeline_cache`].
+    pub pipeline_cache: PipelineCacheDir,
 }
 
 /// Counts of live GPU objects (see [`Gpu::live_objects`]).
@@ -122,6 +129,8 @@ pub struct Gpu {
     /// Compiled passes by name, shared by every module on this device: a pass depends only on
     /// its source (and the flash pass on its head sizes), so a second module compiles nothing.
     passes: Arc<Mutex<HashMap<String, Arc<Pass>>>>,
+    /// Pipelines kept on disk between processes, where the adapter can.
+    disk_cache: Option<Arc<DiskCache>>,
 }
 
 fn instance(backend: Option<&str>) -> wgpu::Instance {
@@ -245,6 +254,11 @@ impl Gpu {
         let serial = (info.backend == wgpu::Backend::Gl)
             .then(|| Arc::new(parking_lot::ReentrantMutex::new(())));
         let kernel_class = forced_class.unwrap_or_else(|| KernelClass::of(&info));
+        let disk_cache = features
+            .contains(wgpu::Features::PIPELINE_CACHE)
+            .then(|| DiskCache::open(&device, &info, &options.pipeline_cache))
+            .flatten()
+            .map(Arc::new);
         Ok(Gpu {
             device,
             queue,
@@ -256,6 +270,7 @@ impl Gpu {
             uncaptured,
             serial,
             passes: Arc::new(Mutex::new(HashMap::new())),
+            disk_cache,
         })
     }
 
@@ -358,12 +373,55 @@ impl Gpu {
         if let Some(pass) = self.passes.lock().ok().and_then(|m| m.get(key).cloned()) {
             return pass;
         }
-        let pass = Arc::new(Pass::build(&self.device, spec, &source()));
+        let started = std::time::Instant::now();
+        let disk = self.disk_cache.as_deref();
+        let pass = Arc::new(Pass::build(
+            &self.device,
+            spec,
+            &source(),
+            disk.map(|d| &d.cache),
+        ));
+        self.log_compiled(key, started.elapsed());
+        if let Some(disk) = disk {
+            disk.save();
+        }
         if let Ok(mut m) = self.passes.lock() {
             m.entry(key.to_string()).or_insert_with(|| pass.clone());
             evict_unused(&mut m, MAX_IDLE_PASSES);
         }
         pass
+    }
+
+    /// Appends `"<backend>\t<kernel class>\t<key>\t<ms to build>"` to the file `WGPU_MHA_PIPELINE_LOG` names,
+    /// if set: one line per pipeline a process compiles, so a whole test pass (many processes)
+    /// can count its distinct pipelines with `sort -u` (`.ci/run` does). Best effort: a log
+    /// that cannot be written is skipped, never an error of the forward that compiled.
+    fn log_compiled(&self, key: &str, took: std::time::Duration) {
+        let Some(path) = std::env::var_os("WGPU_MHA_PIPELINE_LOG") else {
+            return;
+        };
+        use std::io::Write;
+        let line = format!(
+            "{:?}\t{:?}\t{}\t{}\n",
+            self.info.backend,
+            self.kernel_class,
+            key,
+            took.as_millis()
+        );
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            // One write of one short line: appends from several processes do not interleave.
+            let _ = file.write_all(line.as_bytes());
+        }
+    }
+
+    /// The file compiled pipelines are kept in between processes, if any (see
+    /// [`pipeline_cache`]).
+    pub fn pipeline_cache_file(&self) -> Option<&std::path::Path> {
+        self.disk_cache.as_deref().map(DiskCache::path)
     }
 
     /// Compiled passes cached on this device (in use or idle).

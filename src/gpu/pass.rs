@@ -67,8 +67,14 @@ pub struct Pass {
 }
 
 impl Pass {
-    /// Compiles `source` and builds the layout `spec` describes.
-    pub fn build(device: &wgpu::Device, spec: &PassSpec, source: &str) -> Self {
+    /// Compiles `source` (through `cache` where there is one) and builds the layout `spec`
+    /// describes.
+    pub fn build(
+        device: &wgpu::Device,
+        spec: &PassSpec,
+        source: &str,
+        cache: Option<&wgpu::PipelineCache>,
+    ) -> Self {
         let PassSpec {
             label,
             entry,
@@ -122,7 +128,7 @@ impl Pass {
             module: &module,
             entry_point: Some(entry),
             compilation_options: Default::default(),
-            cache: None,
+            cache,
         });
         Pass {
             label,
