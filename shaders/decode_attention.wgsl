@@ -24,7 +24,7 @@
 // Dispatch: (splits, B·H_kv, 1) workgroups of THREADS; a KV cache stored in chunks makes one
 // dispatch per chunk, each binding that chunk's K/V and taking its splits.
 //
-// The host's prelude (src/kernels/decode.rs) defines HEAD_DIM_QK, HEAD_DIM_V, ROWS, THREADS,
+// The host's prelude (src/kernels/decode.rs) defines HEAD_CAP_QK, HEAD_CAP_V, ROWS, THREADS,
 // TILE, QK_LANES, QK_VECS, V_LANES, V_VECS, ACC_SHARED and the element type QkvElem; the mask
 // rule (mask.wgsl), the parameters (decode_params.wgsl) and the K/V bindings with their loads
 // key4 and value4 (decode_rows_vec4.wgsl where every row starts on a vec4, else
@@ -65,7 +65,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var r = 0u; r < ROWS; r++) {
         if (r < rows) {
             let h = g * p.kv_group + r / p.lq;
-            let base = p.q_offset + ((b * p.heads + h) * p.lq + r % p.lq) * HEAD_DIM_QK;
+            let base = p.q_offset + ((b * p.heads + h) * p.lq + r % p.lq) * p.head_dim_qk;
             for (var v = 0u; v < QK_VECS; v++) {
                 q[r * QK_VECS + v] = query4(base, qk_lane + QK_LANES * v);
             }
@@ -89,7 +89,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // 1. Partial dot products over this lane's share of each of its keys.
         if (qk_part < QK_PARTS) {
             for (var kk = qk_part; kk < keys; kk += QK_PARTS) {
-                let base = p.k_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * HEAD_DIM_QK;
+                let base = p.k_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * p.head_dim_qk;
                 var dots: array<vec4<f32>, ROW_VECS>;
                 for (var v = 0u; v < QK_VECS; v++) {
                     let k = key4(base, qk_lane + QK_LANES * v);
@@ -157,7 +157,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         workgroupBarrier();
         // 4. weight · V over this lane's part of the tile; every V vec4 read feeds every row.
         for (var kk = v_part; kk < keys; kk += V_PARTS) {
-            let base = p.v_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * HEAD_DIM_V;
+            let base = p.v_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * p.head_dim_v;
             var w: array<vec4<f32>, ROW_VECS>;
             for (var n = 0u; n < ROW_VECS; n++) {
                 w[n] = weight_sh[n * TILE + kk];
@@ -175,7 +175,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // (max, sum, accumulator) of every row to `partials`, the V parts summed first.
     for (var r = 0u; r < ROWS; r++) {
         let h = g * p.kv_group + r / p.lq;
-        let out = (((b * p.heads + h) * p.lq + r % p.lq) * p.splits + split) * PART_STRIDE;
+        let out = (((b * p.heads + h) * p.lq + r % p.lq) * p.splits + split) * part_stride();
         var total_sum = row_sum[r / 4u][r % 4u];
         if (V_PARTS > 1u) {
             workgroupBarrier();
@@ -206,16 +206,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 // Element by element with constant indices: a loop over the vec4 here
                 // measured 1.5x slower on lavapipe (the compiler then leaves `acc` an
                 // indexed array, every access of it a per-lane gather or scatter).
-                if (4u * c < HEAD_DIM_V) {
+                if (4u * c < p.head_dim_v) {
                     partials[at] = a.x;
                 }
-                if (4u * c + 1u < HEAD_DIM_V) {
+                if (4u * c + 1u < p.head_dim_v) {
                     partials[at + 1u] = a.y;
                 }
-                if (4u * c + 2u < HEAD_DIM_V) {
+                if (4u * c + 2u < p.head_dim_v) {
                     partials[at + 2u] = a.z;
                 }
-                if (4u * c + 3u < HEAD_DIM_V) {
+                if (4u * c + 3u < p.head_dim_v) {
                     partials[at + 3u] = a.w;
                 }
             }

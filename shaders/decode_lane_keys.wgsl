@@ -26,7 +26,7 @@
 // per-lane gather or scatter (see decode_attention.wgsl); chunks of 8 vec4s stayed rolled and
 // ran 2.2x slower. So both head sizes are at most 8 · CHUNK vec4s (d128).
 //
-// The host's prelude (src/kernels/decode.rs) defines HEAD_DIM_QK, HEAD_DIM_V, ROWS (≤ 8),
+// The host's prelude (src/kernels/decode.rs) defines HEAD_CAP_QK, HEAD_CAP_V, ROWS (≤ 8),
 // THREADS, KEYS (keys per split, a multiple of THREADS) and the element type QkvElem; the mask
 // rule (mask.wgsl), the parameters (decode_params.wgsl) and the Q, K, V loads query4, key4 and
 // value4 (decode_rows_*.wgsl) are prepended.
@@ -75,7 +75,7 @@ fn query_chunk(base: u32, r: u32, c0: u32) {
 // Row r's q (zero for the rows past `rows` that pad ROWS to a power of two).
 fn load_query(w: Work, r: u32) {
     if (r < w.rows) {
-        let base = p.q_offset + ((w.b * p.heads + head_of(w, r)) * p.lq + r % p.lq) * HEAD_DIM_QK;
+        let base = p.q_offset + ((w.b * p.heads + head_of(w, r)) * p.lq + r % p.lq) * p.head_dim_qk;
         query_chunk(base, r, 0u);
         if (CHUNK < DK4) { query_chunk(base, r, CHUNK); }
         if (2u * CHUNK < DK4) { query_chunk(base, r, 2u * CHUNK); }
@@ -159,7 +159,7 @@ fn write_row(w: Work, r: u32) {
     workgroupBarrier();
     if (r < w.rows) {
         let row = (w.b * p.heads + head_of(w, r)) * p.lq + r % p.lq;
-        let out = (row * p.splits + w.split) * PART_STRIDE;
+        let out = (row * p.splits + w.split) * part_stride();
         if (w.t == 0u) {
             partials[out] = split_max[r / 4u][r % 4u];
             partials[out + 1u] = split_sum[r / 4u][r % 4u];
@@ -170,7 +170,7 @@ fn write_row(w: Work, r: u32) {
                 a += acc_sh[l * DV4 + c];
             }
             for (var e = 0u; e < 4u; e++) {
-                if (4u * c + e < HEAD_DIM_V) {
+                if (4u * c + e < p.head_dim_v) {
                     partials[out + 2u + 4u * c + e] = a[e];
                 }
             }
@@ -192,7 +192,7 @@ fn score_keys(w: Work) {
     }
     for (var step = 0u; step < w.per_lane; step++) {
         let j = w.lane_first + step;
-        let base = row_base(w, j, p.k_offset, HEAD_DIM_QK);
+        let base = row_base(w, j, p.k_offset, p.head_dim_qk);
         for (var n = 0u; n < ROW_VECS; n++) {
             key_dots[n] = vec4<f32>(0.0);
         }
@@ -214,7 +214,7 @@ fn score_keys(w: Work) {
 fn add_values(w: Work) {
     for (var step = 0u; step < w.per_lane; step++) {
         let j = w.lane_first + step;
-        let base = row_base(w, j, p.v_offset, HEAD_DIM_V);
+        let base = row_base(w, j, p.v_offset, p.head_dim_v);
         for (var n = 0u; n < ROW_VECS; n++) {
             let s = score_sh[(step * THREADS + w.t) * ROW_VECS + n];
             weights[n] = select(vec4<f32>(0.0), exp(s - lane_max[n]), j < w.end);

@@ -1,9 +1,11 @@
 // Shared by the two decode bodies (decode_attention, decode_lane_keys); the host prepends it.
 // Mirrors `DecodeParams` in src/kernels/decode.rs.
 
-const DK4: u32 = (HEAD_DIM_QK + 3u) / 4u;
-const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;
-const PART_STRIDE: u32 = 2u + 4u * DV4;  // per (row, split) in `partials`: max, sum, accumulator
+// Registers and workgroup memory are laid out for HEAD_CAP_QK and HEAD_CAP_V (the host's
+// prelude: the head sizes rounded up to a bucket, see `head_cap` in src/kernels/); the real
+// sizes are p.head_dim_qk and p.head_dim_v, and vec4s past them read as zero.
+const DK4: u32 = (HEAD_CAP_QK + 3u) / 4u;
+const DV4: u32 = (HEAD_CAP_V + 3u) / 4u;
 const ROW_VECS: u32 = (ROWS + 3u) / 4u;  // vec4s of per-row values, rows 4n..4n+3 in vec4 n
 const LOWEST: f32 = -3.402823e38;        // the running max's start: -f32::MAX
 
@@ -22,8 +24,14 @@ struct DecodeParams {
     splits: u32,          // of the whole key range (the layout of `partials`)
     split_base: u32,      // the first split of this dispatch
     key_base: u32,        // the key in row 0 of the bound K/V (a KV cache's chunk start)
-    _pad0: u32,
-    _pad1: u32,
+    head_dim_qk: u32,     // the module's head sizes (at most HEAD_CAP_QK, HEAD_CAP_V)
+    head_dim_v: u32,
+}
+
+// Floats per (row, split) in `partials`: max, sum, and the accumulator's vec4s of the real
+// head size (decode_reduce reads them so).
+fn part_stride() -> u32 {
+    return 2u + 4u * ((p.head_dim_v + 3u) / 4u);
 }
 
 @group(0) @binding(0) var<uniform> p: DecodeParams;

@@ -4,10 +4,7 @@
 // (an additive mask) never raised its max above -f32::MAX: its softmax is 0/0, NaN, as
 // PyTorch returns.
 // Dispatch: one workgroup of 64 per query row, spread over x then y.
-// The host's prelude defines HEAD_DIM_V.
-
-const DV4: u32 = (HEAD_DIM_V + 3u) / 4u;
-const PART_STRIDE: u32 = 2u + 4u * DV4;
+// Nothing is specialised: the head size comes with the parameters, so one pipeline serves all.
 
 struct ReduceParams {
     rows: u32,      // B · H · Lq
@@ -15,7 +12,7 @@ struct ReduceParams {
     heads: u32,
     splits: u32,
     groups_x: u32,
-    _pad0: u32,
+    head_dim_v: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -35,14 +32,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if (row >= p.rows) {
         return;
     }
-    let first = row * p.splits * PART_STRIDE;
+    // Floats per (row, split): max, sum, the accumulator's vec4s (as decode_params.wgsl).
+    let part_stride = 2u + 4u * ((p.head_dim_v + 3u) / 4u);
+    let first = row * p.splits * part_stride;
     var m = -3.402823e38;
     for (var s = 0u; s < p.splits; s++) {
-        m = max(m, partials[first + s * PART_STRIDE]);
+        m = max(m, partials[first + s * part_stride]);
     }
     var l = 0.0;
     for (var s = 0u; s < p.splits; s++) {
-        let base = first + s * PART_STRIDE;
+        let base = first + s * part_stride;
         l += partials[base + 1u] * exp(partials[base] - m);
     }
     let inv = select(1.0 / l, nan(), m <= -3.402823e38);
@@ -50,11 +49,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let bh = row / p.lq;
     let b = bh / p.heads;
     let h = bh % p.heads;
-    let out_base = (b * p.lq + i) * (p.heads * HEAD_DIM_V) + h * HEAD_DIM_V;
-    for (var d = lid.x; d < HEAD_DIM_V; d += 64u) {
+    let out_base = (b * p.lq + i) * (p.heads * p.head_dim_v) + h * p.head_dim_v;
+    for (var d = lid.x; d < p.head_dim_v; d += 64u) {
         var o = 0.0;
         for (var s = 0u; s < p.splits; s++) {
-            let base = first + s * PART_STRIDE;
+            let base = first + s * part_stride;
             o += partials[base + 2u + d] * exp(partials[base] - m);
         }
         out[out_base + d] = o * inv;

@@ -10,10 +10,10 @@
 fn key4(base: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     let i = base + 4u * c;
-    if (4u * c < HEAD_DIM_QK) { v.x = f32(k_in[i]); }
-    if (4u * c + 1u < HEAD_DIM_QK) { v.y = f32(k_in[i + 1u]); }
-    if (4u * c + 2u < HEAD_DIM_QK) { v.z = f32(k_in[i + 2u]); }
-    if (4u * c + 3u < HEAD_DIM_QK) { v.w = f32(k_in[i + 3u]); }
+    if (4u * c < p.head_dim_qk) { v.x = f32(k_in[i]); }
+    if (4u * c + 1u < p.head_dim_qk) { v.y = f32(k_in[i + 1u]); }
+    if (4u * c + 2u < p.head_dim_qk) { v.z = f32(k_in[i + 2u]); }
+    if (4u * c + 3u < p.head_dim_qk) { v.w = f32(k_in[i + 3u]); }
     return v;
 }
 
@@ -21,10 +21,10 @@ fn key4(base: u32, c: u32) -> vec4<f32> {
 fn value4(base: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     let i = base + 4u * c;
-    if (4u * c < HEAD_DIM_V) { v.x = f32(v_in[i]); }
-    if (4u * c + 1u < HEAD_DIM_V) { v.y = f32(v_in[i + 1u]); }
-    if (4u * c + 2u < HEAD_DIM_V) { v.z = f32(v_in[i + 2u]); }
-    if (4u * c + 3u < HEAD_DIM_V) { v.w = f32(v_in[i + 3u]); }
+    if (4u * c < p.head_dim_v) { v.x = f32(v_in[i]); }
+    if (4u * c + 1u < p.head_dim_v) { v.y = f32(v_in[i + 1u]); }
+    if (4u * c + 2u < p.head_dim_v) { v.z = f32(v_in[i + 2u]); }
+    if (4u * c + 3u < p.head_dim_v) { v.w = f32(v_in[i + 3u]); }
     return v;
 }
 
@@ -32,9 +32,9 @@ fn value4(base: u32, c: u32) -> vec4<f32> {
 fn query4(base: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     let i = base + 4u * c;
-    if (4u * c < HEAD_DIM_QK) { v.x = f32(q_in[i]); }
-    if (4u * c + 1u < HEAD_DIM_QK) { v.y = f32(q_in[i + 1u]); }
-    if (4u * c + 2u < HEAD_DIM_QK) { v.z = f32(q_in[i + 2u]); }
-    if (4u * c + 3u < HEAD_DIM_QK) { v.w = f32(q_in[i + 3u]); }
+    if (4u * c < p.head_dim_qk) { v.x = f32(q_in[i]); }
+    if (4u * c + 1u < p.head_dim_qk) { v.y = f32(q_in[i + 1u]); }
+    if (4u * c + 2u < p.head_dim_qk) { v.z = f32(q_in[i + 2u]); }
+    if (4u * c + 3u < p.head_dim_qk) { v.w = f32(q_in[i + 3u]); }
     return v;
 }

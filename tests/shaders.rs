@@ -30,8 +30,8 @@ fn validate(name: &str, source: &str) -> Result<naga::Module, String> {
 
 fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> FlashShape {
     FlashShape {
-        qk_cap: flash_attention::head_cap(dk),
-        v_cap: flash_attention::head_cap(dv),
+        qk_cap: wgpu_mha::kernels::head_cap(dk),
+        v_cap: wgpu_mha::kernels::head_cap(dv),
         kv_tile: flash_attention::kv_tile(dk, dv, 32 * 1024).expect("fits 32 KiB"),
         rows,
         threads: 8,
@@ -47,7 +47,7 @@ fn all_sources() -> Vec<(String, String)> {
         ("softmax".to_string(), softmax::source()),
         ("av_combine".to_string(), av_combine::source()),
         ("rope".to_string(), rope::source(false)),
-        ("decode_reduce".to_string(), decode::reduce_source(24)),
+        ("decode_reduce".to_string(), decode::reduce_source()),
         ("read_probe".to_string(), read_probe::WGSL.to_string()),
         ("rope f16".to_string(), rope::source(true)),
         ("kv_append".to_string(), kv_append::source(false)),
@@ -363,16 +363,16 @@ fn uniform_structs_match_their_wgsl_layout() {
                     splits,
                     split_base,
                     key_base,
-                    _pad0,
-                    _pad1
+                    head_dim_qk,
+                    head_dim_v
                 ]
             ),
         ),
         (
-            decode::reduce_source(64),
+            decode::reduce_source(),
             host_layout!(
                 ReduceParams,
-                [rows, lq, heads, splits, groups_x, _pad0, _pad1, _pad2]
+                [rows, lq, heads, splits, groups_x, head_dim_v, _pad1, _pad2]
             ),
         ),
         (
@@ -491,7 +491,7 @@ fn host_constants_match_the_shaders() {
         // workgroup memory and loop caps for (the carry's stride follows the real head size
         // at run time, as `carry_stride` does on the host).
         for (name, d) in [("DK4", dk), ("DV4", dv)] {
-            let vec4s = flash_attention::head_cap(d).div_ceil(4) as f64;
+            let vec4s = wgpu_mha::kernels::head_cap(d).div_ceil(4) as f64;
             assert_eq!(constant(&m, name), vec4s, "{name} of d{d}");
         }
         assert_eq!(

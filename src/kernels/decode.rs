@@ -14,7 +14,7 @@ use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::mask::MaskBuffers;
 use crate::kernels::source::Prelude;
-use crate::kernels::{kv_spans, CoreProblem, KvChunks, QkvBuffers};
+use crate::kernels::{head_cap, kv_spans, CoreProblem, KvChunks, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/decode_attention.wgsl");
 pub const LANE_KEYS_WGSL: &str = include_str!("../../shaders/decode_lane_keys.wgsl");
@@ -50,8 +50,10 @@ pub fn serves(kv_group: usize, lq: usize, qk_head_dim: usize, v_head_dim: usize)
 /// The shape one decode pipeline is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeShape {
-    pub qk_head_dim: usize,
-    pub v_head_dim: usize,
+    /// The head sizes the shader is laid out for ([`head_cap`] of the module's; the real
+    /// sizes come with each dispatch's parameters).
+    pub qk_cap: usize,
+    pub v_cap: usize,
     /// Rows per workgroup, a power of two ≥ `kv_group · Lq`.
     pub rows: usize,
     pub f16: bool,
@@ -83,15 +85,15 @@ impl DecodeShape {
             KernelClass::Cpu => 8,
             KernelClass::Gpu => 64,
         };
+        let (qk_cap, v_cap) = (head_cap(qk_head_dim), head_cap(v_head_dim));
         DecodeShape {
-            qk_head_dim,
-            v_head_dim,
+            qk_cap,
+            v_cap,
             rows: rows.next_power_of_two(),
             f16,
             threads,
             vec4_rows: false,
-            lane_keys: class == KernelClass::Cpu
-                && qk_head_dim.max(v_head_dim) <= LANE_KEYS_MAX_HEAD_DIM,
+            lane_keys: class == KernelClass::Cpu && qk_cap.max(v_cap) <= LANE_KEYS_MAX_HEAD_DIM,
         }
     }
 
@@ -112,7 +114,7 @@ impl DecodeShape {
         if self.lane_keys {
             return self.threads; // one key per lane at a time
         }
-        let (qk_lanes, _) = self.lanes(self.qk_head_dim);
+        let (qk_lanes, _) = self.lanes(self.qk_cap);
         let mut tile = self.threads.max(32);
         while tile > 1
             && self.score_bytes(tile, qk_lanes) + self.acc_shared_bytes() > WORKGROUP_BYTES
@@ -130,7 +132,7 @@ impl DecodeShape {
 
     /// Vec4s of workgroup memory the V parts are summed through (1 when there is one part).
     fn acc_shared(&self) -> usize {
-        let (v_lanes, v_vecs) = self.lanes(self.v_head_dim);
+        let (v_lanes, v_vecs) = self.lanes(self.v_cap);
         if self.threads / v_lanes > 1 {
             self.threads * v_vecs
         } else {
@@ -148,8 +150,8 @@ impl DecodeShape {
         if self.lane_keys {
             return self.lane_keys_per_split();
         }
-        let (qk_lanes, qk_vecs) = self.lanes(self.qk_head_dim);
-        let (v_lanes, v_vecs) = self.lanes(self.v_head_dim);
+        let (qk_lanes, qk_vecs) = self.lanes(self.qk_cap);
+        let (v_lanes, v_vecs) = self.lanes(self.v_cap);
         let tile = self.tile();
         let qk_parts = self.threads / qk_lanes;
         let v_parts = self.threads / v_lanes;
@@ -167,7 +169,7 @@ impl DecodeShape {
     /// [`Self::keys_per_split`] of `decode_lane_keys`: its loops within [`SPLIT_ITERATIONS`],
     /// its workgroup memory within [`WORKGROUP_BYTES`].
     fn lane_keys_per_split(&self) -> usize {
-        let (dk4, dv4) = (self.qk_head_dim.div_ceil(4), self.v_head_dim.div_ceil(4));
+        let (dk4, dv4) = (self.qk_cap.div_ceil(4), self.v_cap.div_ceil(4));
         let row_vecs = self.rows.div_ceil(4);
         // Per key of a lane: the vec4 loops of q·k and w·v with their row loops, the mask's
         // element loops, the weights.
@@ -184,7 +186,7 @@ impl DecodeShape {
     /// one row's accumulators of every lane.
     fn lane_keys_bytes(&self, keys: usize) -> usize {
         let row_vecs = self.rows.div_ceil(4);
-        let dv4 = self.v_head_dim.div_ceil(4);
+        let dv4 = self.v_cap.div_ceil(4);
         16 * (row_vecs * keys + 2 * row_vecs * self.threads + self.threads * dv4)
     }
 
@@ -250,8 +252,9 @@ pub struct DecodeParams {
     pub splits: u32,
     pub split_base: u32,
     pub key_base: u32,
-    pub _pad0: u32,
-    pub _pad1: u32,
+    /// The module's head sizes; the shader holds [`head_cap`] of each.
+    pub head_dim_qk: u32,
+    pub head_dim_v: u32,
 }
 
 /// Mirrors `ReduceParams` in `decode_reduce.wgsl`.
@@ -263,7 +266,7 @@ pub struct ReduceParams {
     pub heads: u32,
     pub splits: u32,
     pub groups_x: u32,
-    pub _pad0: u32,
+    pub head_dim_v: u32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -277,8 +280,8 @@ pub fn source(s: DecodeShape) -> String {
     };
     if s.lane_keys {
         let prelude = Prelude::new()
-            .u32("HEAD_DIM_QK", s.qk_head_dim as u32)
-            .u32("HEAD_DIM_V", s.v_head_dim as u32)
+            .u32("HEAD_CAP_QK", s.qk_cap as u32)
+            .u32("HEAD_CAP_V", s.v_cap as u32)
             .u32("ROWS", s.rows as u32)
             .u32("THREADS", s.threads as u32)
             .u32("KEYS", s.keys_per_split() as u32)
@@ -286,11 +289,11 @@ pub fn source(s: DecodeShape) -> String {
         let parts = [super::mask::WGSL, PARAMS_WGSL, rows, LANE_KEYS_WGSL];
         return super::mask::prelude(prelude).source(&parts);
     }
-    let (qk_lanes, qk_vecs) = s.lanes(s.qk_head_dim);
-    let (v_lanes, v_vecs) = s.lanes(s.v_head_dim);
+    let (qk_lanes, qk_vecs) = s.lanes(s.qk_cap);
+    let (v_lanes, v_vecs) = s.lanes(s.v_cap);
     let prelude = Prelude::new()
-        .u32("HEAD_DIM_QK", s.qk_head_dim as u32)
-        .u32("HEAD_DIM_V", s.v_head_dim as u32)
+        .u32("HEAD_CAP_QK", s.qk_cap as u32)
+        .u32("HEAD_CAP_V", s.v_cap as u32)
         .u32("ROWS", s.rows as u32)
         .u32("THREADS", s.threads as u32)
         .u32("TILE", s.tile() as u32)
@@ -303,11 +306,9 @@ pub fn source(s: DecodeShape) -> String {
     super::mask::prelude(prelude).source(&[super::mask::WGSL, PARAMS_WGSL, rows, WGSL])
 }
 
-/// The reduce pass's source for values of `v_head_dim`.
-pub fn reduce_source(v_head_dim: usize) -> String {
-    Prelude::new()
-        .u32("HEAD_DIM_V", v_head_dim as u32)
-        .source(&[REDUCE_WGSL])
+/// The reduce pass's source: one for every head size (it comes with the parameters).
+pub fn reduce_source() -> String {
+    Prelude::new().source(&[REDUCE_WGSL])
 }
 
 const SLOTS: &[Slot] = &[
@@ -379,7 +380,8 @@ pub fn dispatches(
             splits: splits as u32,
             split_base: split_base as u32,
             key_base: span.key_base as u32,
-            ..Default::default()
+            head_dim_qk: c.qk_head_dim as u32,
+            head_dim_v: c.v_head_dim as u32,
         };
         let groups = [span_splits as u32, (c.batch * kv_heads) as u32, 1];
         gpu.check_workgroups("decode attention", groups)?;
@@ -403,15 +405,16 @@ pub fn dispatches(
         heads: c.heads as u32,
         splits: splits as u32,
         groups_x,
+        head_dim_v: c.v_head_dim as u32,
         ..Default::default()
     };
     let reduce_groups = [groups_x, rows.div_ceil(groups_x), 1];
     gpu.check_workgroups("decode reduce", reduce_groups)?;
-    let key = format!("decode_reduce dv={}", c.v_head_dim);
-    let v_head_dim = c.v_head_dim;
-    let pass = gpu.compile(&key, &PassSpec::main("decode_reduce", REDUCE_SLOTS), || {
-        reduce_source(v_head_dim)
-    });
+    let pass = gpu.compile(
+        "decode_reduce",
+        &PassSpec::main("decode_reduce", REDUCE_SLOTS),
+        reduce_source,
+    );
     let reduce = Dispatch::new(gpu, pass, &r, &[(1, b.partials), (4, b.out)], reduce_groups)?;
     chain.push(reduce);
     Ok(chain)
@@ -453,7 +456,7 @@ mod tests {
     #[test]
     fn cpu_adapters_give_each_lane_its_own_keys_up_to_d128() {
         for s in every_shape() {
-            let narrow = s.qk_head_dim.max(s.v_head_dim) <= LANE_KEYS_MAX_HEAD_DIM;
+            let narrow = s.qk_cap.max(s.v_cap) <= LANE_KEYS_MAX_HEAD_DIM;
             assert_eq!(s.lane_keys, s.threads == 8 && narrow, "{s:?}");
         }
         // The bench's shape (d128, a GQA group of 4) keeps 512 keys per split.
@@ -464,7 +467,7 @@ mod tests {
     #[test]
     fn lanes_cover_a_row_and_memory_fits() {
         for s in every_shape() {
-            for d in [s.qk_head_dim, s.v_head_dim] {
+            for d in [s.qk_cap, s.v_cap] {
                 let (lanes, vecs) = s.lanes(d);
                 assert!(lanes * vecs >= d.div_ceil(4) && lanes <= s.threads, "{s:?}");
                 assert!((lanes - 1) * vecs < d.div_ceil(4), "an idle lane: {s:?}");
@@ -474,7 +477,7 @@ mod tests {
                 assert!(s.lane_keys_bytes(keys) <= WORKGROUP_BYTES, "{s:?}");
                 continue;
             }
-            let (qk_lanes, _) = s.lanes(s.qk_head_dim);
+            let (qk_lanes, _) = s.lanes(s.qk_cap);
             let bytes = 4 * s.rows * s.tile() * (qk_lanes + 2) + s.acc_shared_bytes();
             assert!(
                 bytes <= WORKGROUP_BYTES && s.tile().is_power_of_two(),

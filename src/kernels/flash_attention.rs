@@ -52,7 +52,7 @@ use crate::gpu::{Gpu, KernelClass};
 
 use super::mask::MaskBuffers;
 use super::source::Prelude;
-use super::{kv_spans, CoreProblem, KvChunks, QkvBuffers};
+use super::{head_cap, kv_spans, CoreProblem, KvChunks, QkvBuffers};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 /// Every lane reads a key group's K/V vec4s from the staged tiles itself.
@@ -137,23 +137,6 @@ pub struct FlashParams {
     /// The module's head sizes; the shader holds [`head_cap`] of each.
     pub head_dim_qk: u32,
     pub head_dim_v: u32,
-}
-
-/// The head size a flash pipeline is laid out for when the module's is `d`: 4, 8 or 16, then
-/// multiples of 16 up to 128 and of 32 up to 256, then of 64. The shader reads the real size
-/// from its parameters and zero-pads the rest, so modules whose heads round to one bucket share
-/// one compiled pipeline (a software adapter spends seconds on each; the test suite had 56
-/// flash specialisations, one per head size it tried). Sizes models use (64, 80, 96, 128, 256)
-/// are buckets themselves and run exactly as before; another size pays for its padding: fewer
-/// than 16 extra dims up to 128, 32 up to 256, 64 beyond.
-pub fn head_cap(d: usize) -> usize {
-    match d {
-        0..=4 => 4,
-        5..=8 => 8,
-        9..=128 => d.div_ceil(16) * 16,
-        129..=256 => d.div_ceil(32) * 32,
-        _ => d.div_ceil(64) * 64,
-    }
 }
 
 /// Resume from the carried state (every key range but the first).
@@ -529,29 +512,6 @@ mod tests {
         for (tile, group) in [(8, 8), (16, 16), (32, 16)] {
             assert_eq!(key_group(tile), group);
         }
-    }
-
-    #[test]
-    fn head_caps_hold_the_head_and_are_few() {
-        let mut caps = std::collections::BTreeSet::new();
-        for d in 1..=1024 {
-            let cap = head_cap(d);
-            assert!(cap >= d && cap.is_multiple_of(4), "d{d} -> {cap}");
-            assert_eq!(head_cap(cap), cap, "a cap is its own bucket");
-            let most = match d {
-                0..=128 => 16,
-                129..=256 => 32,
-                _ => 64,
-            };
-            assert!(cap - d < most, "d{d} -> {cap}");
-            if d <= 256 {
-                caps.insert(cap);
-            }
-        }
-        for d in [64, 80, 96, 128, 256] {
-            assert_eq!(head_cap(d), d, "a common head size is padded");
-        }
-        assert_eq!(caps.len(), 14, "{caps:?}");
     }
 
     #[test]
