@@ -167,7 +167,11 @@ fn bench(
     skip_naive: bool,
 ) -> Result<ExitCode, wgpu_mha::Error> {
     if only.as_deref() == Some("compile") {
-        return bench_compile(options, json);
+        let custom = config
+            .as_deref()
+            .map(cli::bench::BenchConfig::parse)
+            .transpose()?;
+        return bench_compile(options, custom, json);
     }
     // Decode configurations are their own kind of row (see cli::bench_decode).
     let decode_spec = config.as_deref().filter(|c| c.starts_with("decode:"));
@@ -228,6 +232,7 @@ fn bench(
 /// `bench --only compile`: cold compile time of each kernel family (see cli::bench_compile).
 fn bench_compile(
     options: &GpuOptions,
+    custom: Option<cli::bench::BenchConfig>,
     json: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, wgpu_mha::Error> {
     let pending_json = json
@@ -240,7 +245,7 @@ fn bench_compile(
     std::env::set_var("MESA_SHADER_CACHE_DISABLE", "true");
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
-    let results = cli::bench_compile::run(&gpu, |r| print!("{}", r.format()))?;
+    let results = cli::bench_compile::run(&gpu, custom, |r| print!("{}", r.format()))?;
     if let (Some(path), Some(pending)) = (json, pending_json) {
         let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         let text = serde_json::to_string_pretty(&list).unwrap_or_default();

@@ -17,7 +17,7 @@ use wgpu_mha::kernels::standalone::{Core, CoreDims, Job, LinearKernel};
 use wgpu_mha::model::mask::Mask;
 use wgpu_mha::model::tensor::Tensor;
 
-use super::bench_config::{named_configs, Variant};
+use super::bench_config::{named_configs, BenchConfig, Variant};
 use super::bench_decode::DecodeConfig;
 
 /// The bound the CI issue set for any one pipeline on a software adapter.
@@ -94,11 +94,19 @@ fn record(
 }
 
 /// Times every kernel family the named configurations (and the decode configurations) use,
-/// on small problems of their head sizes.
-pub fn run(gpu: &Gpu, mut report: impl FnMut(&CompileResult)) -> Result<Vec<CompileResult>> {
+/// on small problems of their head sizes; with `custom` (`--config`), that configuration's.
+pub fn run(
+    gpu: &Gpu,
+    custom: Option<BenchConfig>,
+    mut report: impl FnMut(&CompileResult),
+) -> Result<Vec<CompileResult>> {
     let mut results = Vec::new();
     let (l, batch) = (16usize, 1usize);
-    for bc in named_configs()? {
+    let configs = match &custom {
+        Some(c) => vec![c.clone()],
+        None => named_configs()?,
+    };
+    for bc in configs {
         let c = bc.config;
         let (m, n, k) = (l, c.model_dim, c.model_dim);
         record(
@@ -163,7 +171,11 @@ pub fn run(gpu: &Gpu, mut report: impl FnMut(&CompileResult)) -> Result<Vec<Comp
             )?;
         }
     }
-    for dc in DecodeConfig::named() {
+    let decodes = match custom {
+        Some(_) => Vec::new(),
+        None => DecodeConfig::named(),
+    };
+    for dc in decodes {
         let dims = CoreDims {
             batch: dc.batch,
             heads: dc.heads,

@@ -81,6 +81,13 @@ pub fn threads(class: KernelClass) -> u32 {
 ///   very slowly (first use at d64, cold cache: 362 s at 16 rows, 140 s at 8, 65 s at 4).
 /// * GPU kernels: 4, halved while q and the accumulators would exceed [`GPU_ROW_VEC4S`], so
 ///   that they stay in registers (1 row at d128, 2 at d64). Not measured on a GPU.
+///
+/// What the rows cost to compile (`bench --only compile`, lavapipe, cold, this project's
+/// 2-core machine): at d64, 4 rows 5.2 s, 16 rows 24 s (8 rows about 11 s, measured only on a
+/// loaded machine); the mask block (one rolled row loop) is about 40 % of it, the NaN check of
+/// skipped tiles nothing measurable. 16 rows stay, because they are what puts the fused core
+/// at 0.7x the GEMM's GFLOP/s (`bench --only gemm`); that is over the 10 s a cold compile
+/// should take, and is left for a kernel whose unrolling costs less to compile.
 pub fn rows_per_thread(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize) -> u32 {
     let vulkan = gpu.info().backend == wgpu::Backend::Vulkan;
     match gpu.kernel_class() {
