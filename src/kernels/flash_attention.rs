@@ -509,13 +509,13 @@ mod tests {
         // 1,024 floats per key (4 KiB): 8 keys fit exactly into 32 KiB; one float more does not.
         assert_eq!(kv_tile(512, 512, 32 * 1024), Some(8));
         assert_eq!(kv_tile(512, 516, 32 * 1024), None);
-        // Odd head sizes round up to whole vec4s.
-        assert_eq!(kv_tile(3, 5, 8 * 48 - 1), None);
-        assert_eq!(kv_tile(3, 5, 8 * 48), Some(8));
+        // Small heads are staged at their bucket, 16: 128 bytes per key at (3, 5).
+        assert_eq!(kv_tile(3, 5, 8 * 128 - 1), None);
+        assert_eq!(kv_tile(3, 5, 8 * 128), Some(8));
         // Groups of 16 once 16 keys fit, never a tile of 24.
-        assert_eq!(kv_tile(3, 5, 16 * 48 - 1), Some(8));
-        assert_eq!(kv_tile(3, 5, 16 * 48), Some(16));
-        assert_eq!(kv_tile(3, 5, 31 * 48), Some(16));
+        assert_eq!(kv_tile(3, 5, 16 * 128 - 1), Some(8));
+        assert_eq!(kv_tile(3, 5, 16 * 128), Some(16));
+        assert_eq!(kv_tile(3, 5, 31 * 128), Some(16));
         for (tile, group) in [(8, 8), (16, 16), (32, 16)] {
             assert_eq!(key_group(tile), group);
         }
