@@ -165,57 +165,54 @@ fn nan() -> f32 {
     return bitcast<f32>(0x7fc00000u | (p.lk & 0u));
 }
 
-// Which components of the V vec4s hold a non-finite value at any key of tiles [t0, t1) of
-// (batch, head) z: 0·V is NaN there, as PyTorch computes it. Tested on the bits (an exponent of
-// all ones), which no fast-math folding touches. Threads split the keys and combine through
-// v_tile (free after the tile loop); control flow is uniform, since t0 and t1 are.
-fn skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) -> array<vec4<u32>, DV4> {
+// Marks in v_tile[c] (free after the tile loop) the components of the V vec4s that hold a
+// non-finite value at any key of tiles [t0, t1) of (batch, head) z: 0·V is NaN there, as
+// PyTorch computes it. Tested on the bits (an exponent of all ones), which no fast-math folding
+// touches. Threads split the keys; every write stores the same 1.0, so racing writes agree.
+// Control flow is uniform, since t0 and t1 are. The flags are read where the output (or the
+// carry) is written: a per-vec4 array of flags held here instead cost lavapipe 28 s of compile
+// at v = 512 (its copies unroll), against nothing measurable this way.
+fn mark_skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) {
+    for (var c = thread; c < DV4; c += THREADS) {
+        v_tile[c] = vec4<f32>(0.0);
+    }
+    workgroupBarrier();
     let exponent = vec4<u32>(0x7f800000u);
-    var mine: array<vec4<u32>, DV4>;
     for (var j = t0 * KV_TILE + thread; j < min(t1 * KV_TILE, p.lk); j += THREADS) {
         let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j - p.key_base) * p.head_dim_v;
-        for (var c = 0u; c < DV4; c++) {
+        for (var c = 0u; c < (p.head_dim_v + 3u) / 4u; c++) {
             let bits = bitcast<vec4<u32>>(staged_vec4(V_ROW, base, 4u * c, p.head_dim_v, true));
-            mine[c] |= select(vec4<u32>(0u), vec4<u32>(1u), (bits & exponent) == exponent);
-        }
-    }
-    // KV_TILE threads at a time (a GPU workgroup has more threads than v_tile has rows).
-    var all: array<vec4<u32>, DV4>;
-    for (var first = 0u; first < THREADS; first += KV_TILE) {
-        if (thread >= first && thread < first + KV_TILE) {
-            for (var c = 0u; c < DV4; c++) {
-                v_tile[(thread - first) * DV4 + c] = bitcast<vec4<f32>>(mine[c]);
+            let bad = (bits & exponent) == exponent;
+            for (var e = 0u; e < 4u; e++) {
+                if (bad[e]) {
+                    v_tile[c][e] = 1.0;
+                }
             }
         }
-        workgroupBarrier();
-        for (var t = 0u; t < min(KV_TILE, THREADS - first); t++) {
-            for (var c = 0u; c < DV4; c++) {
-                all[c] |= bitcast<vec4<u32>>(v_tile[t * DV4 + c]);
-            }
-        }
-        workgroupBarrier();
     }
-    return all;
+    workgroupBarrier();
 }
 
-// Scaled scores of keys j .. j + 3 for row i with the mask applied. Only the first `left` of
-// them exist; the others (past Lk, in the last tile) get -f32::MAX, so they weigh exactly 0
-// (a row's max is at least MASKED_SCORE once it has seen one key) without counting as masked.
-fn score_quad(scaled: vec4<f32>, b: u32, h: u32, i: u32, j: u32, left: u32) -> vec4<f32> {
-    var sr = scaled;
-    if (mask.kind != MASK_NONE) {
-        let last = p.lk - 1u;
-        sr = vec4<f32>(
-            apply_mask(sr.x, b, h, i, min(j, last)),
-            apply_mask(sr.y, b, h, i, min(j + 1u, last)),
-            apply_mask(sr.z, b, h, i, min(j + 2u, last)),
-            apply_mask(sr.w, b, h, i, min(j + 3u, last)),
-        );
+// Head-size vec4 c of a row's result, NaN in the components marked by mark_skipped_non_finite
+// when `poisoned` (uniform: whether any tile was skipped).
+fn poison(o: vec4<f32>, c: u32, poisoned: bool) -> vec4<f32> {
+    if (poisoned) {
+        return select(o, vec4<f32>(nan()), v_tile[c] != vec4<f32>(0.0));
     }
-    if (left < 4u) {
-        sr = select(sr, vec4<f32>(-3.402823e38), vec4<u32>(0u, 1u, 2u, 3u) >= vec4<u32>(left));
+    return o;
+}
+
+// Row i's scaled score of key j with the mask applied. A key past Lk (`exists` false, in the
+// last tile) gets -f32::MAX, so it weighs exactly 0 (a row's max is at least MASKED_SCORE once
+// it has seen one key) without counting as masked.
+fn masked_score(scaled: f32, b: u32, h: u32, i: u32, j: u32, exists: bool) -> f32 {
+    if (!exists) {
+        return -3.402823e38;
     }
-    return sr;
+    if (mask.kind == MASK_NONE) {
+        return scaled;
+    }
+    return apply_mask(scaled, b, h, i, j);
 }
 
 // The four dot products of qc with keys j .. j + 3 of a group.
@@ -393,16 +390,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             // already scaled: q was, on load (a loop over the rows here would stay rolled).
             let left = keys - jg;  // keys of this group that exist (at least 1)
             if (left < KEY_GROUP || group_needs_mask(b, i0, i1, j0 + jg)) {
-                // Through a copy: this loop stays rolled (see the header).
+                // Through a copy: this loop stays rolled (see the header). One score per
+                // iteration, so the mask rule is compiled once, not once per row and key.
                 var masked = s;
-                for (var r = 0u; r < ROWS; r++) {
+                for (var e = 0u; e < ROWS * KEY_GROUP; e++) {
+                    let r = e / KEY_GROUP;
+                    let j = e % KEY_GROUP;
                     // Rows past Lq (results discarded) evaluate the mask at the last row, in range.
                     let i = min(i0 + lid.x + THREADS * r, p.lq - 1u);
-                    for (var n = 0u; n < GROUP_VECS; n++) {
-                        let j = 4u * n;
-                        let quad = masked[r][n];
-                        masked[r][n] = score_quad(quad, b, h, i, j0 + jg + j, max(left, j) - j);
-                    }
+                    masked[r][j / 4u][j % 4u] = masked_score(masked[r][j / 4u][j % 4u], b, h, i, j0 + jg + j, j < left);
                 }
                 s = masked;
             }
@@ -426,13 +422,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // Tiles skipped above hold keys masked for every row of the block: their weights are exactly
     // 0, but PyTorch's 0·V still turns a non-finite V into NaN in every row.
     let all_tiles = min(p.tile_end, (p.lk + KV_TILE - 1u) / KV_TILE);
-    if (tiles < all_tiles) {
-        let poisoned = skipped_non_finite(z, max(tiles, p.tile_begin), all_tiles, lid.x);
-        for (var r = 0u; r < ROWS; r++) {
-            for (var c = 0u; c < DV4; c++) {
-                acc[r][c] = select(acc[r][c], vec4<f32>(nan()), poisoned[c] != vec4<u32>(0u));
-            }
-        }
+    let poisoned = tiles < all_tiles;
+    if (poisoned) {
+        mark_skipped_non_finite(z, max(tiles, p.tile_begin), all_tiles, lid.x);
     }
     // Through copies from here on: these loops stay rolled (see the header).
     var final_max = row_max;
@@ -446,10 +438,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 carry[base + 1u] = final_sum[r];
                 for (var c = 0u; c < (p.head_dim_v + 3u) / 4u; c++) {
                     let e = base + 2u + 4u * c;
-                    carry[e] = acc[r][c].x;
-                    carry[e + 1u] = acc[r][c].y;
-                    carry[e + 2u] = acc[r][c].z;
-                    carry[e + 3u] = acc[r][c].w;
+                    let a = poison(acc[r][c], c, poisoned);
+                    carry[e] = a.x;
+                    carry[e + 1u] = a.y;
+                    carry[e + 2u] = a.z;
+                    carry[e + 3u] = a.w;
                 }
             }
         }
@@ -464,7 +457,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let inv = select(1.0 / final_sum[r], nan(), final_max[r] <= -3.402823e38);
             let out_base = (b * p.lq + i) * (p.heads * p.head_dim_v) + h * p.head_dim_v;
             for (var c = 0u; c < DV4; c++) {
-                let o = acc[r][c] * inv;
+                let o = poison(acc[r][c] * inv, c, poisoned);
                 for (var e = 0u; e < 4u; e++) {
                     if (4u * c + e < p.head_dim_v) {
                         out[out_base + 4u * c + e] = o[e];

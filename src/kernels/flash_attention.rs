@@ -72,27 +72,25 @@ pub fn threads(class: KernelClass) -> u32 {
 
 /// Query rows each thread owns (`ROWS` in the shader's prelude, per device and head size); a
 /// workgroup takes `rows · threads` query rows.
-/// * CPU kernels on Vulkan (lavapipe): 16. Measured at L=1024 d64 against the multi-pass core
-///   in one run: 16 rows 2.5×, 8 rows 2.1×, 4 rows 1.6×; at 32 the loops no longer unroll.
-///   Halved while q and the accumulators would exceed [`MAX_ROW_VEC4S`]: the kernel is
-///   unrolled over rows × head size, and lavapipe spent 285 s and 3.7 GB compiling 16 rows at
-///   q/k = v = 512.
+/// * CPU kernels on Vulkan (lavapipe): 8, halved while q and the accumulators would exceed
+///   [`MAX_ROW_VEC4S`]. With the mask applied one score per iteration (see the shader), 8 rows
+///   run within 10 % of 16 (`bench --only gemm`, B1 H8 L1024 d64, runs in turn: fused core
+///   183–206 ms at 8 rows, 185 ms at 16; 0.69–0.70x the GEMM's GFLOP/s against 0.74x) and
+///   compile in 9 s instead of 19 s; at 32 the loops no longer unroll.
 /// * CPU kernels elsewhere (GL's llvmpipe): 4. The GLSL route compiles the unrolled kernel
 ///   very slowly (first use at d64, cold cache: 362 s at 16 rows, 140 s at 8, 65 s at 4).
 /// * GPU kernels: 4, halved while q and the accumulators would exceed [`GPU_ROW_VEC4S`], so
 ///   that they stay in registers (1 row at d128, 2 at d64). Not measured on a GPU.
 ///
-/// What the rows cost to compile (`bench --only compile`, lavapipe, cold, this project's
-/// 2-core machine): at d64, 4 rows 5.2 s, 16 rows 24 s (8 rows about 11 s, measured only on a
-/// loaded machine); the mask block (one rolled row loop) is about 40 % of it, the NaN check of
-/// skipped tiles nothing measurable. 16 rows stay, because they are what puts the fused core
-/// at 0.7x the GEMM's GFLOP/s (`bench --only gemm`); that is over the 10 s a cold compile
-/// should take, and is left for a kernel whose unrolling costs less to compile.
+/// What a pipeline costs to compile cold (`bench --only compile`, lavapipe, this project's
+/// 2-core machine, others at work beside it): d64 at 8 rows 7.8–9.1 s (16 rows: 19 s; 24 s
+/// before the mask went per score); q/k 256 + v 512 at 2 rows 5.9–7.0 s (4 rows: 18 s; 47 s
+/// while the NaN check of skipped tiles kept a flag array per head vec4, see the shader).
 pub fn rows_per_thread(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize) -> u32 {
     let vulkan = gpu.info().backend == wgpu::Backend::Vulkan;
     match gpu.kernel_class() {
         KernelClass::Cpu if vulkan => {
-            rows_for_head_sizes(16, MAX_ROW_VEC4S, qk_head_dim, v_head_dim)
+            rows_for_head_sizes(8, MAX_ROW_VEC4S, qk_head_dim, v_head_dim)
         }
         KernelClass::Cpu => rows_for_head_sizes(4, MAX_ROW_VEC4S, qk_head_dim, v_head_dim),
         KernelClass::Gpu => rows_for_head_sizes(4, GPU_ROW_VEC4S, qk_head_dim, v_head_dim),
@@ -103,9 +101,10 @@ pub fn rows_per_thread(gpu: &Gpu, qk_head_dim: usize, v_head_dim: usize) -> u32 
 /// in registers per thread before spilling.
 pub const GPU_ROW_VEC4S: u32 = 64;
 
-/// Most vec4s of q and accumulators one thread holds: 16 rows at d64 + d64 (lavapipe's
-/// default) up to d128 + d128.
-pub const MAX_ROW_VEC4S: u32 = 1024;
+/// Most vec4s of q and accumulators one thread holds on a CPU adapter: 8 rows up to d128 +
+/// d128. The kernel is unrolled over rows, so this bounds its compile time (lavapipe spent
+/// 285 s and 3.7 GB compiling 16 rows at q/k = v = 512, 18 s for 4 rows at 256 + 512).
+pub const MAX_ROW_VEC4S: u32 = 512;
 
 /// `rows`, halved until `rows · (q/k + v vec4s)` is within `budget` (never below 1).
 fn rows_for_head_sizes(rows: u32, budget: u32, qk_head_dim: usize, v_head_dim: usize) -> u32 {
@@ -492,13 +491,14 @@ mod tests {
 
     #[test]
     fn wide_heads_get_fewer_rows_per_thread() {
-        // d128 + d128 = 64 vec4s per row: 16 rows are exactly the budget, one float more is not.
-        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 64, 64), 16);
-        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 128, 128), 16);
-        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 128, 132), 8);
-        assert_eq!(rows_for_head_sizes(16, MAX_ROW_VEC4S, 512, 512), 4);
-        assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 512, 512), 4);
-        assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 1024, 1024), 2);
+        // d128 + d128 = 64 vec4s per row: 8 rows are exactly the budget, one float more is not.
+        assert_eq!(rows_for_head_sizes(8, MAX_ROW_VEC4S, 64, 64), 8);
+        assert_eq!(rows_for_head_sizes(8, MAX_ROW_VEC4S, 128, 128), 8);
+        assert_eq!(rows_for_head_sizes(8, MAX_ROW_VEC4S, 128, 132), 4);
+        assert_eq!(rows_for_head_sizes(8, MAX_ROW_VEC4S, 256, 512), 2);
+        assert_eq!(rows_for_head_sizes(8, MAX_ROW_VEC4S, 512, 512), 2);
+        assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 512, 512), 2);
+        assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 1024, 1024), 1);
         assert_eq!(rows_for_head_sizes(4, MAX_ROW_VEC4S, 1 << 20, 1 << 20), 1);
     }
 
