@@ -143,36 +143,49 @@ fn share_chunk(t: u32, r: u32, f: f32, c0: u32) {
     }
 }
 
+// Row r's accumulator, scaled by its factor, to lane t's slot of workgroup memory (r a
+// constant at every call, so acc keeps constant indices).
+fn share_row(t: u32, r: u32) {
+    let f = factor[r / 4u][r % 4u];
+    share_chunk(t, r, f, 0u);
+    if (CHUNK < DV4) { share_chunk(t, r, f, CHUNK); }
+    if (2u * CHUNK < DV4) { share_chunk(t, r, f, 2u * CHUNK); }
+    if (3u * CHUNK < DV4) { share_chunk(t, r, f, 3u * CHUNK); }
+    if (4u * CHUNK < DV4) { share_chunk(t, r, f, 4u * CHUNK); }
+    if (5u * CHUNK < DV4) { share_chunk(t, r, f, 5u * CHUNK); }
+    if (6u * CHUNK < DV4) { share_chunk(t, r, f, 6u * CHUNK); }
+    if (7u * CHUNK < DV4) { share_chunk(t, r, f, 7u * CHUNK); }
+}
+
 // Row r's combined (max, sum, accumulator) to `partials`: the lanes' scaled accumulators
 // summed through workgroup memory, lane t taking vec4s t, t + THREADS, ...
 fn write_row(w: Work, r: u32) {
     workgroupBarrier();
-    let f = factor[r / 4u][r % 4u];
-    share_chunk(w.t, r, f, 0u);
-    if (CHUNK < DV4) { share_chunk(w.t, r, f, CHUNK); }
-    if (2u * CHUNK < DV4) { share_chunk(w.t, r, f, 2u * CHUNK); }
-    if (3u * CHUNK < DV4) { share_chunk(w.t, r, f, 3u * CHUNK); }
-    if (4u * CHUNK < DV4) { share_chunk(w.t, r, f, 4u * CHUNK); }
-    if (5u * CHUNK < DV4) { share_chunk(w.t, r, f, 5u * CHUNK); }
-    if (6u * CHUNK < DV4) { share_chunk(w.t, r, f, 6u * CHUNK); }
-    if (7u * CHUNK < DV4) { share_chunk(w.t, r, f, 7u * CHUNK); }
+    switch r {
+        case 0u: { share_row(w.t, 0u); }
+        case 1u: { if (ROWS > 1u) { share_row(w.t, 1u); } }
+        case 2u: { if (ROWS > 2u) { share_row(w.t, 2u); } }
+        case 3u: { if (ROWS > 3u) { share_row(w.t, 3u); } }
+        case 4u: { if (ROWS > 4u) { share_row(w.t, 4u); } }
+        case 5u: { if (ROWS > 5u) { share_row(w.t, 5u); } }
+        case 6u: { if (ROWS > 6u) { share_row(w.t, 6u); } }
+        default: { if (ROWS > 7u) { share_row(w.t, 7u); } }
+    }
     workgroupBarrier();
-    if (r < w.rows) {
-        let row = (w.b * p.heads + head_of(w, r)) * p.lq + r % p.lq;
-        let out = (row * p.splits + w.split) * part_stride();
-        if (w.t == 0u) {
-            partials[out] = split_max[r / 4u][r % 4u];
-            partials[out + 1u] = split_sum[r / 4u][r % 4u];
+    let row = (w.b * p.heads + head_of(w, r)) * p.lq + r % p.lq;
+    let out = (row * p.splits + w.split) * part_stride();
+    if (w.t == 0u) {
+        partials[out] = split_max[r / 4u][r % 4u];
+        partials[out + 1u] = split_sum[r / 4u][r % 4u];
+    }
+    for (var c = w.t; c < DV4; c += THREADS) {
+        var a = vec4<f32>(0.0);
+        for (var l = 0u; l < THREADS; l++) {
+            a += acc_sh[l * DV4 + c];
         }
-        for (var c = w.t; c < DV4; c += THREADS) {
-            var a = vec4<f32>(0.0);
-            for (var l = 0u; l < THREADS; l++) {
-                a += acc_sh[l * DV4 + c];
-            }
-            for (var e = 0u; e < 4u; e++) {
-                if (4u * c + e < p.head_dim_v) {
-                    partials[out + 2u + 4u * c + e] = a[e];
-                }
+        for (var e = 0u; e < 4u; e++) {
+            if (4u * c + e < p.head_dim_v) {
+                partials[out + 2u + 4u * c + e] = a[e];
             }
         }
     }
@@ -240,14 +253,13 @@ fn combine_lanes(w: Work) {
     workgroupBarrier();
     combine_state(w, 0u);
     if (ROW_VECS > 1u) { combine_state(w, 1u); }
-    write_row(w, 0u);
-    if (ROWS > 1u) { write_row(w, 1u); }
-    if (ROWS > 2u) { write_row(w, 2u); }
-    if (ROWS > 3u) { write_row(w, 3u); }
-    if (ROWS > 4u) { write_row(w, 4u); }
-    if (ROWS > 5u) { write_row(w, 5u); }
-    if (ROWS > 6u) { write_row(w, 6u); }
-    if (ROWS > 7u) { write_row(w, 7u); }
+    // A loop with a runtime bound (uniform), not a call per row, so the row's barriers and
+    // sums are compiled once: llvmpipe runs a workgroup's lanes as coroutines, each barrier in
+    // the code a suspend point whose frame holds every live value (d128, 4 rows: 11.3 s of
+    // cold compile as calls, 10.0 s as a loop; `bench --only compile`).
+    for (var r = 0u; r < w.rows; r++) {
+        write_row(w, r);
+    }
 }
 
 @compute @workgroup_size(THREADS, 1, 1)
