@@ -169,7 +169,7 @@ fn bench(
     if only.as_deref() == Some("compile") {
         let custom = config
             .as_deref()
-            .map(cli::bench::BenchConfig::parse)
+            .map(cli::bench_compile::Custom::parse)
             .transpose()?;
         return bench_compile(options, custom, json);
     }
@@ -232,7 +232,7 @@ fn bench(
 /// `bench --only compile`: cold compile time of each kernel family (see cli::bench_compile).
 fn bench_compile(
     options: &GpuOptions,
-    custom: Option<cli::bench::BenchConfig>,
+    custom: Option<cli::bench_compile::Custom>,
     json: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, wgpu_mha::Error> {
     let pending_json = json

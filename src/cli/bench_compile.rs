@@ -93,17 +93,36 @@ fn record(
     Ok(())
 }
 
+/// A configuration of one's own (`--config`): a module's, or a decode step's.
+#[derive(Debug, Clone)]
+pub enum Custom {
+    Module(BenchConfig),
+    Decode(DecodeConfig),
+}
+
+impl Custom {
+    /// `decode:…` as a decode configuration, anything else as a module's.
+    pub fn parse(spec: &str) -> Result<Self> {
+        if spec.starts_with("decode:") {
+            DecodeConfig::parse(spec).map(Custom::Decode)
+        } else {
+            BenchConfig::parse(spec).map(Custom::Module)
+        }
+    }
+}
+
 /// Times every kernel family the named configurations (and the decode configurations) use,
 /// on small problems of their head sizes; with `custom` (`--config`), that configuration's.
 pub fn run(
     gpu: &Gpu,
-    custom: Option<BenchConfig>,
+    custom: Option<Custom>,
     mut report: impl FnMut(&CompileResult),
 ) -> Result<Vec<CompileResult>> {
     let mut results = Vec::new();
     let (l, batch) = (16usize, 1usize);
     let configs = match &custom {
-        Some(c) => vec![c.clone()],
+        Some(Custom::Module(c)) => vec![c.clone()],
+        Some(Custom::Decode(_)) => Vec::new(),
         None => named_configs()?,
     };
     for bc in configs {
@@ -172,7 +191,8 @@ pub fn run(
         }
     }
     let decodes = match custom {
-        Some(_) => Vec::new(),
+        Some(Custom::Decode(dc)) => vec![dc],
+        Some(Custom::Module(_)) => Vec::new(),
         None => DecodeConfig::named(),
     };
     for dc in decodes {

@@ -6,7 +6,8 @@
 //!
 //! Two bodies do a range's work ([`DecodeShape::lane_keys`]): on CPU adapters each lane takes
 //! whole keys of its own (`decode_lane_keys.wgsl`); elsewhere, and for heads wider than it
-//! takes, the lanes share each key's head (`decode_attention.wgsl`). Both write the same
+//! takes or more rows of them than it holds, the lanes share each key's head
+//! (`decode_attention.wgsl`). Both write the same
 //! per-range state, so the reduce is one.
 
 use crate::error::Result;
@@ -33,6 +34,14 @@ pub const MAX_KEYS_PER_SPLIT: usize = 512;
 const VECS_PER_LANE: usize = 4;
 /// Widest head `decode_lane_keys` takes: eight of its unrolled chunks of 4 vec4s.
 const LANE_KEYS_MAX_HEAD_DIM: usize = 128;
+/// Most vec4s of q and accumulators a `decode_lane_keys` lane holds (rows × head vec4s): its
+/// body is unrolled over both, and its cold compile grows with them. Lavapipe, `bench --only
+/// compile --config decode:…`: d128 with 4 rows (256 vec4s) 10 s, with 8 rows 20.6 s; the
+/// shared-key body takes 2.8 s at d128 with 8 rows. The price: at d128 with 8 rows (GQA group
+/// 8) the shared-key body steps 2.9x slower on lavapipe (`bench --only decode --config
+/// decode:b=1,h=32,kvh=4,d=128,ctx=4096`, runs in turn: 20.2 ms against 7.0 ms). A software
+/// adapter is where the engine is tested, not where it is fast, so the compile bound wins.
+const LANE_KEYS_MAX_ROW_VEC4S: usize = 256;
 /// Loop iterations one invocation may make per split, counted as if no loop were unrolled:
 /// a third of the 65,535 after which a software rasteriser silently stops its loops.
 const SPLIT_ITERATIONS: usize = 21_000;
@@ -86,14 +95,18 @@ impl DecodeShape {
             KernelClass::Gpu => 64,
         };
         let (qk_cap, v_cap) = (head_cap(qk_head_dim), head_cap(v_head_dim));
+        let rows = rows.next_power_of_two();
+        let row_vec4s = rows * (qk_cap.div_ceil(4) + v_cap.div_ceil(4));
         DecodeShape {
             qk_cap,
             v_cap,
-            rows: rows.next_power_of_two(),
+            rows,
             f16,
             threads,
             vec4_rows: false,
-            lane_keys: class == KernelClass::Cpu && qk_cap.max(v_cap) <= LANE_KEYS_MAX_HEAD_DIM,
+            lane_keys: class == KernelClass::Cpu
+                && qk_cap.max(v_cap) <= LANE_KEYS_MAX_HEAD_DIM
+                && row_vec4s <= LANE_KEYS_MAX_ROW_VEC4S,
         }
     }
 
@@ -457,8 +470,16 @@ mod tests {
     fn cpu_adapters_give_each_lane_its_own_keys_up_to_d128() {
         for s in every_shape() {
             let narrow = s.qk_cap.max(s.v_cap) <= LANE_KEYS_MAX_HEAD_DIM;
-            assert_eq!(s.lane_keys, s.threads == 8 && narrow, "{s:?}");
+            let held = s.rows * (s.qk_cap + s.v_cap) / 4;
+            assert_eq!(
+                s.lane_keys,
+                s.threads == 8 && narrow && held <= 256,
+                "{s:?}"
+            );
         }
+        // A GQA group of 8 at d128 takes the shared-key body (compile time), at d64 not.
+        assert!(!DecodeShape::new(KernelClass::Cpu, 128, 128, 8, false).lane_keys);
+        assert!(DecodeShape::new(KernelClass::Cpu, 64, 64, 8, false).lane_keys);
         // The bench's shape (d128, a GQA group of 4) keeps 512 keys per split.
         let s = DecodeShape::new(KernelClass::Cpu, 128, 128, 4, false);
         assert_eq!(s.keys_per_split(), 512);
