@@ -236,11 +236,15 @@ fn rope_needs_its_config_and_grouped_queries_run() {
     let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let file = dir.path().join("layer.safetensors");
     write_safetensors(&file, &refs, None).unwrap();
-    let err = HfCheckpoint::open(&file)
-        .unwrap()
-        .attention(p, Some(4))
-        .unwrap_err();
-    assert!(err.to_string().contains("RoPE"), "{err}");
+    // Without a config nothing says which model saved these names (Cohere's interleaved RoPE,
+    // Granite's multiplier): refused, naming what is missing.
+    match HfCheckpoint::open(&file).unwrap().attention(p, Some(4)) {
+        Err(Error::UnsupportedModule { what, why, .. }) => {
+            assert!(what.contains("model_type"), "{what}");
+            assert!(why.contains("llama, mistral"), "{why}");
+        }
+        other => panic!("expected UnsupportedModule, got {other:?}"),
+    }
     // A rope_type the engine does not run is refused by name, never approximated.
     let config = r#"{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
         "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#;
@@ -250,7 +254,7 @@ fn rope_needs_its_config_and_grouped_queries_run() {
         other => panic!("expected UnsupportedModule, got {other:?}"),
     }
     // num_key_value_heads that the shapes contradict is an error, not a guess.
-    let config = r#"{"num_attention_heads": 4, "num_key_value_heads": 1}"#;
+    let config = r#"{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 1}"#;
     let dir = model_dir("llama-kv", config, &t, false);
     let err = HfCheckpoint::open(dir.path())
         .unwrap()
@@ -266,7 +270,7 @@ fn rope_needs_its_config_and_grouped_queries_run() {
     ];
     let dir = model_dir(
         "gqa",
-        r#"{"num_attention_heads": 4}"#,
+        r#"{"model_type": "bart", "num_attention_heads": 4}"#,
         &tensors(&bart),
         false,
     );
@@ -290,7 +294,7 @@ fn rope_needs_its_config_and_grouped_queries_run() {
     ];
     let dir = model_dir(
         "gqaodd",
-        r#"{"num_attention_heads": 4}"#,
+        r#"{"model_type": "bart", "num_attention_heads": 4}"#,
         &tensors(&odd),
         false,
     );
@@ -306,16 +310,32 @@ fn rope_needs_its_config_and_grouped_queries_run() {
 
 #[test]
 fn without_a_config_the_heads_must_be_given() {
-    let t = bert_layer(0);
+    // GPT-2's Conv1D layout is the one no other model saves: taken without a config, given
+    // the heads.
+    let t = tensors(&[
+        ("h.0.attn.c_attn.weight", &[8, 24]),
+        ("h.0.attn.c_proj.weight", &[8, 8]),
+    ]);
     let dir = TempDir::new("noconfig");
     let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let file = dir.path().join("layer.safetensors");
     write_safetensors(&file, &refs, None).unwrap();
     let ckpt = HfCheckpoint::open(&file).unwrap();
-    let p = "encoder.layer.0.attention.";
-    let err = ckpt.attention(p, None).unwrap_err();
+    let err = ckpt.attention("h.0.attn.", None).unwrap_err();
     assert!(err.to_string().contains("--heads"), "{err}");
-    assert_eq!(ckpt.attention(p, Some(2)).unwrap().config.heads, 2);
+    let m = ckpt.attention("h.0.attn.", Some(2)).unwrap();
+    assert_eq!((m.config.heads, m.causal), (2, true));
+    // BERT's names without a model_type could be RoFormer's (rotary) or BigBird's: refused.
+    let t = bert_layer(0);
+    let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let file = dir.path().join("bert.safetensors");
+    write_safetensors(&file, &refs, None).unwrap();
+    let err = HfCheckpoint::open(&file)
+        .unwrap()
+        .attention("encoder.layer.0.attention.", Some(2))
+        .unwrap_err();
+    assert!(matches!(err, Error::UnsupportedModule { .. }), "{err}");
+    assert!(err.to_string().contains("RoFormer"), "{err}");
     // A shard the index places outside the directory is refused.
     let dir = TempDir::new("badindex");
     std::fs::write(

@@ -1,7 +1,11 @@
 //! A Hugging Face `config.json`, read for what an attention layer needs: heads (by each
 //! family's key), key/value heads, head size, the score scale rule, RoPE settings in either
 //! spelling (transformers 4.x `rope_theta`/`rope_scaling`/`partial_rotary_factor`/`rotary_pct`,
-//! transformers 5 `rope_parameters`), a sliding window and T5's relative-bias settings.
+//! transformers 5 `rope_parameters`), a sliding window and T5's relative-bias settings. A key
+//! that changes the answer and that the module's model type does not read is refused by name
+//! ([`SETTINGS`]), never ignored. Multimodal configs keep each tower's settings in
+//! `text_config` / `vision_config` / `audio_config`: [`HfConfig::for_module`] picks the one a
+//! prefix lies in.
 
 use serde_json::Value;
 
@@ -44,6 +48,113 @@ impl HfConfig {
         self.json.get("model_type").and_then(Value::as_str)
     }
 
+    /// The config of the module at `prefix`: the top-level one, or for a multimodal config
+    /// (one holding `text_config`, `vision_config` or `audio_config`) the sub-config of the tower
+    /// the prefix names (`text_model.` / `language_model.`, `vision_model.` / `vision_tower.`,
+    /// `audio_model.` / `audio_tower.` …). A sub-config without `model_type` takes the parent's.
+    /// A prefix that names no tower with a sub-config, or more than one, is an error: the heads
+    /// of one tower are never read for another.
+    pub fn for_module(&self, prefix: &str) -> Result<HfConfig> {
+        const TOWERS: [(&str, &[&str]); 3] = [
+            (
+                "text_config",
+                &["text_model", "language_model", "text_encoder", "text_tower"],
+            ),
+            (
+                "vision_config",
+                &[
+                    "vision_model",
+                    "vision_tower",
+                    "vision_encoder",
+                    "visual",
+                    "image_encoder",
+                ],
+            ),
+            (
+                "audio_config",
+                &["audio_model", "audio_tower", "audio_encoder"],
+            ),
+        ];
+        let present: Vec<&str> = TOWERS
+            .iter()
+            .map(|t| t.0)
+            .filter(|k| self.json.get(*k).is_some_and(Value::is_object))
+            .collect();
+        if present.is_empty() {
+            return Ok(self.clone());
+        }
+        let parts: Vec<&str> = prefix.split('.').collect();
+        let named: Vec<&str> = TOWERS
+            .iter()
+            .filter(|(_, names)| names.iter().any(|n| parts.contains(n)))
+            .map(|t| t.0)
+            .collect();
+        let key = match named[..] {
+            [one] if present.contains(&one) => one,
+            _ => {
+                return Err(Error::UnsupportedModule {
+                    module: format!("attention `{prefix}`"),
+                    what: format!("a multimodal config.json ({})", present.join(", ")),
+                    why: format!(
+                        "the prefix names {}, so which sub-config gives its heads is ambiguous",
+                        match named.len() {
+                            0 => "no tower (text_model., language_model., vision_model., \
+                                  vision_tower., audio_model. …)"
+                                .to_string(),
+                            _ => format!("the towers of {}", named.join(" and ")),
+                        }
+                    ),
+                })
+            }
+        };
+        let mut json = self.json[key].clone();
+        if let (Some(obj), Some(parent)) = (json.as_object_mut(), self.model_type()) {
+            obj.entry("model_type")
+                .or_insert_with(|| Value::String(parent.to_string()));
+        }
+        Ok(HfConfig {
+            json,
+            source: format!("{} `{key}`", self.source),
+        })
+    }
+
+    /// `Err(UnsupportedModule)` naming the first key of [`SETTINGS`] set to a value that changes
+    /// the answer, unless the module's model type reads it (`reads`).
+    pub fn check_settings(&self, prefix: &str, reads: &[&str]) -> Result<()> {
+        for s in SETTINGS.iter().filter(|s| !reads.contains(&s.key)) {
+            if let Some(v) = self.setting(s.key).filter(|v| !(s.neutral)(v)) {
+                return Err(Error::UnsupportedModule {
+                    module: format!("attention `{prefix}`"),
+                    what: format!("config.json `{}` = {v}", s.key),
+                    why: format!(
+                        "{}; this model type's attention in the loader does not read it",
+                        s.why
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `key` at the top level, or inside `rope_parameters` / `rope_scaling`.
+    fn setting(&self, key: &str) -> Option<&Value> {
+        self.json.get(key).or_else(|| {
+            ["rope_parameters", "rope_scaling"]
+                .iter()
+                .find_map(|o| self.json.get(*o).and_then(|o| o.get(key)))
+        })
+    }
+
+    /// `attention_bias`, when the config says it.
+    pub fn attention_bias(&self) -> Option<bool> {
+        self.json.get("attention_bias").and_then(Value::as_bool)
+    }
+
+    /// `is_decoder: true` (BERT-like models run as decoders).
+    pub fn is_decoder(&self) -> bool {
+        self.json.get("is_decoder").and_then(Value::as_bool) == Some(true)
+    }
+
     /// A positive integer under `key`; `Ok(None)` when absent or null.
     pub fn usize(&self, key: &str) -> Result<Option<usize>> {
         match self.json.get(key) {
@@ -81,6 +192,7 @@ impl HfConfig {
             "n_head",
             "n_heads",
             "num_heads",
+            "attention_heads",
         ] {
             if let Some(h) = self.usize(key)? {
                 return Ok(h);
@@ -89,7 +201,7 @@ impl HfConfig {
         Err(Error::file(
             &self.source,
             "config.json names no head count (num_attention_heads, n_head, n_heads, num_heads, \
-             encoder_/decoder_attention_heads)",
+             attention_heads, encoder_/decoder_attention_heads)",
         ))
     }
 
@@ -114,6 +226,19 @@ impl HfConfig {
     pub fn rope(&self, head_dim: usize) -> Result<Rope> {
         let params = self.json.get("rope_parameters").filter(|v| v.is_object());
         let scaling = self.json.get("rope_scaling").filter(|v| v.is_object());
+        // transformers 5 nests one object per layer type (gemma3, gpt-oss); never read as one.
+        if let Some(nested) = [params, scaling]
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object)
+            .find_map(|o| o.iter().find(|(_, v)| v.is_object()))
+        {
+            return Err(Error::UnsupportedModule {
+                module: self.source.clone(),
+                what: format!("RoPE parameters per layer type (`{}`)", nested.0),
+                why: "one RoPE per layer kind is not implemented".into(),
+            });
+        }
         let find = |key: &str| {
             [params, scaling]
                 .into_iter()
@@ -175,24 +300,50 @@ impl HfConfig {
         Ok(rope)
     }
 
-    /// Mistral-style `sliding_window` (query i sees keys i − W < j ≤ i), when set and in use by
-    /// the layer at `prefix`: `layer_types` (when given) says which layers slide.
-    pub fn sliding_window(&self, prefix: &str) -> Result<Option<usize>> {
-        if self.json.get("use_sliding_window").and_then(Value::as_bool) == Some(false) {
+    /// Mistral-style `sliding_window` (query i sees keys i − W < j ≤ i), when the model type
+    /// reads it (`reads`) and the layer at `prefix` uses it: qwen2's `use_sliding_window`, and
+    /// which layers slide by `layer_types` or else `max_window_layers` (layers from it on).
+    /// A layer kind other than full or sliding attention is refused.
+    pub fn sliding_window(&self, prefix: &str, reads: &[&str]) -> Result<Option<usize>> {
+        if !reads.contains(&"sliding_window") {
+            return Ok(None);
+        }
+        if reads.contains(&"use_sliding_window")
+            && self.json.get("use_sliding_window").and_then(Value::as_bool) != Some(true)
+        {
             return Ok(None);
         }
         let Some(window) = self.usize("sliding_window")? else {
             return Ok(None);
         };
-        let Some(types) = self.json.get("layer_types").and_then(Value::as_array) else {
-            return Ok(Some(window));
+        let types = self
+            .json
+            .get("layer_types")
+            .and_then(Value::as_array)
+            .filter(|_| reads.contains(&"layer_types"));
+        let layer = layer_index(prefix);
+        let Some(types) = types else {
+            let first = match reads.contains(&"max_window_layers") {
+                true => self.usize("max_window_layers")?.unwrap_or(0),
+                false => 0,
+            };
+            return match (first, layer) {
+                (0, _) => Ok(Some(window)),
+                (_, Some(n)) => Ok((n >= first).then_some(window)),
+                (_, None) => Err(Error::file(
+                    &self.source,
+                    format!("max_window_layers needs the layer of `{prefix}`"),
+                )),
+            };
         };
-        let kind = layer_index(prefix)
-            .and_then(|n| types.get(n))
-            .and_then(Value::as_str);
-        match kind {
+        match layer.and_then(|n| types.get(n)).and_then(Value::as_str) {
             Some("sliding_attention") => Ok(Some(window)),
-            Some(_) => Ok(None),
+            Some("full_attention") => Ok(None),
+            Some(other) => Err(Error::UnsupportedModule {
+                module: format!("attention `{prefix}`"),
+                what: format!("layer type {other:?}"),
+                why: "layers run full or sliding-window attention".into(),
+            }),
             None => Err(Error::file(
                 &self.source,
                 format!("config.json `layer_types` does not say whether layer `{prefix}` slides"),
@@ -201,52 +352,22 @@ impl HfConfig {
     }
 
     /// The score scale the config asks of the module at `prefix`, when it is not 1/√head_dim:
-    /// gemma's `query_pre_attn_scalar`, GPT-2's `scale_attn_weights = false` and
-    /// `scale_attn_by_inverse_layer_idx`. Settings that change the scores in ways the engine
-    /// does not run (logit soft-capping, BERT's relative distance embeddings) are refused.
-    pub fn scale(&self, prefix: &str, head_dim: usize) -> Result<Option<f32>> {
-        let refuse = |what: String, why: &str| Error::UnsupportedModule {
-            module: format!("attention `{prefix}`"),
-            what,
-            why: why.into(),
-        };
-        if let Some(cap) = self
-            .json
-            .get("attn_logit_softcapping")
-            .filter(|v| !v.is_null())
+    /// GPT-2's `scale_attn_weights = false` and `scale_attn_by_inverse_layer_idx`, where the
+    /// model type reads them (`reads`; elsewhere [`HfConfig::check_settings`] refuses them).
+    pub fn scale(&self, prefix: &str, head_dim: usize, reads: &[&str]) -> Result<Option<f32>> {
+        let default = 1.0 / (head_dim as f64).sqrt();
+        let mut scale = default;
+        if reads.contains(&"scale_attn_weights")
+            && self.json.get("scale_attn_weights").and_then(Value::as_bool) == Some(false)
         {
-            return Err(refuse(
-                format!("attn_logit_softcapping = {cap}"),
-                "scores are soft-capped with tanh before the softmax",
-            ));
-        }
-        if let Some(kind) = self
-            .json
-            .get("position_embedding_type")
-            .and_then(Value::as_str)
-            .filter(|k| k.starts_with("relative"))
-        {
-            return Err(refuse(
-                format!("position_embedding_type {kind:?}"),
-                "BERT's relative distance embeddings add to the scores",
-            ));
-        }
-        let mut scale = match self
-            .json
-            .get("query_pre_attn_scalar")
-            .and_then(Value::as_f64)
-        {
-            Some(s) if s > 0.0 => 1.0 / s.sqrt(),
-            _ => 1.0 / (head_dim as f64).sqrt(),
-        };
-        if self.json.get("scale_attn_weights").and_then(Value::as_bool) == Some(false) {
             scale = 1.0;
         }
-        if self
-            .json
-            .get("scale_attn_by_inverse_layer_idx")
-            .and_then(Value::as_bool)
-            == Some(true)
+        if reads.contains(&"scale_attn_by_inverse_layer_idx")
+            && self
+                .json
+                .get("scale_attn_by_inverse_layer_idx")
+                .and_then(Value::as_bool)
+                == Some(true)
         {
             let layer = layer_index(prefix).ok_or_else(|| {
                 Error::file(
@@ -256,7 +377,6 @@ impl HfConfig {
             })?;
             scale /= (layer + 1) as f64;
         }
-        let default = 1.0 / (head_dim as f64).sqrt();
         Ok(((scale - default).abs() > 1e-12 * default).then_some(scale as f32))
     }
 
@@ -271,6 +391,77 @@ impl HfConfig {
         })
     }
 }
+
+/// A config key that changes the attention's answer: refused when set to anything but its
+/// `neutral` values, unless the module's model type reads it ([`super::families::ModelType`]).
+pub struct Setting {
+    pub key: &'static str,
+    neutral: fn(&Value) -> bool,
+    /// What the key does, for the refusal.
+    pub why: &'static str,
+}
+
+/// Absent from the answer: null or false.
+fn off(v: &Value) -> bool {
+    v.is_null() || v.as_bool() == Some(false)
+}
+
+fn null(v: &Value) -> bool {
+    v.is_null()
+}
+
+/// Null or 1 (a factor or share that changes nothing).
+fn one(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(1.0)
+}
+
+fn on(v: &Value) -> bool {
+    v.is_null() || v.as_bool() == Some(true)
+}
+
+fn absolute(v: &Value) -> bool {
+    v.is_null() || v.as_str() == Some("absolute")
+}
+
+/// Null, or every layer full attention.
+fn all_full(v: &Value) -> bool {
+    v.is_null()
+        || v.as_array()
+            .is_some_and(|a| a.iter().all(|t| t.as_str() == Some("full_attention")))
+}
+
+/// Every config key the loader knows to change an attention layer's answer, with its neutral
+/// values. Looked up at the top level and inside `rope_parameters` / `rope_scaling`.
+pub const SETTINGS: &[Setting] = &[
+    Setting { key: "position_embedding_type", neutral: absolute, why: "relative_key / relative_key_query add distance embeddings to the scores, rotary rotates q and k" },
+    Setting { key: "attention_types", neutral: null, why: "GPT-Neo's global/local layers (a local window, unscaled scores)" },
+    Setting { key: "attention_layers", neutral: null, why: "GPT-Neo's global/local layers (a local window, unscaled scores)" },
+    Setting { key: "rotary_dim", neutral: null, why: "interleaved rotary embeddings on the first rotary_dim dimensions of each head (GPT-J, CodeGen) are not implemented" },
+    Setting { key: "use_qk_norm", neutral: off, why: "q and k are normalised before the scores" },
+    Setting { key: "qk_layernorm", neutral: off, why: "q and k are LayerNorm-ed per head before the scores" },
+    Setting { key: "qk_norm", neutral: off, why: "q and k are normalised before the scores" },
+    Setting { key: "attn_logit_softcapping", neutral: null, why: "scores are soft-capped c·tanh(s/c) before the softmax" },
+    Setting { key: "clip_qkv", neutral: null, why: "q, k and v are clamped to ±clip_qkv" },
+    Setting { key: "attention_multiplier", neutral: null, why: "scores are scaled by attention_multiplier instead of 1/√d" },
+    Setting { key: "alibi", neutral: off, why: "ALiBi adds per-head distance biases to the scores" },
+    Setting { key: "new_decoder_architecture", neutral: off, why: "Falcon's grouped query_key_value packing" },
+    Setting { key: "query_pre_attn_scalar", neutral: null, why: "scores are scaled by 1/√query_pre_attn_scalar" },
+    Setting { key: "sliding_window_pattern", neutral: null, why: "every n-th layer is global and the others slide" },
+    Setting { key: "sliding_window", neutral: null, why: "keys outside a window are masked" },
+    Setting { key: "use_sliding_window", neutral: off, why: "keys outside a window are masked" },
+    Setting { key: "max_window_layers", neutral: null, why: "which layers slide" },
+    Setting { key: "layer_types", neutral: all_full, why: "some layers are not full attention" },
+    Setting { key: "scale_attn_weights", neutral: on, why: "scores are not scaled by 1/√d" },
+    Setting { key: "scale_attn_by_inverse_layer_idx", neutral: off, why: "scores are divided by the layer number" },
+    Setting { key: "partial_rotary_factor", neutral: one, why: "only part of each head rotates" },
+    Setting { key: "rotary_pct", neutral: one, why: "only part of each head rotates" },
+    Setting { key: "attention_window", neutral: null, why: "Longformer's local plus global attention" },
+    Setting { key: "use_bidirectional_attention", neutral: off, why: "a causal model type attends both ways" },
+    Setting { key: "use_relative_position_bias", neutral: off, why: "a relative position bias is added to the scores" },
+    Setting { key: "use_shared_relative_position_bias", neutral: off, why: "a relative position bias is added to the scores" },
+    Setting { key: "use_logn_attn", neutral: off, why: "scores are scaled by log n" },
+    Setting { key: "causal", neutral: off, why: "XLM's causal mode" },
+];
 
 /// The layer number in a prefix: its first dot-separated part that is a number
 /// (`model.layers.3.self_attn.` → 3).
@@ -306,40 +497,133 @@ mod tests {
     #[test]
     fn scale_rules_and_refused_settings() {
         let c = |text: &str| HfConfig::parse(text, "t").unwrap();
-        assert_eq!(c("{}").scale("h.0.attn.", 16).unwrap(), None);
-        assert_eq!(
-            c(r#"{"query_pre_attn_scalar": 64}"#)
-                .scale("x.", 16)
-                .unwrap(),
-            Some(0.125)
-        );
-        assert_eq!(
-            c(r#"{"scale_attn_weights": false}"#)
-                .scale("h.0.", 16)
-                .unwrap(),
-            Some(1.0)
-        );
+        let gpt2 = &["scale_attn_weights", "scale_attn_by_inverse_layer_idx"][..];
+        assert_eq!(c("{}").scale("h.0.attn.", 16, gpt2).unwrap(), None);
+        let unscaled = c(r#"{"scale_attn_weights": false}"#);
+        assert_eq!(unscaled.scale("h.0.", 16, gpt2).unwrap(), Some(1.0));
+        // Read only where the model type reads it; refused by name elsewhere.
+        assert!(unscaled.check_settings("h.0.", gpt2).is_ok());
+        let err = unscaled
+            .check_settings("h.0.", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("scale_attn_weights"), "{err}");
         let by_layer = c(r#"{"scale_attn_by_inverse_layer_idx": true}"#);
-        assert_eq!(by_layer.scale("h.3.attn.", 16).unwrap(), Some(0.0625));
-        assert!(by_layer.scale("attn.", 16).is_err());
-        assert!(c(r#"{"attn_logit_softcapping": 50.0}"#)
-            .scale("x.", 16)
-            .is_err());
-        assert!(c(r#"{"attn_logit_softcapping": null}"#)
-            .scale("x.", 16)
-            .is_ok());
-        assert!(c(r#"{"position_embedding_type": "relative_key"}"#)
-            .scale("x.", 16)
-            .is_err());
-        let typed =
-            c(r#"{"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]}"#);
-        assert_eq!(typed.sliding_window("layers.0.self_attn.").unwrap(), None);
+        assert_eq!(by_layer.scale("h.3.attn.", 16, gpt2).unwrap(), Some(0.0625));
+        assert!(by_layer.scale("attn.", 16, gpt2).is_err());
+        for refused in [
+            r#"{"attn_logit_softcapping": 50.0}"#,
+            r#"{"query_pre_attn_scalar": 64}"#,
+            r#"{"position_embedding_type": "relative_key"}"#,
+            r#"{"rotary_dim": 4}"#,
+            r#"{"attention_types": [[["global", "local"], 1]]}"#,
+            r#"{"rope_parameters": {"partial_rotary_factor": 0.5}}"#,
+            r#"{"layer_types": ["full_attention", "chunked_attention"]}"#,
+        ] {
+            let key = refused.split('"').nth(1).unwrap();
+            let key = if key == "rope_parameters" {
+                "partial_rotary_factor"
+            } else {
+                key
+            };
+            match c(refused).check_settings("x.", &[]) {
+                Err(Error::UnsupportedModule { what, .. }) => {
+                    assert!(what.contains(key), "{refused}: {what}")
+                }
+                other => panic!("{refused}: expected UnsupportedModule, got {other:?}"),
+            }
+        }
+        for neutral in [
+            r#"{"attn_logit_softcapping": null}"#,
+            r#"{"position_embedding_type": "absolute"}"#,
+            r#"{"scale_attn_weights": true, "alibi": false, "partial_rotary_factor": 1.0}"#,
+            r#"{"layer_types": ["full_attention", "full_attention"]}"#,
+        ] {
+            assert!(c(neutral).check_settings("x.", &[]).is_ok(), "{neutral}");
+        }
+        let qwen2 = &[
+            "sliding_window",
+            "use_sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ][..];
+        let typed = c(r#"{"sliding_window": 4, "use_sliding_window": true,
+            "layer_types": ["full_attention", "sliding_attention", "chunked_attention"]}"#);
         assert_eq!(
-            typed.sliding_window("layers.1.self_attn.").unwrap(),
+            typed.sliding_window("layers.0.self_attn.", qwen2).unwrap(),
+            None
+        );
+        assert_eq!(
+            typed.sliding_window("layers.1.self_attn.", qwen2).unwrap(),
             Some(4)
         );
-        assert!(typed.sliding_window("layers.7.self_attn.").is_err());
+        assert!(matches!(
+            typed.sliding_window("layers.2.self_attn.", qwen2),
+            Err(Error::UnsupportedModule { .. })
+        ));
+        assert!(typed.sliding_window("layers.7.self_attn.", qwen2).is_err());
+        // qwen2 without layer_types: layers from max_window_layers on slide, if switched on.
+        let by_count =
+            c(r#"{"sliding_window": 4, "use_sliding_window": true, "max_window_layers": 2}"#);
+        assert_eq!(by_count.sliding_window("layers.1.x.", qwen2).unwrap(), None);
+        assert_eq!(
+            by_count.sliding_window("layers.2.x.", qwen2).unwrap(),
+            Some(4)
+        );
+        let off = c(r#"{"sliding_window": 4, "use_sliding_window": false}"#);
+        assert_eq!(off.sliding_window("layers.3.x.", qwen2).unwrap(), None);
+        // mistral reads only sliding_window: every layer slides.
+        assert_eq!(
+            off.sliding_window("layers.0.x.", &["sliding_window"])
+                .unwrap(),
+            Some(4)
+        );
         assert_eq!(layer_index("model.decoder.layers.12.self_attn."), Some(12));
+    }
+
+    #[test]
+    fn a_module_reads_its_towers_sub_config() {
+        let clip = HfConfig::parse(
+            r#"{"model_type": "clip", "text_config": {"model_type": "clip_text_model",
+                "num_attention_heads": 2}, "vision_config": {"num_attention_heads": 4}}"#,
+            "t",
+        )
+        .unwrap();
+        let text = clip
+            .for_module("text_model.encoder.layers.0.self_attn.")
+            .unwrap();
+        assert_eq!(
+            (text.model_type(), text.heads("").unwrap()),
+            (Some("clip_text_model"), 2)
+        );
+        let vision = clip
+            .for_module("vision_model.encoder.layers.0.self_attn.")
+            .unwrap();
+        // Without its own model_type, the sub-config takes the parent's.
+        assert_eq!(
+            (vision.model_type(), vision.heads("").unwrap()),
+            (Some("clip"), 4)
+        );
+        for ambiguous in [
+            "encoder.layers.0.self_attn.",
+            "text_model.vision_model.0.attn.",
+        ] {
+            assert!(
+                matches!(
+                    clip.for_module(ambiguous),
+                    Err(Error::UnsupportedModule { .. })
+                ),
+                "{ambiguous}"
+            );
+        }
+        let xglm = HfConfig::parse(r#"{"model_type": "xglm", "attention_heads": 3}"#, "t").unwrap();
+        assert_eq!(
+            xglm.for_module("model.layers.0.self_attn.")
+                .unwrap()
+                .heads("")
+                .unwrap(),
+            3
+        );
     }
 
     #[test]

@@ -167,20 +167,21 @@ impl HfCheckpoint {
         let Some(&(family, _)) = modules.iter().find(|(_, p)| p == prefix) else {
             return Err(self.no_module_at(prefix, &modules));
         };
-        let model_type = self.config.as_ref().and_then(HfConfig::model_type);
-        if !family.accepts(model_type) {
-            return Err(Error::UnsupportedModule {
-                module: format!("attention `{prefix}`"),
-                what: format!(
-                    "model_type {:?} with {} tensor names",
-                    model_type.unwrap_or_default(),
-                    family.name()
-                ),
-                why: "its attention is not known to be the one those names mean elsewhere".into(),
-            });
+        // A multimodal config gives each tower its own sub-config; the prefix picks it.
+        let module_config = self
+            .config
+            .as_ref()
+            .map(|c| c.for_module(prefix))
+            .transpose()?;
+        let model_type = family.model_type(
+            module_config.as_ref().and_then(HfConfig::model_type),
+            prefix,
+        )?;
+        if let Some(c) = &module_config {
+            c.check_settings(prefix, model_type.reads)?;
         }
         families::check_understood(family, prefix, &self.names())?;
-        let heads = match (heads, &self.config) {
+        let heads = match (heads, &module_config) {
             (Some(h), _) => h,
             (None, Some(c)) => c.heads(prefix)?,
             (None, None) => {
@@ -190,8 +191,7 @@ impl HfCheckpoint {
                 ))
             }
         };
-        let kv_heads = self
-            .config
+        let kv_heads = module_config
             .as_ref()
             .map(HfConfig::kv_heads)
             .transpose()?
@@ -207,22 +207,42 @@ impl HfCheckpoint {
                 ),
             ));
         }
+        // transformers builds the projections with or without biases by `attention_bias` and
+        // ignores tensors it did not build: a checkpoint that disagrees is not run either way.
+        let has_bias = [Some(&weights.q), Some(&weights.k), Some(&weights.v)]
+            .into_iter()
+            .chain([weights.o.as_ref()])
+            .flatten()
+            .any(|l| l.bias.is_some());
+        if let Some(said) = module_config
+            .as_ref()
+            .and_then(HfConfig::attention_bias)
+            .filter(|&b| b != has_bias)
+        {
+            return Err(Error::file(
+                &self.name,
+                format!(
+                    "`{prefix}`: config.json has attention_bias = {said}, but the projections \
+                     {} biases",
+                    if has_bias { "have" } else { "have no" }
+                ),
+            ));
+        }
         let cross = families::is_cross_attention(prefix);
         let mut window = None;
         if family.uses_rope() {
-            let Some(c) = &self.config else {
+            let Some(c) = &module_config else {
                 return Err(Error::file(
                     &self.name,
                     format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
                 ));
             };
             config = config.with_rope(c.rope(config.qk_head_dim)?)?;
-            window = c.sliding_window(prefix)?;
+            window = c.sliding_window(prefix, model_type.reads)?;
         }
-        if let Some(scale) = self
-            .config
+        if let Some(scale) = module_config
             .as_ref()
-            .map(|c| c.scale(prefix, config.qk_head_dim))
+            .map(|c| c.scale(prefix, config.qk_head_dim, model_type.reads))
             .transpose()?
             .flatten()
         {
@@ -238,13 +258,16 @@ impl HfCheckpoint {
         }
         Ok(HfAttention {
             family,
-            model_type: self
-                .config
+            model_type: module_config
                 .as_ref()
                 .and_then(|c| c.model_type().map(String::from)),
             prefix: prefix.to_string(),
             cross,
-            causal: !cross && family.causal_self_attention(prefix),
+            causal: !cross
+                && model_type.causal_self_attention(
+                    prefix,
+                    module_config.as_ref().is_some_and(HfConfig::is_decoder),
+                ),
             window,
             config,
             weights,
