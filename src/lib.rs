@@ -43,7 +43,9 @@ pub use attention::{
 };
 pub use error::{Error, Result};
 pub use gpu::timer::PassTimer;
-pub use gpu::{list_adapters, Gpu, GpuOptions, KernelClass, LiveObjects, PipelineCacheDir};
+pub use gpu::{
+    list_adapters, DeviceOptions, Gpu, GpuOptions, KernelClass, LiveObjects, PipelineCacheDir,
+};
 pub use io::case::{Case, CaseResult, CaseVariant};
 pub use io::layouts::{LoadedWeights, WeightLayout};
 pub use io::safetensors::SafetensorsFile;

@@ -57,7 +57,7 @@ pub enum Precision {
     /// f32 everywhere (what [`MultiHeadAttention::new`] builds).
     #[default]
     F32,
-    /// f16 weights and Q/K/V; `Err(Unsupported)` where the adapter lacks `SHADER_F16` or the
+    /// f16 weights and Q/K/V; `Err(Unsupported)` where the device has no `SHADER_F16` or the
     /// head sizes do not fit the fused kernel.
     F16,
     /// `F16` where it is supported, else `F32` (see [`MultiHeadAttention::precision`]).
@@ -121,7 +121,7 @@ impl MultiHeadAttention {
     }
 
     /// [`new`](Self::new) with a storage precision (see [`Precision`]). `F16` is
-    /// `Err(Unsupported)` on an adapter without `SHADER_F16` or for head sizes the fused kernel
+    /// `Err(Unsupported)` on a device without `SHADER_F16` or for head sizes the fused kernel
     /// cannot stage; `PreferF16` falls back to `F32` in both cases.
     pub fn with_precision(
         gpu: &Gpu,
@@ -144,7 +144,7 @@ impl MultiHeadAttention {
             Precision::F16 if !gpu.has_f16() => {
                 return Err(Error::Unsupported {
                     adapter: gpu.describe(),
-                    what: "f16 precision (the adapter lacks SHADER_F16)".into(),
+                    what: "f16 precision (the device has no SHADER_F16)".into(),
                 })
             }
             Precision::F16 if !flash_fits => {

@@ -92,6 +92,113 @@ pub struct GpuOptions {
     pub pipeline_cache: PipelineCacheDir,
 }
 
+/// How to wrap a device the caller made ([`Gpu::from_device_with`]). There is no adapter to
+/// pick: features and limits are the device's own, read from it.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceOptions {
+    /// The kernel shapes to run; `None` = `WGPU_MHA_KERNELS` or the adapter's own class, as
+    /// for a device the crate makes.
+    pub kernels: Option<KernelClass>,
+    /// Where compiled pipelines are kept between processes; used only when the device was
+    /// made with `PIPELINE_CACHE` (see [`pipeline_cache`]).
+    pub pipeline_cache: PipelineCacheDir,
+}
+
+/// The least of each limit the passes need whatever the problem: (name, least value). Below
+/// one of them no forward can run (the fused pass binds 6 storage buffers, the GEMMs run
+/// 16×16 workgroups, the fused and decode passes 64 lanes), so a device under it is refused
+/// when it is wrapped, by the limit's name, rather than failing in every forward.
+fn required_limits(l: &wgpu::Limits) -> [(&'static str, u32, u32); 6] {
+    [
+        (
+            "max_storage_buffers_per_shader_stage",
+            l.max_storage_buffers_per_shader_stage,
+            6,
+        ),
+        (
+            "max_uniform_buffers_per_shader_stage",
+            l.max_uniform_buffers_per_shader_stage,
+            2,
+        ),
+        (
+            "max_compute_invocations_per_workgroup",
+            l.max_compute_invocations_per_workgroup,
+            256,
+        ),
+        (
+            "max_compute_workgroup_size_x",
+            l.max_compute_workgroup_size_x,
+            64,
+        ),
+        (
+            "max_compute_workgroup_size_y",
+            l.max_compute_workgroup_size_y,
+            16,
+        ),
+        ("max_bind_groups", l.max_bind_groups, 1),
+    ]
+}
+
+/// `Err(Unsupported)` naming every limit of `limits` below what the passes need.
+fn check_limits(adapter: &str, limits: &wgpu::Limits) -> Result<()> {
+    let short: Vec<String> = required_limits(limits)
+        .iter()
+        .filter(|(_, got, least)| got < least)
+        .map(|(name, got, least)| format!("{name} is {got}, the passes need {least}"))
+        .collect();
+    if short.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        adapter: adapter.to_string(),
+        what: format!("device limits too low: {}", short.join("; ")),
+    })
+}
+
+/// The kernel class `WGPU_MHA_KERNELS` forces when `option` does not.
+fn forced_class(option: Option<KernelClass>) -> Result<Option<KernelClass>> {
+    match (option, std::env::var("WGPU_MHA_KERNELS")) {
+        (Some(class), _) => Ok(Some(class)),
+        (None, Ok(s)) if !s.trim().is_empty() => KernelClass::parse(&s).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The lock that serialises GL calls (see `Gpu::serial`), one per device: `Gpu`s wrapping the
+/// same device share it, or two of them on two threads could still wait on wgpu's GL context
+/// lock past its deadline. Keyed by the device's hash; a lock outlives no `Gpu` using it, and
+/// two devices that happened to share a key would only be serialised together.
+fn gl_lock(device: &wgpu::Device) -> Arc<parking_lot::ReentrantMutex<()>> {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    use std::sync::Weak;
+    type Locks = Vec<(u64, Weak<parking_lot::ReentrantMutex<()>>)>;
+    static LOCKS: Mutex<Locks> = Mutex::new(Vec::new());
+    let key = BuildHasherDefault::<DefaultHasher>::default().hash_one(device);
+    let Ok(mut locks) = LOCKS.lock() else {
+        // A poisoned registry only loses the sharing, never the serialisation.
+        return Arc::new(parking_lot::ReentrantMutex::new(()));
+    };
+    locks.retain(|(_, lock)| lock.strong_count() > 0);
+    if let Some(lock) = locks
+        .iter()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, lock)| lock.upgrade())
+    {
+        return lock;
+    }
+    let lock = Arc::new(parking_lot::ReentrantMutex::new(()));
+    locks.push((key, Arc::downgrade(&lock)));
+    lock
+}
+
+/// Records a device loss in `slot` (what the crate's callback, or a caller forwarding to
+/// [`Gpu::device_lost_handler`], does).
+fn record_loss(slot: &Mutex<Option<String>>, reason: wgpu::DeviceLostReason, message: &str) {
+    if let Ok(mut slot) = slot.lock() {
+        *slot = Some(format!("{reason:?}: {message}"));
+    }
+}
+
 /// Counts of live GPU objects (see [`Gpu::live_objects`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LiveObjects {
@@ -109,6 +216,9 @@ pub struct AdapterSummary {
 }
 
 /// Adapter + device + queue. Cheap to clone (wgpu handles are reference counted).
+///
+/// Made by the crate ([`Gpu::new`], [`Gpu::with_options`]) or around a caller's own device
+/// ([`Gpu::from_device`]). Either way the kernels follow the device's features and limits.
 #[derive(Debug, Clone)]
 pub struct Gpu {
     pub(crate) device: wgpu::Device,
@@ -117,17 +227,22 @@ pub struct Gpu {
     features: wgpu::Features,
     limits: wgpu::Limits,
     kernel_class: KernelClass,
-    /// Set by the device-lost callback; every later call fails fast with `DeviceLost`.
+    /// Set by the device-lost callback (the crate's on a device it made; on a caller's device,
+    /// the caller's forwarding to [`Gpu::device_lost_handler`]); every later call then fails
+    /// fast with `DeviceLost`.
     lost: Arc<Mutex<Option<String>>>,
-    /// Errors that escaped an error scope (e.g. raised on another thread's resources).
+    /// Errors that escaped an error scope (e.g. raised on another thread's resources). Only
+    /// filled on a device the crate made: a caller's device keeps the caller's handler.
     uncaptured: Arc<Mutex<Vec<String>>>,
-    /// On GL, one thread at a time talks to the device. wgpu's GL backend holds one context
-    /// lock per call and *panics* when a thread waits for it more than a few seconds, which a
-    /// long dispatch on a software GL triggers; waiting on our lock instead has no deadline.
-    /// Reentrant, because a forward's readback runs inside its error scope.
+    /// On GL, one thread at a time talks to the device (one lock per device, see `gl_lock`).
+    /// wgpu's GL backend holds one context lock per call and *panics* when a thread waits for
+    /// it more than a few seconds, which a long dispatch on a software GL triggers; waiting on
+    /// our lock instead has no deadline. Reentrant, because a forward's readback runs inside
+    /// its error scope.
     serial: Option<Arc<parking_lot::ReentrantMutex<()>>>,
-    /// Compiled passes by name, shared by every module on this device: a pass depends only on
-    /// its source (and the flash pass on its head sizes), so a second module compiles nothing.
+    /// Compiled passes by name, shared by every module on this `Gpu` (another `Gpu` over the
+    /// same device keeps its own): a pass depends only on its source (and the flash pass on
+    /// its head sizes), so a second module compiles nothing.
     passes: Arc<Mutex<HashMap<String, Arc<Pass>>>>,
     /// Pipelines kept on disk between processes, where the adapter can.
     disk_cache: Option<Arc<DiskCache>>,
@@ -181,11 +296,8 @@ impl Gpu {
                 )));
             }
         }
-        let forced_class = match (options.kernels, std::env::var("WGPU_MHA_KERNELS")) {
-            (Some(class), _) => Some(class),
-            (None, Ok(s)) if !s.trim().is_empty() => Some(KernelClass::parse(&s)?),
-            _ => None,
-        };
+        // Parsed before any device is made, so a bad value costs nothing.
+        forced_class(options.kernels)?;
         let instance = instance(backend.as_deref());
         let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
@@ -225,7 +337,7 @@ impl Gpu {
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgpu-mha"),
                 required_features: features,
-                required_limits: limits.clone(),
+                required_limits: limits,
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
@@ -235,43 +347,133 @@ impl Gpu {
                 adapter: info.name.clone(),
                 message: e.to_string(),
             })?;
-        let lost = Arc::new(Mutex::new(None));
-        let lost_in_callback = lost.clone();
-        device.set_device_lost_callback(move |reason, message| {
-            if let Ok(mut slot) = lost_in_callback.lock() {
-                *slot = Some(format!("{reason:?}: {message}"));
-            }
-        });
-        // Replace wgpu's default handler (which panics) with one that records the error; the
-        // next `scoped` call on any thread reports it.
-        let uncaptured = Arc::new(Mutex::new(Vec::new()));
-        let sink = uncaptured.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            if let Ok(mut v) = sink.lock() {
-                v.push(e.to_string());
-            }
-        }));
-        let serial = (info.backend == wgpu::Backend::Gl)
-            .then(|| Arc::new(parking_lot::ReentrantMutex::new(())));
-        let kernel_class = forced_class.unwrap_or_else(|| KernelClass::of(&info));
-        let disk_cache = features
-            .contains(wgpu::Features::PIPELINE_CACHE)
-            .then(|| DiskCache::open(&device, &info, &options.pipeline_cache))
-            .flatten()
-            .map(Arc::new);
-        Ok(Gpu {
+        // Nobody else holds this device: the crate's callbacks replace wgpu's defaults.
+        Self::assemble(
+            device,
+            queue,
+            options.kernels,
+            &options.pipeline_cache,
+            true,
+        )
+    }
+
+    /// Wraps a device and queue the caller made, with default [`DeviceOptions`]; see
+    /// [`from_device_with`](Self::from_device_with).
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
+        Self::from_device_with(device, queue, &DeviceOptions::default())
+    }
+
+    /// Wraps a device and queue the caller made (an engine's own), for modules to run on.
+    ///
+    /// Features and limits are read from the device, and kernels are chosen from them exactly
+    /// as for a device the crate makes: the kernel class from the adapter's type, subgroup
+    /// kernels only with `SUBGROUP`, tiles from its workgroup memory, splits from its binding
+    /// size. A missing feature is an error only when something that needs it is asked for
+    /// (an f16 module without `SHADER_F16` is `Err(Unsupported)` naming it); without
+    /// `TIMESTAMP_QUERY` there are no per-pass timings, without `PIPELINE_CACHE` no cache on
+    /// disk. `Err(Unsupported)` when a limit every forward needs is too low (named).
+    ///
+    /// The device stays the caller's: its device-lost callback and uncaptured-error handler
+    /// are left as they are (wgpu keeps one of each, so installing ours would silently drop
+    /// the caller's). The crate's own work is still checked through error scopes, so its
+    /// errors come back as `Err`; to have calls fail fast with `Error::DeviceLost` once the
+    /// device is lost, forward the loss from the caller's callback to
+    /// [`device_lost_handler`](Self::device_lost_handler). Several `Gpu`s may wrap one
+    /// device: each compiles and caches its own pipelines.
+    ///
+    /// Calls that wait (every `forward`, readback) wait for the whole queue, the caller's
+    /// work in flight included.
+    pub fn from_device_with(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        options: &DeviceOptions,
+    ) -> Result<Self> {
+        Self::assemble(
+            device,
+            queue,
+            options.kernels,
+            &options.pipeline_cache,
+            false,
+        )
+    }
+
+    /// A `Gpu` over `device`, whoever made it: everything it knows of the device is read from
+    /// the device itself. `own_callbacks` installs the crate's device-lost and
+    /// uncaptured-error callbacks (only on a device the crate made).
+    fn assemble(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        kernels: Option<KernelClass>,
+        pipeline_cache: &PipelineCacheDir,
+        own_callbacks: bool,
+    ) -> Result<Self> {
+        let info = device.adapter_info();
+        let features = device.features();
+        let limits = device.limits();
+        check_limits(&info.name, &limits)?;
+        let kernel_class = forced_class(kernels)?.unwrap_or_else(|| KernelClass::of(&info));
+        let serial = (info.backend == wgpu::Backend::Gl).then(|| gl_lock(&device));
+        let mut gpu = Gpu {
             device,
             queue,
             kernel_class,
             info,
             features,
             limits,
-            lost,
-            uncaptured,
+            lost: Arc::new(Mutex::new(None)),
+            uncaptured: Arc::new(Mutex::new(Vec::new())),
             serial,
             passes: Arc::new(Mutex::new(HashMap::new())),
-            disk_cache,
-        })
+            disk_cache: None,
+        };
+        if own_callbacks {
+            gpu.install_callbacks();
+        }
+        // A cache made on this device, used only by this `Gpu` (and so only on this device).
+        gpu.disk_cache = features
+            .contains(wgpu::Features::PIPELINE_CACHE)
+            .then(|| DiskCache::open(&gpu.device, &gpu.info, pipeline_cache))
+            .flatten()
+            .map(Arc::new);
+        Ok(gpu)
+    }
+
+    /// On a device the crate made (nobody else's to clobber): records its loss, and replaces
+    /// wgpu's default uncaptured-error handler (which panics) with one that records the
+    /// error; the next `scoped` call on any thread reports it.
+    fn install_callbacks(&self) {
+        self.device
+            .set_device_lost_callback(self.device_lost_handler());
+        let sink = self.uncaptured.clone();
+        self.device
+            .on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                if let Ok(mut v) = sink.lock() {
+                    v.push(e.to_string());
+                }
+            }));
+    }
+
+    /// A device-lost callback for a device the caller made and wrapped
+    /// ([`from_device`](Self::from_device)): once it has run, every call on this `Gpu` and
+    /// its clones fails fast with `Error::DeviceLost`. Call it from the device's own callback,
+    /// or install it as that callback:
+    ///
+    /// ```no_run
+    /// # fn f(device: wgpu::Device, queue: wgpu::Queue) -> wgpu_mha::Result<()> {
+    /// let gpu = wgpu_mha::Gpu::from_device(device.clone(), queue)?;
+    /// let tell_gpu = gpu.device_lost_handler();
+    /// device.set_device_lost_callback(move |reason, message| {
+    ///     eprintln!("device lost: {message}"); // the engine's own handling
+    ///     tell_gpu(reason, message);
+    /// });
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// It holds only the `Gpu`'s loss flag, not the device, so installing it makes no
+    /// reference cycle.
+    pub fn device_lost_handler(&self) -> impl Fn(wgpu::DeviceLostReason, String) + Send + 'static {
+        let lost = self.lost.clone();
+        move |reason, message| record_loss(&lost, reason, &message)
     }
 
     pub fn device(&self) -> &wgpu::Device {
@@ -283,9 +485,11 @@ impl Gpu {
     pub fn info(&self) -> &wgpu::AdapterInfo {
         &self.info
     }
+    /// The device's features (what it was made with; never more).
     pub fn features(&self) -> wgpu::Features {
         self.features
     }
+    /// The device's limits (what it was made with).
     pub fn limits(&self) -> &wgpu::Limits {
         &self.limits
     }
@@ -488,6 +692,20 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_below_what_the_passes_need_are_each_named() {
+        assert!(check_limits("a", &wgpu::Limits::default()).is_ok());
+        // wgpu's downlevel defaults allow 4 storage buffers per stage; the fused pass binds 6.
+        let mut low = wgpu::Limits::downlevel_defaults();
+        low.max_compute_invocations_per_workgroup = 128;
+        let err = check_limits("a", &low).unwrap_err().to_string();
+        assert!(
+            err.contains("max_storage_buffers_per_shader_stage is 4, the passes need 6")
+                && err.contains("max_compute_invocations_per_workgroup is 128"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn only_idle_passes_are_evicted_and_only_past_the_bound() {
