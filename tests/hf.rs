@@ -4,7 +4,8 @@
 //! bias, in block 0 and a later block, and cross), and the RoPE families — llama (GQA, llama3
 //! scaling, gapped positions, configs in both spellings), mistral (sliding window), qwen2,
 //! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
-//! rotary) — all on both paths.
+//! rotary), granite (attention_multiplier), starcoder2 (biases, window) — and gpt_neo (unscaled;
+//! a global and a local layer), all on both paths.
 
 mod common;
 
@@ -29,10 +30,12 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "gemma",
             "gpt",
             "gpt2",
+            "granite",
             "llama",
             "mistral",
             "phi3",
             "qwen2",
+            "starcoder2",
             "t5",
             "vit",
             "whisper"
@@ -56,6 +59,22 @@ fn case_files_say_what_each_module_needs() {
         (
             "gemma_self_layer1_causal_mqa",
             &["kv_heads=1", "head_dim=12"],
+        ),
+        (
+            "gpt_neo_self_layer1_causal_padding_local",
+            &["hf gpt_neo", "window=3", "scale=1 "],
+        ),
+        (
+            "gpt_neo_self_layer0_causal_padding_global",
+            &["hf gpt_neo", "scale=1 "],
+        ),
+        (
+            "granite_self_layer1_causal_padding_multiplier",
+            &["+rope", "scale=0.3"],
+        ),
+        (
+            "starcoder2_self_layer1_causal_padding_window3",
+            &["+rope", "window=3", "kv_heads=2"],
         ),
         (
             "t5_encoder_self_block1_padding",

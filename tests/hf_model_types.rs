@@ -2,8 +2,9 @@
 //! what the loader computes, config keys that would change the answer are refused by name, and
 //! multimodal configs give each tower its own settings. The checkpoints are built here from
 //! seeded tensors under each model's saved names; the models that used to run silently wrong
-//! (GPT-J and GPT-Neo under bart's names, RoFormer under bert's, BLOOM and Falcon under
-//! gpt_neox's, Qwen3 and Gemma2 under llama's) each have a case.
+//! (GPT-J under bart's names, RoFormer under bert's, BLOOM and Falcon under gpt_neox's, Qwen3
+//! and Gemma2 under llama's) each have a case; GPT-Neo, which did too, now runs as itself
+//! (unscaled, local layers windowed; its transformers case is `tests/fixtures/hf/gpt_neo_*`).
 
 mod common;
 
@@ -174,19 +175,12 @@ fn refusal(tag: &str, which: &str, config: &str) -> String {
 #[test]
 fn models_that_ran_as_another_family_are_refused_by_model_type() {
     // (model type, the layout its tensors look like, config, what the message must say)
-    let cases: [(&str, &str, &str, &[&str]); 7] = [
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
         (
             "gptj",
             "gptj",
             r#"{"model_type": "gptj", "n_head": 4, "n_embd": 16, "rotary_dim": 4}"#,
             &["\"gptj\"", "rotary_dim", "interleaved"],
-        ),
-        (
-            "gpt_neo",
-            "gpt_neo",
-            r#"{"model_type": "gpt_neo", "num_heads": 4, "hidden_size": 16,
-                "attention_types": [[["global", "local"], 1]]}"#,
-            &["\"gpt_neo\"", "attention_types", "unscaled"],
         ),
         (
             "roformer",
@@ -377,6 +371,46 @@ fn keys_that_change_the_answer_are_refused_by_name() {
         .attention(prefix, None)
         .unwrap_err();
     assert!(err.to_string().contains("attention_bias = true"), "{err}");
+}
+
+#[test]
+fn gpt_neo_layers_are_unscaled_and_local_ones_windowed() {
+    let (prefix, specs) = layout("gpt_neo");
+    // (config, the window layer 0 gets): `attention_layers` as saved, else `attention_types`.
+    let cases = [
+        (
+            r#""attention_types": [[["local", "global"], 1]], "window_size": 3"#,
+            Some(3),
+        ),
+        (
+            r#""attention_types": [[["global", "local"], 1]], "window_size": 3"#,
+            None,
+        ),
+        (r#""attention_layers": ["local", "global"]"#, Some(256)),
+    ];
+    for (i, (keys, window)) in cases.into_iter().enumerate() {
+        let config = format!(r#"{{"model_type": "gpt_neo", "num_heads": 4, {keys}}}"#);
+        let dir = model_dir(&format!("neo{i}"), &config, &specs);
+        let ckpt = HfCheckpoint::open(dir.path()).unwrap();
+        let m = ckpt.attention(prefix, None).unwrap();
+        assert_eq!((m.window, m.causal), (window, true), "{keys}");
+        assert_eq!(m.config.scale(), 1.0, "GPT-Neo does not scale its scores");
+        if i == 0 {
+            runs_as_expected(&ckpt, prefix, 4, true);
+        }
+    }
+    let dir = model_dir(
+        "neobad",
+        r#"{"model_type": "gpt_neo", "num_heads": 4, "attention_layers": ["sparse"]}"#,
+        &specs,
+    );
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(prefix, None)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("\"sparse\""), "{err}");
 }
 
 #[test]

@@ -26,7 +26,12 @@ the eager attention functions (vit, llama, mistral, qwen2, gemma, phi3, gpt_neox
 float64. `llama_*_rope4x` repeats a llama case with `hf_config` in transformers 4.x spelling
 (`rope_theta`, `rope_scaling`); `gpt_neox_*_rope4x` likewise (`rotary_pct`, `rotary_emb_base`).
 
-Usage:  python tools/gen_hf_cases.py [--out tests/fixtures]   (needs torch, transformers 5)
+`gpt_neo_*` (layer 0 global, layer 1 local), `granite_*` (attention_multiplier) and
+`starcoder2_*` (biases, window) were written by transformers 5.25 (`--only gpt_neo newer_rope`);
+the others by 5.24.
+
+Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
+        (needs torch, transformers 5)
 """
 
 import argparse
@@ -98,6 +103,16 @@ FAMILIES = {
     "gemma": (tf.GemmaModel, tf.GemmaConfig, dict(LM, num_key_value_heads=1, head_dim=12)),
     "phi3": (tf.Phi3Model, tf.Phi3Config, dict(LM, num_key_value_heads=2)),
     "gpt_neox": (tf.GPTNeoXModel, tf.GPTNeoXConfig, dict(LM, rotary_pct=0.5)),
+    # attention_multiplier 0.3 instead of 1/√8.
+    "granite": (tf.GraniteModel, tf.GraniteConfig, dict(
+        LM, num_key_value_heads=2, attention_multiplier=0.3)),
+    "starcoder2": (tf.Starcoder2Model, tf.Starcoder2Config, dict(
+        LM, num_key_value_heads=2, sliding_window=3, use_bias=True)),
+    # layer 0 global, layer 1 local with a window of 3; unscaled scores.
+    "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
+        vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+        attention_types=[[["global", "local"], 1]], window_size=3, max_position_embeddings=16,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
 }
 HF_MODELS = ("bert", "gpt2", "t5")
 
@@ -554,21 +569,80 @@ def rope_cases(out_dir):
               torch.stack([arange(0, 6), arange(0, 6)]), spellings=[("_rope4x", gpt_neox_4x)])
 
 
+@contextlib.contextmanager
+def float32_means_float64():
+    """GPT-Neo's `_attn` casts q and k to `torch.float32` itself; for the float64 replay that
+    cast must keep float64. Everything else is transformers' own code."""
+    original = torch.float32
+    torch.float32 = torch.float64
+    try:
+        yield
+    finally:
+        torch.float32 = original
+
+
+def gpt_neo_cases(out_dir):
+    model = build("gpt_neo")
+    config_text, state = saved(model)
+    assert [b.attn.attention_type for b in model.h] == ["global", "local"]
+
+    def replay(mod, x, kv, mask, dtype):
+        if dtype == torch.float64:
+            with float32_means_float64():
+                return mod(x, attention_mask=mask)[0]
+        return mod(x, attention_mask=mask)[0]
+
+    for layer, window, lengths in ((0, None, [6, 4]), (1, 3, [7, 5])):
+        kind = "local" if window else "global"
+        name = f"gpt_neo_self_layer{layer}_causal_padding_{kind}"
+        seeded(name)
+        length = max(lengths)
+        input_ids, pad = ids(length), lengths_mask(lengths, length)
+        replay_case(out_dir, name, "gpt_neo", model, config_text, state,
+                    module=model.h[layer].attn.attention, prefix=f"h.{layer}.attn.attention.",
+                    run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                    replay=replay, causal=True, pad=pad, window=window)
+
+
+def newer_rope_cases(out_dir):
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    # granite: llama's attention with the scale attention_multiplier.
+    rope_case(out_dir, "granite", "granite_self_layer1_causal_padding_multiplier", [6, 4],
+              torch.stack([arange(0, 6), arange(1, 6)]))
+    # starcoder2: GQA with biases on every projection, sliding window 3.
+    rope_case(out_dir, "starcoder2", "starcoder2_self_layer1_causal_padding_window3", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]), window=3)
+
+
+# Groups of cases, in the order written; `--only` writes some of them (files made by another
+# transformers release stay as they are).
+GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
+          "newer_rope"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("tests", "fixtures"))
+    ap.add_argument("--only", nargs="+", choices=GROUPS, default=GROUPS)
     args = ap.parse_args()
     torch.set_num_threads(1)  # byte-identical files on every run
     os.makedirs(os.path.join(args.out, "hf"), exist_ok=True)
     hf_models = os.path.join(args.out, "hf_models")
-    bert_cases(args.out, hf_models)
-    distilbert_cases(args.out)
-    vit_cases(args.out)
-    gpt2_cases(args.out, hf_models)
-    bart_cases(args.out)
-    whisper_cases(args.out)
-    t5_cases(args.out, hf_models)
-    rope_cases(args.out)
+    writers = {
+        "bert": lambda: bert_cases(args.out, hf_models),
+        "distilbert": lambda: distilbert_cases(args.out),
+        "vit": lambda: vit_cases(args.out),
+        "gpt2": lambda: gpt2_cases(args.out, hf_models),
+        "bart": lambda: bart_cases(args.out),
+        "whisper": lambda: whisper_cases(args.out),
+        "t5": lambda: t5_cases(args.out, hf_models),
+        "rope": lambda: rope_cases(args.out),
+        "gpt_neo": lambda: gpt_neo_cases(args.out),
+        "newer_rope": lambda: newer_rope_cases(args.out),
+    }
+    for group in GROUPS:
+        if group in args.only:
+            writers[group]()
 
 
 if __name__ == "__main__":

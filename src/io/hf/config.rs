@@ -305,6 +305,9 @@ impl HfConfig {
     /// which layers slide by `layer_types` or else `max_window_layers` (layers from it on).
     /// A layer kind other than full or sliding attention is refused.
     pub fn sliding_window(&self, prefix: &str, reads: &[&str]) -> Result<Option<usize>> {
+        if reads.contains(&"attention_layers") {
+            return self.gpt_neo_window(prefix);
+        }
         if !reads.contains(&"sliding_window") {
             return Ok(None);
         }
@@ -351,12 +354,84 @@ impl HfConfig {
         }
     }
 
+    /// GPT-Neo's window: a layer `local` in `attention_layers` (or, where that is absent, in
+    /// `attention_types` expanded as transformers does: `[[kinds, n], …]` repeats `kinds` n
+    /// times) sees keys i − window_size < j ≤ i; a `global` layer sees every earlier key.
+    fn gpt_neo_window(&self, prefix: &str) -> Result<Option<usize>> {
+        let layer = layer_index(prefix).ok_or_else(|| {
+            Error::file(
+                &self.source,
+                format!("GPT-Neo's attention_layers need the layer of `{prefix}`"),
+            )
+        })?;
+        let kinds: Vec<String> = match self.json.get("attention_layers").and_then(Value::as_array) {
+            Some(layers) => layers
+                .iter()
+                .map(|k| k.as_str().unwrap_or("").to_string())
+                .collect(),
+            None => self.expand_attention_types(),
+        };
+        let bad = |what: String| Error::file(&self.source, what);
+        match kinds.get(layer).map(String::as_str) {
+            Some("global") => Ok(None),
+            // transformers' GPTNeoConfig default window_size is 256.
+            Some("local") => Ok(Some(self.usize("window_size")?.unwrap_or(256))),
+            Some(other) => Err(Error::UnsupportedModule {
+                module: format!("attention `{prefix}`"),
+                what: format!("GPT-Neo layer kind {other:?}"),
+                why: "GPT-Neo layers are global or local".into(),
+            }),
+            None => Err(bad(format!(
+                "config.json `attention_layers` / `attention_types` do not say whether layer \
+                 `{prefix}` is global or local"
+            ))),
+        }
+    }
+
+    /// `attention_types` `[[["global", "local"], 12]]` → 24 kinds, layer by layer.
+    fn expand_attention_types(&self) -> Vec<String> {
+        let mut kinds = Vec::new();
+        for item in self
+            .json
+            .get("attention_types")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let (Some(pattern), Some(times)) = (
+                item.get(0).and_then(Value::as_array),
+                item.get(1).and_then(Value::as_u64),
+            ) else {
+                continue;
+            };
+            for _ in 0..times {
+                kinds.extend(pattern.iter().map(|k| k.as_str().unwrap_or("").to_string()));
+            }
+        }
+        kinds
+    }
+
     /// The score scale the config asks of the module at `prefix`, when it is not 1/√head_dim:
-    /// GPT-2's `scale_attn_weights = false` and `scale_attn_by_inverse_layer_idx`, where the
-    /// model type reads them (`reads`; elsewhere [`HfConfig::check_settings`] refuses them).
+    /// GPT-2's `scale_attn_weights = false` and `scale_attn_by_inverse_layer_idx`, Granite's
+    /// `attention_multiplier`, where the model type reads them (`reads`; elsewhere
+    /// [`HfConfig::check_settings`] refuses them).
     pub fn scale(&self, prefix: &str, head_dim: usize, reads: &[&str]) -> Result<Option<f32>> {
         let default = 1.0 / (head_dim as f64).sqrt();
         let mut scale = default;
+        if reads.contains(&"attention_multiplier") {
+            if let Some(m) = self
+                .json
+                .get("attention_multiplier")
+                .filter(|v| !v.is_null())
+            {
+                scale = m.as_f64().filter(|m| m.is_finite()).ok_or_else(|| {
+                    Error::file(
+                        &self.source,
+                        format!("config.json `attention_multiplier` = {m} is not a number"),
+                    )
+                })?;
+            }
+        }
         if reads.contains(&"scale_attn_weights")
             && self.json.get("scale_attn_weights").and_then(Value::as_bool) == Some(false)
         {

@@ -80,6 +80,8 @@ pub struct ModelType {
     /// Keys of the config's refused-settings table (`config::SETTINGS`) this model type reads,
     /// so they are honoured rather than refused.
     pub reads: &'static [&'static str],
+    /// Scores are not scaled by 1/√d (GPT-Neo); T5's family is unscaled whatever its type.
+    pub unscaled: bool,
 }
 
 impl ModelType {
@@ -101,6 +103,7 @@ const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType 
         family,
         causal,
         reads: &[],
+        unscaled: false,
     }
 }
 
@@ -115,6 +118,7 @@ const fn reading(
         family,
         causal,
         reads,
+        unscaled: false,
     }
 }
 
@@ -165,6 +169,15 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("xglm", Family::Bart, Causality::Always),
     mt("wav2vec2", Family::Bart, Causality::Never),
     mt("hubert", Family::Bart, Causality::Never),
+    // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
+    // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
+    ModelType {
+        name: "gpt_neo",
+        family: Family::Bart,
+        causal: Causality::Always,
+        reads: &["attention_types", "attention_layers"],
+        unscaled: true,
+    },
     // CLIP/SigLIP: bart-like projections with biases, scale 1/√d. CLIP's text tower is causal;
     // SigLIP's is not (transformers: "SigLIP's text model does not use a causal mask").
     mt("clip", Family::Bart, Causality::TextTower),
@@ -190,6 +203,15 @@ pub const MODEL_TYPES: &[ModelType] = &[
         ],
     ),
     mt("gemma", Family::Llama, Causality::Always),
+    // GraniteAttention: llama's, with the score scale `attention_multiplier` instead of 1/√d.
+    reading(
+        "granite",
+        Family::Llama,
+        Causality::Always,
+        &["attention_multiplier"],
+    ),
+    // Starcoder2Attention: llama's with biases (`use_bias`) and mistral's sliding window.
+    reading("starcoder2", Family::Llama, Causality::Always, WINDOW),
     reading(
         "phi3",
         Family::Phi3,
@@ -210,7 +232,6 @@ const REFUSED_TYPES: &[(&str, &str)] = &[
     ("gptj", "interleaved rotary embeddings on the first `rotary_dim` dimensions of each head are not implemented"),
     ("codegen", "interleaved rotary embeddings (`rotary_dim`) and the 4-block `qkv_proj` packing are not implemented"),
     ("roformer", "sinusoidal rotary embeddings with interleaved pairs are not implemented"),
-    ("gpt_neo", "unscaled scores and a local window on alternate layers (`attention_types`) are not implemented"),
     ("bloom", "ALiBi position biases are not implemented"),
     ("falcon", "ALiBi or rotary attention with multi-query / grouped `query_key_value` packing is not implemented"),
     ("mpt", "ALiBi position biases are not implemented"),
@@ -225,8 +246,6 @@ const REFUSED_TYPES: &[(&str, &str)] = &[
     ("gemma3", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("gemma3_text", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("cohere", "interleaved rotary embeddings (and `use_qk_norm`) are not implemented"),
-    ("granite", "the `attention_multiplier` score scale is not implemented"),
-    ("starcoder2", "not yet checked against transformers (GQA with biases and a window)"),
     ("gpt_oss", "attention sinks, yarn RoPE and alternating windows are not implemented"),
     ("deepseek_v2", "multi-head latent attention is not implemented"),
     ("deepseek_v3", "multi-head latent attention is not implemented"),

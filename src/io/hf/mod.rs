@@ -238,6 +238,8 @@ impl HfCheckpoint {
                 ));
             };
             config = config.with_rope(c.rope(config.qk_head_dim)?)?;
+        }
+        if let Some(c) = module_config.as_ref().filter(|_| !cross) {
             window = c.sliding_window(prefix, model_type.reads)?;
         }
         if let Some(scale) = module_config
@@ -247,6 +249,9 @@ impl HfCheckpoint {
             .flatten()
         {
             config = config.with_scale(scale)?;
+        }
+        if model_type.unscaled {
+            config = config.with_scale(1.0)?;
         }
         let mut relative_bias = None;
         if family == Family::T5 {
