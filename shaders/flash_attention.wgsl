@@ -106,6 +106,10 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
 fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
     let first_key = i32(j);
     let last_key = first_key + i32(KEY_GROUP) - 1;
+    // A soft-cap changes every score.
+    if (mask.softcap > 0.0) {
+        return true;
+    }
     switch mask.kind {
         case MASK_NONE: {
             return false;
@@ -209,7 +213,7 @@ fn masked_score(scaled: f32, b: u32, h: u32, i: u32, j: u32, exists: bool) -> f3
     if (!exists) {
         return -3.402823e38;
     }
-    if (mask.kind == MASK_NONE) {
+    if (mask.kind == MASK_NONE && mask.softcap == 0.0) {
         return scaled;
     }
     return apply_mask(scaled, b, h, i, j);

@@ -7,6 +7,8 @@
 //   MASK_KEY_PADDING  mask_words[b] = number of valid keys
 //   MASK_KEEP         one keep byte per element, 4 per word
 //   MASK_BIAS         f32 bits, added to the score
+// Before any of them a soft-cap (Gemma 2's attn_logit_softcapping), when `softcap` > 0, turns
+// the scaled score s into softcap · tanh(s / softcap).
 
 struct MaskParams {
     kind: u32,
@@ -15,7 +17,7 @@ struct MaskParams {
     batch_base: u32,          // first batch of this chunk (key padding lengths)
     strides: vec4<u32>,       // element strides over (b, h, i, j); 0 where broadcast
     window: u32,              // MASK_SLIDING_WINDOW: keys a query sees, itself included
-    _pad0: u32,
+    softcap: f32,             // 0: scores are not capped
     _pad1: u32,
     _pad2: u32,
 }
@@ -27,7 +29,17 @@ fn mask_element(b: u32, h: u32, i: u32, j: u32) -> u32 {
     return mask.base + b * mask.strides.x + h * mask.strides.y + i * mask.strides.z + j * mask.strides.w;
 }
 
-fn apply_mask(score: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+// tanh's argument is clamped: tanh(±15) is ±1 in f32, and a driver's tanh of a huge value
+// may be NaN (exp overflow in (e^2x − 1) / (e^2x + 1)).
+fn soft_cap(s: f32) -> f32 {
+    if (mask.softcap > 0.0) {
+        return mask.softcap * tanh(clamp(s / mask.softcap, -15.0, 15.0));
+    }
+    return s;
+}
+
+fn apply_mask(scaled: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let score = soft_cap(scaled);
     switch mask.kind {
         case MASK_CAUSAL: {
             if (i32(j) > i32(i) + mask.causal_offset) {

@@ -87,6 +87,11 @@ pub fn forward_at(
                                          // Query head hi reads key/value head hi / group (grouped-query attention).
     let (kv_h, group) = (config.kv_heads, config.kv_group());
     let scale = config.scale() as f64;
+    // Gemma 2: c·tanh(s / c) of the scaled score, before the mask.
+    let cap = |s: f64| match config.softcap {
+        Some(c) => c as f64 * (s / c as f64).tanh(),
+        None => s,
+    };
     let mut probs = vec![0.0f64; b * h * lq * lk];
     let mut combined = vec![0.0f64; b * lq * h * dv]; // [B, Lq, H·dv]
     let mut row = vec![0.0f64; lk];
@@ -99,7 +104,7 @@ pub fn forward_at(
                         dot += q[(bi * lq + i) * h * dk + hi * dk + d]
                             * k[(bi * lk + j) * kv_h * dk + (hi / group) * dk + d];
                     }
-                    *s = mask_score(mask, dot * scale, lq, lk, (bi, hi, i, j));
+                    *s = mask_score(mask, cap(dot * scale), lq, lk, (bi, hi, i, j));
                 }
                 let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let sum: f64 = row.iter().map(|s| (s - max).exp()).sum();

@@ -4,8 +4,9 @@
 //! bias, in block 0 and a later block, and cross), and the RoPE families — llama (GQA, llama3
 //! scaling, gapped positions, configs in both spellings), mistral (sliding window), qwen2,
 //! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
-//! rotary), granite (attention_multiplier), starcoder2 (biases, window) — and gpt_neo (unscaled;
-//! a global and a local layer), all on both paths.
+//! rotary), granite (attention_multiplier), starcoder2 (biases, window), gemma2 (soft-capped
+//! scores, query_pre_attn_scalar; a windowed and a full layer) — and gpt_neo (unscaled; a
+//! global and a local layer), all on both paths.
 
 mod common;
 
@@ -28,6 +29,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "bert",
             "distilbert",
             "gemma",
+            "gemma2",
             "gpt",
             "gpt2",
             "granite",
@@ -67,6 +69,14 @@ fn case_files_say_what_each_module_needs() {
         (
             "gpt_neo_self_layer0_causal_padding_global",
             &["hf gpt_neo", "scale=1 "],
+        ),
+        (
+            "gemma2_self_layer0_causal_padding_window3_softcap",
+            &["window=3", "softcap=1", "scale=0.408"],
+        ),
+        (
+            "gemma2_self_layer1_causal_padding_softcap",
+            &["softcap=1", "scale=0.408"],
         ),
         (
             "granite_self_layer1_causal_padding_multiplier",

@@ -3,8 +3,8 @@
 //! multimodal configs give each tower its own settings. The checkpoints are built here from
 //! seeded tensors under each model's saved names; the models that used to run silently wrong
 //! (GPT-J under bart's names, RoFormer under bert's, BLOOM and Falcon under gpt_neox's, Qwen3
-//! and Gemma2 under llama's) each have a case; GPT-Neo, which did too, now runs as itself
-//! (unscaled, local layers windowed; its transformers case is `tests/fixtures/hf/gpt_neo_*`).
+//! and Gemma3 under llama's) each have a case; GPT-Neo and Gemma2, which did too, now run as
+//! themselves (their transformers cases are `tests/fixtures/hf/gpt_neo_*` and `gemma2_*`).
 
 mod common;
 
@@ -208,11 +208,11 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             &["\"qwen3\"", "RMSNorm"],
         ),
         (
-            "gemma2",
+            "gemma3",
             "llama",
-            r#"{"model_type": "gemma2", "num_attention_heads": 4, "num_key_value_heads": 2,
-                "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 4}"#,
-            &["\"gemma2\"", "attn_logit_softcapping"],
+            r#"{"model_type": "gemma3_text", "num_attention_heads": 4, "num_key_value_heads": 2,
+                "query_pre_attn_scalar": 4}"#,
+            &["\"gemma3_text\"", "RMSNorm"],
         ),
     ];
     for (tag, which, config, says) in cases {

@@ -290,7 +290,7 @@ fn uniform_structs_match_their_wgsl_layout() {
                     batch_base,
                     strides,
                     window,
-                    _pad0,
+                    softcap,
                     _pad1,
                     _pad2
                 ]

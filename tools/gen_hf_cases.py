@@ -26,8 +26,8 @@ the eager attention functions (vit, llama, mistral, qwen2, gemma, phi3, gpt_neox
 float64. `llama_*_rope4x` repeats a llama case with `hf_config` in transformers 4.x spelling
 (`rope_theta`, `rope_scaling`); `gpt_neox_*_rope4x` likewise (`rotary_pct`, `rotary_emb_base`).
 
-`gpt_neo_*` (layer 0 global, layer 1 local), `granite_*` (attention_multiplier) and
-`starcoder2_*` (biases, window) were written by transformers 5.25 (`--only gpt_neo newer_rope`);
+`gpt_neo_*` (layer 0 global, layer 1 local), `gemma2_*` (soft-capping, query_pre_attn_scalar,
+layer 0 windowed), `granite_*` (attention_multiplier) and `starcoder2_*` (biases, window) were written by transformers 5.25 (`--only gpt_neo newer_rope`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -103,6 +103,11 @@ FAMILIES = {
     "gemma": (tf.GemmaModel, tf.GemmaConfig, dict(LM, num_key_value_heads=1, head_dim=12)),
     "phi3": (tf.Phi3Model, tf.Phi3Config, dict(LM, num_key_value_heads=2)),
     "gpt_neox": (tf.GPTNeoXModel, tf.GPTNeoXConfig, dict(LM, rotary_pct=0.5)),
+    # scale 1/√6, scores capped at 1.0 (the scores reach ±3 here, so it binds), layer 0 slides
+    # over 3 keys and layer 1 is full (transformers' default layer_types).
+    "gemma2": (tf.Gemma2Model, tf.Gemma2Config, dict(
+        LM, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=6,
+        attn_logit_softcapping=1.0, sliding_window=3)),
     # attention_multiplier 0.3 instead of 1/√8.
     "granite": (tf.GraniteModel, tf.GraniteConfig, dict(
         LM, num_key_value_heads=2, attention_multiplier=0.3)),
@@ -487,7 +492,7 @@ def t5_cases(out_dir, hf_models_dir):
 # RoPE families: self-attention of layer 1, causal, with position_ids
 
 
-def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellings=()):
+def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellings=(), layer=1):
     """`spellings`: (suffix, config-text rewrite) for copies whose hf_config is spelled
     another way."""
     model = build(family)
@@ -497,7 +502,7 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
     input_ids = ids(length)
     pad = lengths_mask(lengths, length) if lengths else None
     attn_name = "attention" if family == "gpt_neox" else "self_attn"
-    module = getattr(model.layers[1], attn_name)
+    module = getattr(model.layers[layer], attn_name)
     cfg = model.config
     cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64)
     assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
@@ -508,7 +513,7 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
         tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
         return mod(x, position_embeddings=tables, attention_mask=mask)[0]
 
-    kwargs = dict(module=module, prefix=f"layers.1.{attn_name}.",
+    kwargs = dict(module=module, prefix=f"layers.{layer}.{attn_name}.",
                   run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
                                     use_cache=False),
                   replay=replay, causal=True, pad=pad, window=window, position_ids=position_ids)
@@ -609,6 +614,11 @@ def newer_rope_cases(out_dir):
     # granite: llama's attention with the scale attention_multiplier.
     rope_case(out_dir, "granite", "granite_self_layer1_causal_padding_multiplier", [6, 4],
               torch.stack([arange(0, 6), arange(1, 6)]))
+    # gemma2: soft-capped scores, query_pre_attn_scalar; layer 0 slides, layer 1 does not.
+    rope_case(out_dir, "gemma2", "gemma2_self_layer0_causal_padding_window3_softcap", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]), window=3, layer=0)
+    rope_case(out_dir, "gemma2", "gemma2_self_layer1_causal_padding_softcap", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]))
     # starcoder2: GQA with biases on every projection, sliding window 3.
     rope_case(out_dir, "starcoder2", "starcoder2_self_layer1_causal_padding_window3", [7, 5],
               torch.stack([arange(0, 7), arange(0, 7)]), window=3)

@@ -66,6 +66,9 @@ fn describe(m: &HfAttention) -> String {
     if let Some(scale) = c.scale {
         s.push_str(&format!(" scale={scale}"));
     }
+    if let Some(cap) = c.softcap {
+        s.push_str(&format!(" softcap={cap}"));
+    }
     if c.kv_heads != c.heads {
         s.push_str(&format!(" kv_heads={}", c.kv_heads));
     }

@@ -330,6 +330,9 @@ impl Case {
         if let Some(s) = c.scale {
             options.push_str(&format!(" scale={s}"));
         }
+        if let Some(cap) = c.softcap {
+            options.push_str(&format!(" softcap={cap}"));
+        }
         format!("{sizes}{options} B={b} Lq={lq} Lk={lk} mask={mask}")
     }
 

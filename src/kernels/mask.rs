@@ -63,7 +63,9 @@ pub struct MaskParams {
     pub strides: [u32; 4],
     /// Keys a query sees under [`Mask::SlidingWindow`], itself included.
     pub window: u32,
-    pub _pad0: u32,
+    /// Logit soft-cap `c` (scores become `c · tanh(s / c)` before the mask); 0 = none. It
+    /// rides in the mask's uniform because every path applies the two at the same point.
+    pub softcap: f32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -120,6 +122,12 @@ impl EncodedMask {
             words,
             dims,
         })
+    }
+
+    /// With the module's logit soft-cap (see [`AttentionConfig::softcap`]).
+    pub fn with_softcap(mut self, softcap: Option<f32>) -> Self {
+        self.params.softcap = softcap.unwrap_or(0.0);
+        self
     }
 
     pub fn kind(&self) -> u32 {

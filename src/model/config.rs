@@ -35,6 +35,9 @@ pub struct AttentionConfig {
     pub bias: bool,
     /// Score scale; `None` means `1/sqrt(qk_head_dim)`.
     pub scale: Option<f32>,
+    /// Logit soft-capping (Gemma 2): a scaled score `s` becomes `c · tanh(s / c)` before the
+    /// mask. `None`: scores are not capped.
+    pub softcap: Option<f32>,
     /// `nn.MultiheadAttention(add_bias_kv=True)`: a learned key and value
     /// ([`crate::AttentionWeights::bias_kv`]) appended after the projected keys.
     pub add_bias_kv: bool,
@@ -69,6 +72,7 @@ impl AttentionConfig {
             output_projection: true,
             bias: true,
             scale: None,
+            softcap: None,
             add_bias_kv: false,
             add_zero_attn: false,
             rope: None,
@@ -89,6 +93,7 @@ impl AttentionConfig {
             output_projection: false,
             bias: true,
             scale: None,
+            softcap: None,
             add_bias_kv: false,
             add_zero_attn: false,
             rope: None,
@@ -105,6 +110,13 @@ impl AttentionConfig {
     /// Overrides the score scale (default `1/sqrt(qk_head_dim)`).
     pub fn with_scale(mut self, scale: f32) -> Result<Self> {
         self.scale = Some(scale);
+        self.validated()
+    }
+
+    /// Caps every scaled score softly at ±`cap`: `cap · tanh(s / cap)`, before the mask, as
+    /// Gemma 2's `attn_logit_softcapping` does. `cap` must be finite and positive.
+    pub fn with_softcap(mut self, cap: f32) -> Result<Self> {
+        self.softcap = Some(cap);
         self.validated()
     }
 
@@ -217,6 +229,13 @@ impl AttentionConfig {
         if let Some(s) = self.scale {
             if !s.is_finite() {
                 return Err(Error::Config(format!("scale {s} is not finite")));
+            }
+        }
+        if let Some(c) = self.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Error::Config(format!(
+                    "soft-cap {c} must be finite and positive"
+                )));
             }
         }
         Ok(self)

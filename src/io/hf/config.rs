@@ -325,6 +325,17 @@ impl HfConfig {
             .and_then(Value::as_array)
             .filter(|_| reads.contains(&"layer_types"));
         let layer = layer_index(prefix);
+        // Gemma 2 configs saved by transformers 4 have no layer_types: layer i slides when i is
+        // even (the rule transformers 5 fills layer_types with).
+        if types.is_none() && self.model_type() == Some("gemma2") {
+            let n = layer.ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("Gemma 2's alternating windows need the layer of `{prefix}`"),
+                )
+            })?;
+            return Ok(n.is_multiple_of(2).then_some(window));
+        }
         let Some(types) = types else {
             let first = match reads.contains(&"max_window_layers") {
                 true => self.usize("max_window_layers")?.unwrap_or(0),
@@ -411,13 +422,45 @@ impl HfConfig {
         kinds
     }
 
+    /// Gemma 2's `attn_logit_softcapping`, where the model type reads it; null is no cap.
+    pub fn softcap(&self, reads: &[&str]) -> Result<Option<f32>> {
+        if !reads.contains(&"attn_logit_softcapping") {
+            return Ok(None);
+        }
+        Ok(self
+            .positive_f64("attn_logit_softcapping")?
+            .map(|c| c as f32))
+    }
+
+    /// A finite positive number under `key`; `Ok(None)` when absent or null.
+    fn positive_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.json.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .map(Some)
+                .ok_or_else(|| {
+                    Error::file(
+                        &self.source,
+                        format!("config.json `{key}` = {v} is not a positive number"),
+                    )
+                }),
+        }
+    }
+
     /// The score scale the config asks of the module at `prefix`, when it is not 1/√head_dim:
-    /// GPT-2's `scale_attn_weights = false` and `scale_attn_by_inverse_layer_idx`, Granite's
-    /// `attention_multiplier`, where the model type reads them (`reads`; elsewhere
+    /// GPT-2's `scale_attn_weights = false` and `scale_attn_by_inverse_layer_idx`, Gemma 2's
+    /// 1/√`query_pre_attn_scalar`, Granite's `attention_multiplier`, where the model type reads them (`reads`; elsewhere
     /// [`HfConfig::check_settings`] refuses them).
     pub fn scale(&self, prefix: &str, head_dim: usize, reads: &[&str]) -> Result<Option<f32>> {
         let default = 1.0 / (head_dim as f64).sqrt();
         let mut scale = default;
+        if reads.contains(&"query_pre_attn_scalar") {
+            if let Some(s) = self.positive_f64("query_pre_attn_scalar")? {
+                scale = 1.0 / s.sqrt();
+            }
+        }
         if reads.contains(&"attention_multiplier") {
             if let Some(m) = self
                 .json

@@ -203,6 +203,19 @@ pub const MODEL_TYPES: &[ModelType] = &[
         ],
     ),
     mt("gemma", Family::Llama, Causality::Always),
+    // Gemma2Attention: llama's scaled by 1/√query_pre_attn_scalar, scores soft-capped by
+    // attn_logit_softcapping, and the layers `layer_types` calls sliding windowed.
+    reading(
+        "gemma2",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "attn_logit_softcapping",
+            "query_pre_attn_scalar",
+            "sliding_window",
+            "layer_types",
+        ],
+    ),
     // GraniteAttention: llama's, with the score scale `attention_multiplier` instead of 1/√d.
     reading(
         "granite",
@@ -242,7 +255,6 @@ const REFUSED_TYPES: &[(&str, &str)] = &[
     ("qwen3_moe", "per-head q/k RMSNorm before RoPE is not implemented"),
     ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
     ("olmo2", "RMSNorm of the whole q and k projections is not implemented"),
-    ("gemma2", "logit soft-capping (`attn_logit_softcapping`), `query_pre_attn_scalar` and alternating sliding/full layers are not implemented"),
     ("gemma3", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("gemma3_text", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("cohere", "interleaved rotary embeddings (and `use_qk_norm`) are not implemented"),

@@ -250,6 +250,14 @@ impl HfCheckpoint {
         {
             config = config.with_scale(scale)?;
         }
+        if let Some(cap) = module_config
+            .as_ref()
+            .map(|c| c.softcap(model_type.reads))
+            .transpose()?
+            .flatten()
+        {
+            config = config.with_softcap(cap)?;
+        }
         if model_type.unscaled {
             config = config.with_scale(1.0)?;
         }

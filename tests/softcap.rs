@@ -1,0 +1,106 @@
+//! Logit soft-capping (Gemma 2's `attn_logit_softcapping`): every scaled score s becomes
+//! c · tanh(s / c) before the mask, on the fused path (prefill and decode), the multi-pass path
+//! (probabilities too) and a KV cache's steps, for every mask kind, each against the f64
+//! reference; the cap binds (scores are scaled up so that |s| ≫ c), so an engine that ignored
+//! it would fail. Head sizes 8 and 16, which the rest of the suite compiles anyway.
+
+mod common;
+
+use common::{assert_close, check_against_reference, gpu, options, BOTH_PATHS};
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask,
+    MultiHeadAttention, Tensor,
+};
+
+/// GQA with 4 query heads of 8 over 2 key/value heads, scores scaled ×3 and capped at 2.
+fn capped() -> AttentionConfig {
+    AttentionConfig::classic(32, 4)
+        .unwrap()
+        .with_kv_heads(2)
+        .unwrap()
+        .with_scale(3.0)
+        .unwrap()
+        .with_softcap(2.0)
+        .unwrap()
+}
+
+fn masks(b: usize, lq: usize, lk: usize) -> Vec<Mask> {
+    let bits = common::bits(b * lq * lk, 11);
+    let bias: Vec<f32> = (0..lq * lk).map(|e| (e % 7) as f32 * -0.5).collect();
+    vec![
+        Mask::None,
+        Mask::Causal,
+        Mask::SlidingWindow(3),
+        Mask::KeyPadding(vec![lk, lk - 2]),
+        Mask::block([b, 1, lq, lk], &bits).unwrap(),
+        Mask::Bias(Tensor::new([1, 1, lq, lk], bias).unwrap()),
+    ]
+}
+
+#[test]
+fn capped_scores_match_the_reference_on_every_path_and_mask() {
+    let config = capped();
+    let (b, lk) = (2, 13);
+    for lq in [13, 1, 2] {
+        let q = Tensor::random([b, lq, 32], 20 + lq as u64);
+        let kv = Tensor::random([b, lk, 32], 30);
+        for mask in masks(b, lq, lk) {
+            for path in BOTH_PATHS {
+                let probs = path == AttentionPath::MultiPass;
+                let label = format!("Lq {lq} {} {path:?}", mask.kind_name());
+                check_against_reference(&label, config, &q, &kv, &kv, &mask, &options(path, probs));
+            }
+        }
+    }
+    // The cap binds: without it the answer is another one.
+    let weights = AttentionWeights::random(&config, 42);
+    let x = Tensor::random([b, lk, 32], 3);
+    let uncapped = AttentionConfig {
+        softcap: None,
+        ..config
+    };
+    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let without = reference::forward(&uncapped, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+}
+
+#[test]
+fn a_kv_cache_decodes_capped_scores_like_the_reference() {
+    // Per-head layout (d16 queries and keys, d8 values), multi-query.
+    let config = AttentionConfig::per_head(24, 16, 8, 4)
+        .unwrap()
+        .with_kv_heads(1)
+        .unwrap()
+        .with_scale(1.5)
+        .unwrap()
+        .with_softcap(1.0)
+        .unwrap();
+    let weights = AttentionWeights::random(&config, 5);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let x = Tensor::random([2, 9, 24], 6);
+    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let out = config.output_dim();
+    let mut cache = KvCache::new(&mha, 2, 9).unwrap();
+    for (pos, n) in [(0, 4), (4, 1), (5, 1), (6, 3)] {
+        let rows: Vec<f32> = (0..2)
+            .flat_map(|b| x.data()[(b * 9 + pos) * 24..(b * 9 + pos + n) * 24].to_vec())
+            .collect();
+        let step = mha
+            .forward_step(&mut cache, &Tensor::new([2, n, 24], rows).unwrap())
+            .unwrap();
+        let r: Vec<f64> = (0..2)
+            .flat_map(|b| want.output[(b * 9 + pos) * out..(b * 9 + pos + n) * out].to_vec())
+            .collect();
+        assert_close(&format!("step at {pos}"), step.data(), &r);
+    }
+}
+
+#[test]
+fn a_cap_that_is_not_finite_and_positive_is_refused() {
+    for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        match AttentionConfig::classic(32, 4).unwrap().with_softcap(cap) {
+            Err(Error::Config(m)) => assert!(m.contains("soft-cap"), "{m}"),
+            other => panic!("cap {cap}: {other:?}"),
+        }
+    }
+}
