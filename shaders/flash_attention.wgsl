@@ -106,8 +106,8 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
 fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
     let first_key = i32(j);
     let last_key = first_key + i32(KEY_GROUP) - 1;
-    // A soft-cap changes every score.
-    if (mask.softcap > 0.0) {
+    // A soft-cap or ALiBi changes every score.
+    if (mask.softcap > 0.0 || mask.alibi_heads > 0u) {
         return true;
     }
     switch mask.kind {
@@ -213,7 +213,7 @@ fn masked_score(scaled: f32, b: u32, h: u32, i: u32, j: u32, exists: bool) -> f3
     if (!exists) {
         return -3.402823e38;
     }
-    if (mask.kind == MASK_NONE && mask.softcap == 0.0) {
+    if (mask.kind == MASK_NONE && mask.softcap == 0.0 && mask.alibi_heads == 0u) {
         return scaled;
     }
     return apply_mask(scaled, b, h, i, j);

@@ -8,7 +8,9 @@
 //   MASK_KEEP         one keep byte per element, 4 per word
 //   MASK_BIAS         f32 bits, added to the score
 // Before any of them a soft-cap (Gemma 2's attn_logit_softcapping), when `softcap` > 0, turns
-// the scaled score s into softcap · tanh(s / softcap).
+// the scaled score s into softcap · tanh(s / softcap), and ALiBi, when `alibi_heads` > 0, adds
+// slope(h) · (j − i′), i′ = i + causal_offset the query's position (≤ 0 on the keys a causal
+// query sees, so the biases that matter stay small).
 
 struct MaskParams {
     kind: u32,
@@ -18,8 +20,8 @@ struct MaskParams {
     strides: vec4<u32>,       // element strides over (b, h, i, j); 0 where broadcast
     window: u32,              // MASK_SLIDING_WINDOW: keys a query sees, itself included
     softcap: f32,             // 0: scores are not capped
-    _pad1: u32,
-    _pad2: u32,
+    alibi_max_bias: f32,
+    alibi_heads: u32,         // query heads the slopes are spread over; 0: no ALiBi
 }
 
 @group(0) @binding(6) var<storage, read> mask_words: array<u32>;
@@ -38,8 +40,20 @@ fn soft_cap(s: f32) -> f32 {
     return s;
 }
 
+// Head h's slope, as AttentionConfig's alibi_slope: p = the largest power of two <= heads.
+fn alibi_slope(h: u32) -> f32 {
+    let p = 1u << firstLeadingBit(mask.alibi_heads);
+    if (h < p) {
+        return exp2(-mask.alibi_max_bias * f32(h + 1u) / f32(p));
+    }
+    return exp2(-mask.alibi_max_bias * f32(2u * (h - p) + 1u) / f32(2u * p));
+}
+
 fn apply_mask(scaled: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    let score = soft_cap(scaled);
+    var score = soft_cap(scaled);
+    if (mask.alibi_heads > 0u) {
+        score += alibi_slope(h) * f32(i32(j) - (i32(i) + mask.causal_offset));
+    }
     switch mask.kind {
         case MASK_CAUSAL: {
             if (i32(j) > i32(i) + mask.causal_offset) {

@@ -2,7 +2,7 @@
 //! passes have something independent to be checked against.
 
 use crate::error::Result;
-use crate::model::config::AttentionConfig;
+use crate::model::config::{alibi_slope, AttentionConfig};
 use crate::model::mask::{broadcast_index, Mask, MASKED_SCORE};
 use crate::model::tensor::Tensor;
 use crate::model::weights::{AttentionWeights, Linear};
@@ -104,7 +104,11 @@ pub fn forward_at(
                         dot += q[(bi * lq + i) * h * dk + hi * dk + d]
                             * k[(bi * lk + j) * kv_h * dk + (hi / group) * dk + d];
                     }
-                    *s = mask_score(mask, cap(dot * scale), lq, lk, (bi, hi, i, j));
+                    let alibi = config.alibi.map_or(0.0, |m| {
+                        let position = i as f64 + lk as f64 - lq as f64;
+                        alibi_slope(hi, h, m as f64) * (j as f64 - position)
+                    });
+                    *s = mask_score(mask, cap(dot * scale) + alibi, lq, lk, (bi, hi, i, j));
                 }
                 let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let sum: f64 = row.iter().map(|s| (s - max).exp()).sum();

@@ -291,8 +291,8 @@ fn uniform_structs_match_their_wgsl_layout() {
                     strides,
                     window,
                     softcap,
-                    _pad1,
-                    _pad2
+                    alibi_max_bias,
+                    alibi_heads
                 ]
             ),
         ),

@@ -527,7 +527,7 @@ impl MultiHeadAttention {
             lq: n,
             lk,
         };
-        let mask = EncodedMask::new(mask, dims)?.with_softcap(c.softcap);
+        let mask = EncodedMask::new(mask, dims)?.with_score_terms(c);
         let positions: Vec<usize> = match options.positions {
             None => (0..b).flat_map(|_| len0..lk).collect(),
             Some(_) if c.rope.is_none() => {

@@ -119,7 +119,7 @@ impl MultiHeadAttention {
             lk: key[1] + appended,
             ..input_dims
         };
-        let mask = EncodedMask::new(mask, dims)?.with_softcap(self.config.softcap);
+        let mask = EncodedMask::new(mask, dims)?.with_score_terms(&self.config);
         let positions = self.positions(options, input_dims)?;
         let fused = self.choose_fused(options)?;
         Ok(Plan {

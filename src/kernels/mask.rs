@@ -6,6 +6,7 @@
 use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::kernels::source::Prelude;
+use crate::model::config::AttentionConfig;
 use crate::model::mask::{broadcast_strides, AttnDims, Mask, MASKED_SCORE};
 
 /// The shared mask rule, prepended by the host.
@@ -66,8 +67,10 @@ pub struct MaskParams {
     /// Logit soft-cap `c` (scores become `c · tanh(s / c)` before the mask); 0 = none. It
     /// rides in the mask's uniform because every path applies the two at the same point.
     pub softcap: f32,
-    pub _pad1: u32,
-    pub _pad2: u32,
+    /// ALiBi's `max_bias`, and the number of query heads its slopes are spread over (0 = no
+    /// ALiBi).
+    pub alibi_max_bias: f32,
+    pub alibi_heads: u32,
 }
 
 /// A mask lowered for one problem: its uniform and its words.
@@ -124,9 +127,14 @@ impl EncodedMask {
         })
     }
 
-    /// With the module's logit soft-cap (see [`AttentionConfig::softcap`]).
-    pub fn with_softcap(mut self, softcap: Option<f32>) -> Self {
-        self.params.softcap = softcap.unwrap_or(0.0);
+    /// With the module's logit soft-cap and ALiBi (see [`AttentionConfig::softcap`] and
+    /// [`AttentionConfig::alibi`]): score terms every path applies where it applies the mask.
+    pub fn with_score_terms(mut self, config: &AttentionConfig) -> Self {
+        self.params.softcap = config.softcap.unwrap_or(0.0);
+        if let Some(max_bias) = config.alibi {
+            self.params.alibi_max_bias = max_bias;
+            self.params.alibi_heads = config.heads as u32;
+        }
         self
     }
 

@@ -38,6 +38,10 @@ pub struct AttentionConfig {
     /// Logit soft-capping (Gemma 2): a scaled score `s` becomes `c · tanh(s / c)` before the
     /// mask. `None`: scores are not capped.
     pub softcap: Option<f32>,
+    /// ALiBi (BLOOM, MPT, Falcon with `alibi`) with this `max_bias`: query head h adds
+    /// `alibi_slope(h, heads, max_bias) · (j − i′)` to its scores, i′ = i + Lk − Lq being the
+    /// query's position. `None`: no ALiBi.
+    pub alibi: Option<f32>,
     /// `nn.MultiheadAttention(add_bias_kv=True)`: a learned key and value
     /// ([`crate::AttentionWeights::bias_kv`]) appended after the projected keys.
     pub add_bias_kv: bool,
@@ -73,6 +77,7 @@ impl AttentionConfig {
             bias: true,
             scale: None,
             softcap: None,
+            alibi: None,
             add_bias_kv: false,
             add_zero_attn: false,
             rope: None,
@@ -94,6 +99,7 @@ impl AttentionConfig {
             bias: true,
             scale: None,
             softcap: None,
+            alibi: None,
             add_bias_kv: false,
             add_zero_attn: false,
             rope: None,
@@ -117,6 +123,17 @@ impl AttentionConfig {
     /// Gemma 2's `attn_logit_softcapping` does. `cap` must be finite and positive.
     pub fn with_softcap(mut self, cap: f32) -> Result<Self> {
         self.softcap = Some(cap);
+        self.validated()
+    }
+
+    /// ALiBi position biases with `max_bias` (8 in BLOOM, MPT and Falcon): after the scale
+    /// (and soft-cap), head h's score of key j for the query at position i′ gains
+    /// `slope(h) · (j − i′)` (see [`alibi_slope`]), generated in the shader. Softmax ignores a
+    /// constant per row, so this equals BLOOM's `slope · j` and MPT's `−slope · |j − i′|` on the
+    /// keys a causal query sees, and keeps the biases of the keys that matter small (exact in
+    /// f32 near the query, however long the context).
+    pub fn with_alibi(mut self, max_bias: f32) -> Result<Self> {
+        self.alibi = Some(max_bias);
         self.validated()
     }
 
@@ -231,6 +248,13 @@ impl AttentionConfig {
                 return Err(Error::Config(format!("scale {s} is not finite")));
             }
         }
+        if let Some(m) = self.alibi {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(Error::Config(format!(
+                    "ALiBi max_bias {m} must be finite and positive"
+                )));
+            }
+        }
         if let Some(c) = self.softcap {
             if !(c.is_finite() && c > 0.0) {
                 return Err(Error::Config(format!(
@@ -311,6 +335,18 @@ impl AttentionConfig {
             f += 2.0 * b * lq * self.v_width() as f64 * self.model_dim as f64;
         }
         f
+    }
+}
+
+/// Head `h`'s ALiBi slope of `heads` heads (BLOOM's `build_alibi_tensor`, llama.cpp's
+/// `max_bias`): with p the largest power of two ≤ heads, heads h < p get 2^(−max_bias·(h+1)/p),
+/// the others 2^(−max_bias·(2(h−p)+1)/(2p)) (the odd powers of the next power of two's series).
+pub fn alibi_slope(h: usize, heads: usize, max_bias: f64) -> f64 {
+    let p = 1usize << heads.max(1).ilog2();
+    if h < p {
+        (-max_bias * (h + 1) as f64 / p as f64).exp2()
+    } else {
+        (-max_bias * (2 * (h - p) + 1) as f64 / (2 * p) as f64).exp2()
     }
 }
 

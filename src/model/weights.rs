@@ -149,6 +149,7 @@ impl AttentionWeights {
             v_head_dim: self.v.out_features / kv_heads.max(1),
             output_projection: self.o.is_some(),
             softcap: None,
+            alibi: None,
             bias: self.q.bias.is_some(),
             scale: None,
             add_bias_kv: self.bias_kv.is_some(),
