@@ -6,6 +6,7 @@
 pub mod case;
 pub mod config;
 pub mod families;
+pub mod model_types;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -1,0 +1,230 @@
+//! The model types each family of tensor names runs as, and the look-alikes it refuses:
+//! the allow-lists behind [`super::families::Family::model_type`].
+
+use super::families::Family;
+
+/// How a model type's self-attention masks the keys a query sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Causality {
+    /// An encoder: every query sees every key.
+    Never,
+    /// A decoder-only model: query i sees keys j ≤ i.
+    Always,
+    /// An encoder-decoder model: causal in the stack whose prefix holds `decoder`.
+    InDecoderStack,
+    /// BERT-like encoders: causal when config.json says `is_decoder: true` (BertLMHeadModel).
+    IsDecoderKey,
+    /// CLIP: the text tower (`text_model.`) is causal, the vision tower is not.
+    TextTower,
+}
+
+/// A `model_type` known to compute, with its family's tensor names, exactly what the loader
+/// computes (checked against transformers 5.24's modeling code).
+#[derive(Debug)]
+pub struct ModelType {
+    pub name: &'static str,
+    pub family: Family,
+    pub causal: Causality,
+    /// Keys of the config's refused-settings table (`config::SETTINGS`) this model type reads,
+    /// so they are honoured rather than refused.
+    pub reads: &'static [&'static str],
+    /// Scores are not scaled by 1/√d (GPT-Neo); T5's family is unscaled whatever its type.
+    pub unscaled: bool,
+}
+
+impl ModelType {
+    /// Whether its self-attention at `prefix` is causal (`is_decoder`: config.json's key).
+    pub fn causal_self_attention(&self, prefix: &str, is_decoder: bool) -> bool {
+        match self.causal {
+            Causality::Never => false,
+            Causality::Always => true,
+            Causality::InDecoderStack => prefix.contains("decoder"),
+            Causality::IsDecoderKey => is_decoder,
+            Causality::TextTower => prefix.split('.').any(|p| p == "text_model"),
+        }
+    }
+}
+
+const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType {
+    ModelType {
+        name,
+        family,
+        causal,
+        reads: &[],
+        unscaled: false,
+    }
+}
+
+const fn reading(
+    name: &'static str,
+    family: Family,
+    causal: Causality,
+    reads: &'static [&'static str],
+) -> ModelType {
+    ModelType {
+        name,
+        family,
+        causal,
+        reads,
+        unscaled: false,
+    }
+}
+
+/// Where gpt2 sits in [`MODEL_TYPES`] (the one layout taken without a `model_type`).
+pub(super) const GPT2: usize = 0;
+
+const WINDOW: &[&str] = &["sliding_window"];
+
+/// Every model type the loader runs, by family. Each one's attention in transformers 5.24 is
+/// the family's: these projections, softmax(q·kᵀ·scale + mask)·v with scale 1/√d (none for
+/// t5), the causality given, and (RoPE families) half-split RoPE from the config.
+pub const MODEL_TYPES: &[ModelType] = &[
+    reading(
+        "gpt2",
+        Family::Gpt2,
+        Causality::Always,
+        &["scale_attn_weights", "scale_attn_by_inverse_layer_idx"],
+    ),
+    // BertSelfAttention and its copies; absolute position embeddings only.
+    mt("bert", Family::Bert, Causality::IsDecoderKey),
+    mt("roberta", Family::Bert, Causality::IsDecoderKey),
+    mt("xlm-roberta", Family::Bert, Causality::IsDecoderKey),
+    mt("camembert", Family::Bert, Causality::IsDecoderKey),
+    mt("electra", Family::Bert, Causality::IsDecoderKey),
+    mt("ernie", Family::Bert, Causality::IsDecoderKey),
+    mt("bert-generation", Family::Bert, Causality::IsDecoderKey),
+    // ViTSelfAttention and its copies.
+    mt("vit", Family::Vit, Causality::Never),
+    mt("deit", Family::Vit, Causality::Never),
+    mt("vit_mae", Family::Vit, Causality::Never),
+    mt("vit_msn", Family::Vit, Causality::Never),
+    mt("dinov2", Family::Vit, Causality::Never),
+    mt("yolos", Family::Vit, Causality::Never),
+    mt("distilbert", Family::DistilBert, Causality::Never),
+    // BartAttention and its copies (whisper's k_proj has no bias: zero-filled).
+    mt("bart", Family::Bart, Causality::InDecoderStack),
+    mt("mbart", Family::Bart, Causality::InDecoderStack),
+    mt("marian", Family::Bart, Causality::InDecoderStack),
+    mt("pegasus", Family::Bart, Causality::InDecoderStack),
+    mt("blenderbot", Family::Bart, Causality::InDecoderStack),
+    mt("blenderbot-small", Family::Bart, Causality::InDecoderStack),
+    mt("plbart", Family::Bart, Causality::InDecoderStack),
+    mt("m2m_100", Family::Bart, Causality::InDecoderStack),
+    mt("whisper", Family::Bart, Causality::InDecoderStack),
+    mt("speech_to_text", Family::Bart, Causality::InDecoderStack),
+    mt("opt", Family::Bart, Causality::Always),
+    mt("biogpt", Family::Bart, Causality::Always),
+    mt("xglm", Family::Bart, Causality::Always),
+    mt("wav2vec2", Family::Bart, Causality::Never),
+    mt("hubert", Family::Bart, Causality::Never),
+    // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
+    // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
+    ModelType {
+        name: "gpt_neo",
+        family: Family::Bart,
+        causal: Causality::Always,
+        reads: &["attention_types", "attention_layers"],
+        unscaled: true,
+    },
+    // CLIP/SigLIP: bart-like projections with biases, scale 1/√d. CLIP's text tower is causal;
+    // SigLIP's is not (transformers: "SigLIP's text model does not use a causal mask").
+    mt("clip", Family::Bart, Causality::TextTower),
+    mt("clip_text_model", Family::Bart, Causality::Always),
+    mt("clip_vision_model", Family::Bart, Causality::Never),
+    mt("siglip", Family::Bart, Causality::Never),
+    mt("siglip_text_model", Family::Bart, Causality::Never),
+    mt("siglip_vision_model", Family::Bart, Causality::Never),
+    mt("t5", Family::T5, Causality::InDecoderStack),
+    mt("mt5", Family::T5, Causality::InDecoderStack),
+    mt("llama", Family::Llama, Causality::Always),
+    reading("mistral", Family::Llama, Causality::Always, WINDOW),
+    reading("mixtral", Family::Llama, Causality::Always, WINDOW),
+    reading(
+        "qwen2",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ],
+    ),
+    mt("gemma", Family::Llama, Causality::Always),
+    // Gemma2Attention: llama's scaled by 1/√query_pre_attn_scalar, scores soft-capped by
+    // attn_logit_softcapping, and the layers `layer_types` calls sliding windowed.
+    reading(
+        "gemma2",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "attn_logit_softcapping",
+            "query_pre_attn_scalar",
+            "sliding_window",
+            "layer_types",
+        ],
+    ),
+    // GraniteAttention: llama's, with the score scale `attention_multiplier` instead of 1/√d.
+    reading(
+        "granite",
+        Family::Llama,
+        Causality::Always,
+        &["attention_multiplier"],
+    ),
+    // Starcoder2Attention: llama's with biases (`use_bias`) and mistral's sliding window.
+    reading("starcoder2", Family::Llama, Causality::Always, WINDOW),
+    reading(
+        "phi3",
+        Family::Phi3,
+        Causality::Always,
+        &["sliding_window", "partial_rotary_factor"],
+    ),
+    reading(
+        "gpt_neox",
+        Family::GptNeox,
+        Causality::Always,
+        &["partial_rotary_factor", "rotary_pct"],
+    ),
+];
+
+/// Model types that save one of the recognised layouts with attention the loader does not
+/// compute, and what each would need.
+pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
+    ("gptj", "interleaved rotary embeddings on the first `rotary_dim` dimensions of each head are not implemented"),
+    ("codegen", "interleaved rotary embeddings (`rotary_dim`) and the 4-block `qkv_proj` packing are not implemented"),
+    ("roformer", "sinusoidal rotary embeddings with interleaved pairs are not implemented"),
+    ("bloom", "ALiBi position biases are not implemented"),
+    ("falcon", "ALiBi or rotary attention with multi-query / grouped `query_key_value` packing is not implemented"),
+    ("mpt", "ALiBi position biases are not implemented"),
+    ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
+    ("stablelm", "per-head q/k LayerNorm is not implemented"),
+    ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
+    ("qwen3", "per-head q/k RMSNorm before RoPE is not implemented"),
+    ("qwen3_moe", "per-head q/k RMSNorm before RoPE is not implemented"),
+    ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
+    ("olmo2", "RMSNorm of the whole q and k projections is not implemented"),
+    ("gemma3", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
+    ("gemma3_text", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
+    ("cohere", "interleaved rotary embeddings (and `use_qk_norm`) are not implemented"),
+    ("gpt_oss", "attention sinks, yarn RoPE and alternating windows are not implemented"),
+    ("deepseek_v2", "multi-head latent attention is not implemented"),
+    ("deepseek_v3", "multi-head latent attention is not implemented"),
+    ("gpt_bigcode", "its Linear (not Conv1D) `c_attn` with multi-query packing is not implemented"),
+    ("big_bird", "block-sparse attention is not implemented"),
+    ("longformer", "sliding-window plus global attention is not implemented"),
+    ("layoutlmv2", "1D and 2D relative position biases are not implemented"),
+    ("layoutlmv3", "1D and 2D relative position biases are not implemented"),
+    ("nezha", "functional relative position encodings are not implemented"),
+    ("esm", "rotary position embeddings are not implemented"),
+    ("beit", "relative position biases are not implemented"),
+    ("data2vec-vision", "relative position biases are not implemented"),
+    ("swin", "windowed attention with relative position biases is not implemented"),
+    ("umt5", "a relative position bias table per layer is not implemented"),
+    ("longt5", "local and transient-global attention are not implemented"),
+    ("xlm", "its `causal` mode and language embeddings are not checked against the loader"),
+    ("flaubert", "its `causal` mode is not checked against the loader"),
+    ("led", "Longformer's local plus global attention is not implemented"),
+    ("pegasus_x", "block-local attention with global tokens is not implemented"),
+    ("bigbird_pegasus", "block-sparse attention is not implemented"),
+    ("informer", "ProbSparse attention is not implemented"),
+];
