@@ -27,7 +27,10 @@ float64. `llama_*_rope4x` repeats a llama case with `hf_config` in transformers 
 (`rope_theta`, `rope_scaling`); `gpt_neox_*_rope4x` likewise (`rotary_pct`, `rotary_emb_base`).
 
 `gpt_neo_*` (layer 0 global, layer 1 local), `gemma2_*` (soft-capping, query_pre_attn_scalar,
-layer 0 windowed), `granite_*` (attention_multiplier) and `starcoder2_*` (biases, window) were written by transformers 5.25 (`--only gpt_neo newer_rope`);
+layer 0 windowed), `granite_*` (attention_multiplier) and `starcoder2_*` (biases, window) were written by transformers 5.25 (`--only gpt_neo newer_rope`),
+as were `gpt_neox_*_default_pct[_nopct]` (no rotary_pct: 0.25 rotates) and
+`t5_encoder_self_block0_padding_short_distance` (max distance 4 below the exact range)
+(`--only loader_semantics`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -113,6 +116,13 @@ FAMILIES = {
         LM, num_key_value_heads=2, attention_multiplier=0.3)),
     "starcoder2": (tf.Starcoder2Model, tf.Starcoder2Config, dict(
         LM, num_key_value_heads=2, sliding_window=3, use_bias=True)),
+    # rotary_pct left to transformers' default (0.25 of each head rotates).
+    "gpt_neox_default_pct": (tf.GPTNeoXModel, tf.GPTNeoXConfig, dict(LM)),
+    # relative_attention_max_distance 4 below the exact range (8 of 16 buckets per direction):
+    # the log-spaced buckets' share goes negative and torch truncates it toward zero.
+    "t5_short_distance": (tf.T5Model, tf.T5Config, dict(
+        vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=32, relative_attention_max_distance=4)),
     # layer 0 global, layer 1 local with a window of 3; unscaled scores.
     "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -492,10 +502,11 @@ def t5_cases(out_dir, hf_models_dir):
 # RoPE families: self-attention of layer 1, causal, with position_ids
 
 
-def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellings=(), layer=1):
+def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellings=(), layer=1,
+              variant=None):
     """`spellings`: (suffix, config-text rewrite) for copies whose hf_config is spelled
-    another way."""
-    model = build(family)
+    another way; `variant`: the FAMILIES entry to build, when not `family`'s own."""
+    model = build(variant or family)
     config_text, state = saved(model)
     seeded(name)
     length = position_ids.shape[1]
@@ -624,10 +635,41 @@ def newer_rope_cases(out_dir):
               torch.stack([arange(0, 7), arange(0, 7)]), window=3)
 
 
+def gpt_neox_without_pct(config_text):
+    """transformers 4.x spelling with no `rotary_pct` at all: transformers reads 0.25."""
+    d = json.loads(gpt_neox_4x(config_text))
+    assert d.pop("rotary_pct") == 0.25
+    return dump(d)
+
+
+def loader_semantics_cases(out_dir):
+    """Config keys whose absence or edge values the loader once read differently."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    rope_case(out_dir, "gpt_neox", "gpt_neox_self_layer1_causal_padding_default_pct", [6, 4],
+              torch.stack([arange(0, 6), arange(0, 6)]), variant="gpt_neox_default_pct",
+              spellings=[("_nopct", gpt_neox_without_pct)])
+    model = build("t5_short_distance")
+    config_text, state = saved(model)
+    table = model.encoder.block[0].layer[0].SelfAttention
+    name = "t5_encoder_self_block0_padding_short_distance"
+    seeded(name)
+    input_ids, pad, dec_ids = ids(12), lengths_mask([12, 9], 12), ids(3)
+
+    def replay(mod, x, kv, mask, dtype):
+        t = table if dtype == torch.float32 else copy.deepcopy(table).double()
+        return mod(x, mask=mask, position_bias=t.compute_bias(x.shape[1], x.shape[1]))[0]
+
+    replay_case(out_dir, name, "t5", model, config_text, state, module=table,
+                prefix="encoder.block.0.layer.0.SelfAttention.",
+                run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                  use_cache=False),
+                replay=replay, pad=pad)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope"]
+          "newer_rope", "loader_semantics"]
 
 
 def main():
@@ -649,6 +691,7 @@ def main():
         "rope": lambda: rope_cases(args.out),
         "gpt_neo": lambda: gpt_neo_cases(args.out),
         "newer_rope": lambda: newer_rope_cases(args.out),
+        "loader_semantics": lambda: loader_semantics_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use wgpu_mha::io::case::add_zero_attn;
 use wgpu_mha::io::files::PendingOutput;
+use wgpu_mha::io::hf::HfCheckpoint;
 use wgpu_mha::io::masks::read_mask;
 use wgpu_mha::io::{layouts::load_weights, safetensors::serialize_safetensors};
 use wgpu_mha::model::mask::AttnDims;
@@ -88,15 +89,16 @@ pub struct RunArgs {
     /// Inputs are sequence-first `[L, B, E]` (nn.MultiheadAttention's default,
     /// `batch_first=False`); the output is written the same way. Unbatched `[L, E]` inputs need
     /// no flag.
-    #[arg(long, conflicts_with = "case")]
+    #[arg(long, conflicts_with_all = ["case", "hf"])]
     seq_first: bool,
     /// Score scale replacing 1/√d_k (F.scaled_dot_product_attention's `scale`; T5 uses 1).
-    #[arg(long, conflicts_with = "case")]
+    /// Not with --hf, whose config.json gives the scale.
+    #[arg(long, conflicts_with_all = ["case", "hf"])]
     scale: Option<f32>,
     /// nn.MultiheadAttention(add_zero_attn=True): a zero key and value after the input's (and
     /// after `bias_k`/`bias_v`, which come with the weights). Also read from the weights file's
     /// metadata `add_zero_attn` = "true".
-    #[arg(long, conflicts_with = "case")]
+    #[arg(long, conflicts_with_all = ["case", "hf"])]
     add_zero_attn: bool,
     /// Also write the attention weights `attn_weights` `[B, H, Lq, Lk]` (runs the multi-pass
     /// path, which computes them).
@@ -162,9 +164,15 @@ pub fn run(options: &GpuOptions, args: &RunArgs) -> Result<ExitCode, Error> {
         ..args.path.options()
     };
     // Before any work: the output must not be an input, and its directory must take a file.
+    // A model directory's inputs are the files in it that are read: config, index, shards.
+    let checkpoint_files = match &args.hf {
+        Some(hf) => HfCheckpoint::input_files(hf)?,
+        None => Vec::new(),
+    };
     let inputs: Vec<&std::path::Path> = [&args.case, &args.weights, &args.hf, &args.inputs]
         .into_iter()
         .flatten()
+        .chain(&checkpoint_files)
         .map(PathBuf::as_path)
         .collect();
     let pending = PendingOutput::create(&args.out, &inputs)?;

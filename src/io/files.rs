@@ -19,10 +19,23 @@ fn io_error(path: &Path, source: std::io::Error) -> Error {
     }
 }
 
+/// The largest `config.json` accepted: real ones are a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+/// The largest `model.safetensors.index.json` accepted: a checkpoint of ~100k tensors (the
+/// largest mixture-of-experts models) writes about 10 MiB.
+pub const MAX_INDEX_BYTES: u64 = 32 << 20;
+
 /// Opens `path` for reading when it is a regular file (after following links); a directory,
-/// FIFO, device or socket is an `Err` naming what it is, before anything is read from it.
+/// FIFO, device or socket is an `Err` naming what it is, before anything is read from it, and
+/// a link to nothing is reported as such.
 fn open_regular(path: &Path) -> Result<(File, u64)> {
-    let meta = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
+    let meta = std::fs::metadata(path).map_err(|e| match std::fs::read_link(path) {
+        Ok(to) if e.kind() == std::io::ErrorKind::NotFound => Error::file(
+            path.display().to_string(),
+            format!("is a link to {}, which does not exist", to.display()),
+        ),
+        _ => io_error(path, e),
+    })?;
     if !meta.is_file() {
         let kind = if meta.is_dir() {
             "a directory"
@@ -31,7 +44,7 @@ fn open_regular(path: &Path) -> Result<(File, u64)> {
         };
         return Err(Error::file(
             path.display().to_string(),
-            format!("is {kind}; give a safetensors file"),
+            format!("is {kind}; give a regular file"),
         ));
     }
     let file = File::open(path).map_err(|e| io_error(path, e))?;
@@ -72,6 +85,31 @@ pub fn read_safetensors_bytes(path: &Path) -> Result<Vec<u8>> {
         ));
     }
     Ok(bytes)
+}
+
+/// Reads a text file (a `config.json`, an index) of at most `max_bytes`, when it is a regular
+/// file: a FIFO, a device or a link to `/dev/zero` is refused before it is read, a larger file
+/// is refused by its size, and no more than the size said is ever read.
+pub fn read_text(path: &Path, max_bytes: u64) -> Result<String> {
+    let name = path.display().to_string();
+    let (file, size) = open_regular(path)?;
+    if size > max_bytes {
+        return Err(Error::file(
+            name,
+            format!("is {size} bytes, more than the {max_bytes} bytes accepted for it"),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(size)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error(path, e))?;
+    String::from_utf8(bytes).map_err(|_| Error::file(name, "is not UTF-8 text"))
+}
+
+/// Whether `path` names a directory entry, a link to nothing included (`Path::exists` says
+/// no to those, and a dangling `config.json` must be reported, not taken as absent).
+pub fn entry_exists(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
 }
 
 /// Checks the little-endian header length at the start of `bytes` against [`MAX_HEADER_BYTES`]

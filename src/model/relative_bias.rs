@@ -27,7 +27,7 @@ impl RelativeBias {
         max_distance: usize,
         bidirectional: bool,
     ) -> Result<Self> {
-        if table.len() != buckets * heads || buckets < 2 {
+        if buckets.checked_mul(heads) != Some(table.len()) || buckets < 2 {
             return Err(Error::Config(format!(
                 "a relative attention bias table of {} values is not [buckets, heads] = [{buckets}, {heads}]",
                 table.len()
@@ -44,25 +44,33 @@ impl RelativeBias {
 
     /// The bucket of `relative = key − query`, as transformers' `_relative_position_bucket`
     /// computes it (its logarithm in f32, truncated).
-    pub fn bucket(&self, relative: i64) -> usize {
-        let (mut buckets, mut offset) = (self.buckets, 0);
+    /// `None` where transformers' bucket is out of the table (its embedding lookup raises):
+    /// a `relative_attention_max_distance` at or below the exact range makes the logarithm's
+    /// share negative or infinite.
+    pub fn bucket(&self, relative: i64) -> Option<usize> {
+        let (mut buckets, mut offset) = (self.buckets as i64, 0);
         let distance = if self.bidirectional {
             buckets /= 2;
             if relative > 0 {
                 offset = buckets;
             }
-            relative.unsigned_abs() as usize
+            relative.unsigned_abs() as i64
         } else {
-            (-relative.min(0)) as usize
+            -relative.min(0)
         };
         let max_exact = buckets / 2;
         if distance < max_exact {
-            return offset + distance;
+            return usize::try_from(offset + distance).ok();
         }
-        let ratio = (distance as f32 / max_exact as f32).ln()
-            / ((self.max_distance as f64 / max_exact as f64).ln() as f32);
-        let large = max_exact + (ratio * (buckets - max_exact) as f32) as usize;
-        offset + large.min(buckets - 1)
+        let share = (distance as f32 / max_exact as f32).ln()
+            / ((self.max_distance as f64 / max_exact as f64).ln() as f32)
+            * (buckets - max_exact) as f32;
+        if !share.is_finite() {
+            return None;
+        }
+        // torch's `.to(torch.long)` truncates toward zero, negative shares included.
+        let large = (max_exact + share as i64).min(buckets - 1);
+        usize::try_from(offset + large).ok().filter(|_| large >= 0)
     }
 
     /// The bias of `dims` (queries at positions `lk − lq ..`, as a decoder's last queries), as an
@@ -83,12 +91,24 @@ impl RelativeBias {
                 for j in 0..lk {
                     values.push(match causal && j as i64 > query {
                         true => f32::NEG_INFINITY,
-                        false => self.table[self.bucket(j as i64 - query) * h + head],
+                        false => match self.bucket(j as i64 - query) {
+                            Some(bucket) => self.table[bucket * h + head],
+                            None => return Err(self.out_of_table(j as i64 - query)),
+                        },
                     });
                 }
             }
         }
         Ok(Mask::Bias(Tensor::new([1, h, lq, lk], values)?))
+    }
+
+    fn out_of_table(&self, relative: i64) -> Error {
+        Error::Config(format!(
+            "T5's relative position bucket of distance {relative} falls outside the table of {} \
+             buckets: relative_attention_max_distance = {} is not beyond the exact range \
+             (transformers' lookup fails there too)",
+            self.buckets, self.max_distance
+        ))
     }
 }
 
@@ -104,20 +124,30 @@ mod tests {
     fn buckets_match_t5_rules() {
         let enc = bias(true);
         // 16 buckets per direction, 8 exact: distances 0..8 are their own bucket.
-        assert_eq!(enc.bucket(0), 0);
-        assert_eq!(enc.bucket(-7), 7);
-        assert_eq!(enc.bucket(7), 16 + 7);
+        assert_eq!(enc.bucket(0), Some(0));
+        assert_eq!(enc.bucket(-7), Some(7));
+        assert_eq!(enc.bucket(7), Some(16 + 7));
         // log-spaced beyond: 8 + floor(ln(d/8)/ln(16)·8), capped at 15.
-        assert_eq!(enc.bucket(-8), 8);
-        assert_eq!(enc.bucket(-16), 8 + 2);
-        assert_eq!(enc.bucket(-1000), 15);
-        assert_eq!(enc.bucket(1000), 31);
+        assert_eq!(enc.bucket(-8), Some(8));
+        assert_eq!(enc.bucket(-16), Some(8 + 2));
+        assert_eq!(enc.bucket(-1000), Some(15));
+        assert_eq!(enc.bucket(1000), Some(31));
         let dec = bias(false);
         // One-way: keys after the query share bucket 0; 16 exact distances.
-        assert_eq!(dec.bucket(5), 0);
-        assert_eq!(dec.bucket(-15), 15);
-        assert_eq!(dec.bucket(-16), 16);
-        assert_eq!(dec.bucket(-10_000), 31);
+        assert_eq!(dec.bucket(5), Some(0));
+        assert_eq!(dec.bucket(-15), Some(15));
+        assert_eq!(dec.bucket(-16), Some(16));
+        assert_eq!(dec.bucket(-10_000), Some(31));
+        // max_distance 4 below the exact range (8): torch truncates the negative share toward
+        // zero (8 + trunc(ln(11/8)/ln(0.5)·8) = 8 − 3), and far keys fall off the table.
+        let short = RelativeBias::new(vec![0.0; 32], 32, 1, 4, true).unwrap();
+        assert_eq!(short.bucket(-11), Some(5));
+        assert_eq!(short.bucket(11), Some(16 + 5));
+        assert_eq!(short.bucket(-100), None);
+        // max_distance equal to it: ln(1) = 0 divides.
+        let flat = RelativeBias::new(vec![0.0; 32], 32, 1, 8, true).unwrap();
+        assert_eq!(flat.bucket(-9), None);
+        assert_eq!(flat.bucket(-7), Some(7));
     }
 
     #[test]

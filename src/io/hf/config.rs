@@ -15,6 +15,27 @@ use crate::model::rope::{Rope, RopeScaling};
 mod settings;
 pub use settings::{Setting, SETTINGS};
 
+/// More layers than any model has: a bound on what a config's layer lists may expand to.
+const MAX_LAYERS: usize = 1 << 16;
+
+/// transformers' attention layer kinds (`ALLOWED_ATTN_LAYER_TYPES`, 5.25).
+const LAYER_KINDS: &[&str] = &[
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "window_attention",
+    "indexed_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+    "minimax_m3_sparse",
+    "conv",
+    "moe",
+    "hybrid",
+    "hybrid_sliding",
+    "reference_sliding_attention",
+    "linear_attention",
+];
+
 /// The parsed `config.json` of one model.
 #[derive(Debug, Clone)]
 pub struct HfConfig {
@@ -38,6 +59,12 @@ impl HfConfig {
             .map_err(|e| Error::file(&source, format!("config.json is not valid JSON ({e})")))?;
         if !json.is_object() {
             return Err(Error::file(&source, "config.json is not a JSON object"));
+        }
+        if let Some(t) = json.get("model_type").filter(|t| !t.is_string()) {
+            return Err(Error::file(
+                &source,
+                format!("config.json `model_type` = {t} is not a string"),
+            ));
         }
         Ok(HfConfig { json, source })
     }
@@ -122,13 +149,27 @@ impl HfConfig {
     }
 
     /// `attention_bias`, when the config says it.
-    pub fn attention_bias(&self) -> Option<bool> {
-        self.json.get("attention_bias").and_then(Value::as_bool)
+    pub fn attention_bias(&self) -> Result<Option<bool>> {
+        self.flag("attention_bias")
     }
 
     /// `is_decoder: true` (BERT-like models run as decoders).
-    pub fn is_decoder(&self) -> bool {
-        self.json.get("is_decoder").and_then(Value::as_bool) == Some(true)
+    pub fn is_decoder(&self) -> Result<bool> {
+        Ok(self.flag("is_decoder")? == Some(true))
+    }
+
+    /// A boolean under `key`; `Ok(None)` when absent or null, an error naming the key and value
+    /// for any other JSON type (transformers' config validation raises on them).
+    pub fn flag(&self, key: &str) -> Result<Option<bool>> {
+        match self.json.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("config.json `{key}` = {v} is not true or false"),
+                )
+            }),
+        }
     }
 
     /// A positive integer under `key`; `Ok(None)` when absent or null.
@@ -147,10 +188,6 @@ impl HfConfig {
                     )
                 }),
         }
-    }
-
-    fn f64(&self, obj: &Value, key: &str) -> Option<f64> {
-        obj.get(key).and_then(Value::as_f64)
     }
 
     /// The query heads of the attention module at `prefix`: each family's key, and for
@@ -187,21 +224,22 @@ impl HfConfig {
         if let Some(n) = self.usize("num_key_value_heads")? {
             return Ok(Some(n));
         }
-        Ok(
-            match self.json.get("multi_query").and_then(Value::as_bool) {
-                Some(true) => Some(1),
-                _ => None,
-            },
-        )
+        Ok(match self.flag("multi_query")? {
+            Some(true) => Some(1),
+            _ => None,
+        })
     }
 
     /// The RoPE of a module with heads of `head_dim`, from either spelling: θ (default 10000),
-    /// the rotating share of each head (`partial_rotary_factor`, `rotary_pct`; default all of
-    /// it), and `default`, `linear` or `llama3` scaling. Another `rope_type` (yarn, dynamic,
-    /// longrope, …) is `Err(UnsupportedModule)`, never approximated.
-    pub fn rope(&self, head_dim: usize) -> Result<Rope> {
-        let params = self.json.get("rope_parameters").filter(|v| v.is_object());
-        let scaling = self.json.get("rope_scaling").filter(|v| v.is_object());
+    /// the rotating share of each head (`partial_rotary_factor`, `rotary_pct`; default
+    /// `default_share`, the model type's: 0.25 for gpt_neox, else all of it), and `default`,
+    /// `linear` or `llama3` scaling. Another `rope_type` (yarn, dynamic, longrope, …) is
+    /// `Err(UnsupportedModule)`, never approximated; a value of the wrong JSON type (θ as a
+    /// string or null, `rope_type: 5`, `rope_parameters: [1, 2]`) is an error naming the key, as
+    /// transformers raises.
+    pub fn rope(&self, head_dim: usize, default_share: f64) -> Result<Rope> {
+        let params = self.object_or_null("rope_parameters")?;
+        let scaling = self.object_or_null("rope_scaling")?;
         // transformers 5 nests one object per layer type (gemma3, gpt-oss); never read as one.
         if let Some(nested) = [params, scaling]
             .into_iter()
@@ -215,32 +253,53 @@ impl HfConfig {
                 why: "one RoPE per layer kind is not implemented".into(),
             });
         }
-        let find = |key: &str| {
-            [params, scaling]
-                .into_iter()
-                .flatten()
-                .find_map(|p| self.f64(p, key))
-                .or_else(|| self.f64(&self.json, key))
+        let find = |key: &str| -> Result<Option<f64>> {
+            for p in [params, scaling].into_iter().flatten() {
+                if let Some(x) = self.number_in(p, key)? {
+                    return Ok(Some(x));
+                }
+            }
+            self.number_in(&self.json, key)
         };
-        let theta = find("rope_theta")
-            .or_else(|| self.f64(&self.json, "rotary_emb_base"))
-            .unwrap_or(10_000.0);
-        let partial = find("partial_rotary_factor")
-            .or_else(|| self.f64(&self.json, "rotary_pct"))
-            .unwrap_or(1.0);
-        let rope_type = [params, scaling]
-            .into_iter()
-            .flatten()
-            .find_map(|p| p.get("rope_type").or_else(|| p.get("type")))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let need = |key: &str| {
-            find(key).ok_or_else(|| {
+        let theta = match find("rope_theta")? {
+            Some(t) => t,
+            None => self
+                .number_in(&self.json, "rotary_emb_base")?
+                .unwrap_or(10_000.0),
+        };
+        self.positive("rope_theta", theta)?;
+        let share = match find("partial_rotary_factor")? {
+            Some(s) => s,
+            None => self
+                .number_in(&self.json, "rotary_pct")?
+                .unwrap_or(default_share),
+        };
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(Error::file(
+                &self.source,
+                format!("config.json's rotating share of each head {share} is not in (0, 1]"),
+            ));
+        }
+        let mut rope_type = "default";
+        for p in [params, scaling].into_iter().flatten() {
+            if let Some(t) = p.get("rope_type").or_else(|| p.get("type")) {
+                rope_type = t.as_str().ok_or_else(|| {
+                    Error::file(
+                        &self.source,
+                        format!("config.json `rope_type` = {t} is not a string"),
+                    )
+                })?;
+                break;
+            }
+        }
+        let need = |key: &str| -> Result<f64> {
+            let x = find(key)?.ok_or_else(|| {
                 Error::file(
                     &self.source,
                     format!("rope_type {rope_type:?} needs `{key}`"),
                 )
-            })
+            })?;
+            self.positive(key, x)
         };
         let scaling = match rope_type {
             "default" => RopeScaling::None,
@@ -252,9 +311,12 @@ impl HfConfig {
                 low_freq_factor: need("low_freq_factor")?,
                 high_freq_factor: need("high_freq_factor")?,
                 // transformers prefers the top-level value (phi3 writes both).
-                original_max_positions: self
-                    .f64(&self.json, "original_max_position_embeddings")
-                    .map_or_else(|| need("original_max_position_embeddings"), Ok)?,
+                original_max_positions: match self
+                    .number_in(&self.json, "original_max_position_embeddings")?
+                {
+                    Some(n) => self.positive("original_max_position_embeddings", n)?,
+                    None => need("original_max_position_embeddings")?,
+                },
             },
             other => {
                 return Err(Error::UnsupportedModule {
@@ -265,7 +327,7 @@ impl HfConfig {
             }
         };
         // transformers: int(head_dim · partial_rotary_factor) dimensions rotate.
-        let rotary_dims = (head_dim as f64 * partial) as usize;
+        let rotary_dims = (head_dim as f64 * share) as usize;
         let rope = Rope {
             theta,
             rotary_dims,
@@ -274,6 +336,47 @@ impl HfConfig {
         };
         rope.check(head_dim)?;
         Ok(rope)
+    }
+
+    /// `key` as an object, `None` when absent or null; any other JSON type is an error (as
+    /// transformers' config validation raises for `rope_parameters: [1, 2]` or
+    /// `rope_scaling: "linear"`).
+    fn object_or_null(&self, key: &str) -> Result<Option<&Value>> {
+        match self.json.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) if v.is_object() => Ok(Some(v)),
+            Some(v) => Err(Error::file(
+                &self.source,
+                format!("config.json `{key}` = {v} is not an object"),
+            )),
+        }
+    }
+
+    /// The number under `key` of `obj`; `None` when absent. Anything but a number is an error
+    /// naming the key and value — null included for `rope_theta`, which transformers cannot
+    /// compute with; elsewhere null means unset.
+    fn number_in(&self, obj: &Value, key: &str) -> Result<Option<f64>> {
+        match obj.get(key) {
+            None => Ok(None),
+            Some(Value::Null) if key != "rope_theta" => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("config.json `{key}` = {v} is not a number"),
+                )
+            }),
+        }
+    }
+
+    /// `x` when finite and positive, else an error naming `key`.
+    fn positive(&self, key: &str, x: f64) -> Result<f64> {
+        match x.is_finite() && x > 0.0 {
+            true => Ok(x),
+            false => Err(Error::file(
+                &self.source,
+                format!("config.json `{key}` = {x} is not a finite positive number"),
+            )),
+        }
     }
 
     /// Mistral-style `sliding_window` (query i sees keys i − W < j ≤ i), when the model type
@@ -287,9 +390,7 @@ impl HfConfig {
         if !reads.contains(&"sliding_window") {
             return Ok(None);
         }
-        if reads.contains(&"use_sliding_window")
-            && self.json.get("use_sliding_window").and_then(Value::as_bool) != Some(true)
-        {
+        if reads.contains(&"use_sliding_window") && self.flag("use_sliding_window")? != Some(true) {
             return Ok(None);
         }
         let Some(window) = self.usize("sliding_window")? else {
@@ -356,7 +457,7 @@ impl HfConfig {
                 .iter()
                 .map(|k| k.as_str().unwrap_or("").to_string())
                 .collect(),
-            None => self.expand_attention_types(),
+            None => self.expand_attention_types()?,
         };
         let bad = |what: String| Error::file(&self.source, what);
         match kinds.get(layer).map(String::as_str) {
@@ -375,27 +476,78 @@ impl HfConfig {
         }
     }
 
-    /// `attention_types` `[[["global", "local"], 12]]` → 24 kinds, layer by layer.
-    fn expand_attention_types(&self) -> Vec<String> {
+    /// `attention_types` `[[["global", "local"], 12]]` → 24 kinds, layer by layer. A malformed
+    /// item, or more layers than any model has, is an error naming the key.
+    fn expand_attention_types(&self) -> Result<Vec<String>> {
+        let bad = |what: String| Error::file(&self.source, what);
+        let items = match self.json.get("attention_types") {
+            None | Some(Value::Null) => return Ok(Vec::new()),
+            Some(Value::Array(items)) => items,
+            Some(v) => {
+                return Err(bad(format!(
+                    "config.json `attention_types` = {v} is not a list"
+                )))
+            }
+        };
         let mut kinds = Vec::new();
-        for item in self
-            .json
-            .get("attention_types")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for item in items {
             let (Some(pattern), Some(times)) = (
                 item.get(0).and_then(Value::as_array),
                 item.get(1).and_then(Value::as_u64),
             ) else {
-                continue;
+                return Err(bad(format!(
+                    "config.json `attention_types` item {item} is not [[kinds…], times]"
+                )));
             };
+            let total = (pattern.len() as u64).saturating_mul(times);
+            if total.saturating_add(kinds.len() as u64) > MAX_LAYERS as u64 {
+                return Err(bad(format!(
+                    "config.json `attention_types` expands past {MAX_LAYERS} layers"
+                )));
+            }
             for _ in 0..times {
                 kinds.extend(pattern.iter().map(|k| k.as_str().unwrap_or("").to_string()));
             }
         }
-        kinds
+        Ok(kinds)
+    }
+
+    /// transformers validates `layer_types` on every config: a list of known layer kinds, one
+    /// per layer (`num_hidden_layers`). Anything else is an error naming the entry; a known kind
+    /// other than full or sliding attention is refused where its layer is loaded.
+    pub(crate) fn check_layer_types(&self) -> Result<()> {
+        let types = match self.json.get("layer_types") {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::Array(types)) => types,
+            Some(v) => {
+                return Err(Error::file(
+                    &self.source,
+                    format!("config.json `layer_types` = {v} is not a list"),
+                ))
+            }
+        };
+        for (n, t) in types.iter().enumerate() {
+            if !t.as_str().is_some_and(|k| LAYER_KINDS.contains(&k)) {
+                return Err(Error::file(
+                    &self.source,
+                    format!(
+                        "config.json `layer_types`[{n}] = {t} is not a layer type transformers \
+                         knows ({})",
+                        LAYER_KINDS.join(", ")
+                    ),
+                ));
+            }
+        }
+        match self.usize("num_hidden_layers")? {
+            Some(n) if n != types.len() => Err(Error::file(
+                &self.source,
+                format!(
+                    "config.json has num_hidden_layers = {n} but {} `layer_types`",
+                    types.len()
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Gemma 2's `attn_logit_softcapping`, where the model type reads it; null is no cap.
@@ -451,17 +603,12 @@ impl HfConfig {
                 })?;
             }
         }
-        if reads.contains(&"scale_attn_weights")
-            && self.json.get("scale_attn_weights").and_then(Value::as_bool) == Some(false)
+        if reads.contains(&"scale_attn_weights") && self.flag("scale_attn_weights")? == Some(false)
         {
             scale = 1.0;
         }
         if reads.contains(&"scale_attn_by_inverse_layer_idx")
-            && self
-                .json
-                .get("scale_attn_by_inverse_layer_idx")
-                .and_then(Value::as_bool)
-                == Some(true)
+            && self.flag("scale_attn_by_inverse_layer_idx")? == Some(true)
         {
             let layer = layer_index(prefix).ok_or_else(|| {
                 Error::file(
@@ -665,16 +812,16 @@ mod tests {
             "t",
         )
         .unwrap();
-        assert_eq!(v4.rope(8).unwrap(), v5.rope(8).unwrap());
+        assert_eq!(v4.rope(8, 1.0).unwrap(), v5.rope(8, 1.0).unwrap());
         assert!(
-            matches!(v4.rope(8).unwrap().scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
+            matches!(v4.rope(8, 1.0).unwrap().scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
         );
         let neox =
             HfConfig::parse(r#"{"rotary_pct": 0.25, "rotary_emb_base": 1000}"#, "t").unwrap();
         assert_eq!(
             (
-                neox.rope(16).unwrap().rotary_dims,
-                neox.rope(16).unwrap().theta
+                neox.rope(16, 1.0).unwrap().rotary_dims,
+                neox.rope(16, 1.0).unwrap().theta
             ),
             (4, 1000.0)
         );
@@ -683,8 +830,11 @@ mod tests {
             "t",
         )
         .unwrap();
-        assert!(matches!(yarn.rope(8), Err(Error::UnsupportedModule { .. })));
+        assert!(matches!(
+            yarn.rope(8, 1.0),
+            Err(Error::UnsupportedModule { .. })
+        ));
         let missing = HfConfig::parse(r#"{"rope_scaling": {"rope_type": "linear"}}"#, "t").unwrap();
-        assert!(missing.rope(8).is_err());
+        assert!(missing.rope(8, 1.0).is_err());
     }
 }

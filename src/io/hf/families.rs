@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::model::config::AttentionConfig;
 use crate::model::weights::{AttentionWeights, Linear};
 
-pub use super::model_types::{Causality, ModelType, MODEL_TYPES};
+pub use super::model_types::{Biases, Causality, ModelType, MODEL_TYPES};
 use super::model_types::{GPT2, REFUSED_TYPES};
 use super::HfCheckpoint;
 
@@ -253,18 +253,10 @@ pub fn find_modules(names: &[&str]) -> Vec<(Family, String)> {
     found
 }
 
-/// Loads the projections of `family` at `prefix` with `heads` query heads (and `kv_heads`
-/// key/value heads, which phi3's packed `qkv_proj` needs to be split). A bias that some
-/// projections have and others lack (whisper's `k_proj`) is zero where missing: the same
-/// answer, one bias switch. Fewer key than query outputs make grouped-query attention.
-pub fn load(
-    ckpt: &HfCheckpoint,
-    family: Family,
-    prefix: &str,
-    heads: usize,
-    kv_heads: Option<usize>,
-) -> Result<(AttentionConfig, AttentionWeights)> {
-    let names: [&str; 4] = match family {
+/// The stored names of a family's q, k, v and output projections (before `.weight`/`.bias`);
+/// a packed projection is named for each of q, k and v.
+pub fn projection_names(family: Family) -> [&'static str; 4] {
+    match family {
         Family::Bert => ["self.query", "self.key", "self.value", "output.dense"],
         Family::Vit => [
             "attention.query",
@@ -276,12 +268,72 @@ pub fn load(
         Family::Bart => ["q_proj", "k_proj", "v_proj", "out_proj"],
         Family::T5 => ["q", "k", "v", "o"],
         Family::Llama => ["q_proj", "k_proj", "v_proj", "o_proj"],
+        Family::Gpt2 => ["c_attn", "c_attn", "c_attn", "c_proj"],
+        Family::Phi3 => ["qkv_proj", "qkv_proj", "qkv_proj", "o_proj"],
+        Family::GptNeox => [
+            "query_key_value",
+            "query_key_value",
+            "query_key_value",
+            "dense",
+        ],
+    }
+}
+
+/// Modules among `names` that have a family's marker tensor but lack its companion, as
+/// `(prefix, what is missing)`: `model.layers.1.self_attn.` has `q_proj.weight` but neither
+/// `o_proj.weight` nor `out_proj.weight`.
+pub fn incomplete_modules(names: &[&str]) -> Vec<(String, String)> {
+    let set: std::collections::HashSet<&str> = names.iter().copied().collect();
+    let found: std::collections::HashSet<String> =
+        find_modules(names).into_iter().map(|(_, p)| p).collect();
+    let mut incomplete: Vec<(String, String)> = Vec::new();
+    for name in names {
+        for &(_, marker, companion) in &MARKERS {
+            let Some(prefix) = name.strip_suffix(marker) else {
+                continue;
+            };
+            if !(prefix.is_empty() || prefix.ends_with('.')) || found.contains(prefix) {
+                continue;
+            }
+            let Some(companion) = companion else { continue };
+            if !set.contains(format!("{prefix}{companion}").as_str()) {
+                let missing = format!("has `{marker}` but no `{companion}`");
+                match incomplete.iter_mut().find(|(p, _)| p == prefix) {
+                    Some((_, what)) => what.push_str(&format!(", nor `{companion}`")),
+                    None => incomplete.push((prefix.to_string(), missing)),
+                }
+            }
+        }
+    }
+    incomplete.sort();
+    incomplete
+}
+
+/// Loads the projections of `family` at `prefix` with `heads` query heads (and `kv_heads`
+/// key/value heads, which phi3's packed `qkv_proj` needs to be split). A bias that some
+/// projections have and others lack (whisper's `k_proj`) is zero where missing: the same
+/// answer, one bias switch. Fewer key than query outputs make grouped-query attention.
+pub fn load(
+    ckpt: &HfCheckpoint,
+    family: Family,
+    prefix: &str,
+    heads: usize,
+    kv_heads: Option<usize>,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    if heads == 0 {
+        return Err(Error::Config(format!(
+            "`{prefix}`: 0 heads; an attention module has at least one"
+        )));
+    }
+    match family {
         Family::Gpt2 => return gpt2(ckpt, prefix, heads),
         Family::Phi3 => return phi3(ckpt, prefix, heads, kv_heads.unwrap_or(heads)),
         Family::GptNeox => return gpt_neox(ckpt, prefix, heads),
-    };
+        _ => {}
+    }
+    let names = projection_names(family);
     let [q, k, v, o] = names.map(|n| linear(ckpt, prefix, n, false));
-    assembled(prefix, heads, [q?, k?, v?, o?])
+    assembled(prefix, heads, names, [q?, k?, v?, o?])
 }
 
 /// GPT-2's Conv1D projections: `weight [in, out]`, the transpose of `nn.Linear`'s.
@@ -292,14 +344,14 @@ fn gpt2(
 ) -> Result<(AttentionConfig, AttentionWeights)> {
     let packed = linear(ckpt, prefix, "c_attn", true)?;
     let e = packed.in_features;
-    if packed.out_features != 3 * e {
+    if e.checked_mul(3) != Some(packed.out_features) {
         return Err(Error::weight(
             format!("{prefix}c_attn.weight"),
             format!(
                 "is Conv1D [in, out] = [{e}, {}], expected [E, 3·E] = [{e}, {}] (GPT-2 stores \
                  its projections transposed)",
                 packed.out_features,
-                3 * e
+                e.saturating_mul(3)
             ),
         ));
     }
@@ -310,7 +362,12 @@ fn gpt2(
         bias: packed.bias.as_ref().map(|b| b[i * e..(i + 1) * e].to_vec()),
     };
     let o = linear(ckpt, prefix, "c_proj", true)?;
-    assembled(prefix, heads, [part(0), part(1), part(2), o])
+    assembled(
+        prefix,
+        heads,
+        projection_names(Family::Gpt2),
+        [part(0), part(1), part(2), o],
+    )
 }
 
 /// Rows `[from, from + n)` of a projection (weight rows and bias entries) as its own layer.
@@ -340,16 +397,20 @@ fn phi3(
     kv_heads: usize,
 ) -> Result<(AttentionConfig, AttentionWeights)> {
     let packed = linear(ckpt, prefix, "qkv_proj", false)?;
-    let parts = heads + 2 * kv_heads;
-    if !packed.out_features.is_multiple_of(parts) {
+    let parts = kv_heads
+        .checked_mul(2)
+        .and_then(|kv| kv.checked_add(heads))
+        .filter(|&p| p <= packed.out_features);
+    let Some(parts) = parts.filter(|&p| packed.out_features.is_multiple_of(p)) else {
         return Err(Error::weight(
             format!("{prefix}qkv_proj.weight"),
             format!(
-                "has {} rows, which are not (heads + 2·kv_heads) = {parts} heads of one size",
+                "has {} rows, which are not (heads + 2·kv_heads) = ({heads} + 2·{kv_heads}) heads \
+                 of one size",
                 packed.out_features
             ),
         ));
-    }
+    };
     let d = packed.out_features / parts;
     let (q, kv) = (heads * d, kv_heads * d);
     let o = linear(ckpt, prefix, "o_proj", false)?;
@@ -359,7 +420,7 @@ fn phi3(
         rows(&packed, &[(q + kv, kv)]),
         o,
     ];
-    assembled(prefix, heads, layers)
+    assembled(prefix, heads, projection_names(Family::Phi3), layers)
 }
 
 /// gpt_neox's `query_key_value`: packed per head, `[H, 3, d]` (q, k, v of head 0, then head 1…).
@@ -369,7 +430,8 @@ fn gpt_neox(
     heads: usize,
 ) -> Result<(AttentionConfig, AttentionWeights)> {
     let packed = linear(ckpt, prefix, "query_key_value", false)?;
-    if !packed.out_features.is_multiple_of(3 * heads) {
+    let parts = heads.checked_mul(3).filter(|&p| p <= packed.out_features);
+    let Some(parts) = parts.filter(|&p| packed.out_features.is_multiple_of(p)) else {
         return Err(Error::weight(
             format!("{prefix}query_key_value.weight"),
             format!(
@@ -377,8 +439,8 @@ fn gpt_neox(
                 packed.out_features
             ),
         ));
-    }
-    let d = packed.out_features / (3 * heads);
+    };
+    let d = packed.out_features / parts;
     let of = |which: usize| -> Vec<(usize, usize)> {
         (0..heads).map(|h| ((3 * h + which) * d, d)).collect()
     };
@@ -389,7 +451,7 @@ fn gpt_neox(
         rows(&packed, &of(2)),
         o,
     ];
-    assembled(prefix, heads, layers)
+    assembled(prefix, heads, projection_names(Family::GptNeox), layers)
 }
 
 /// `name.weight` (`[out, in]`, or Conv1D's `[in, out]` when `conv1d`) and `name.bias` if present.
@@ -437,10 +499,13 @@ fn linear(ckpt: &HfCheckpoint, prefix: &str, name: &str, conv1d: bool) -> Result
 }
 
 /// The config the four projections imply with `heads` query heads, checked, and the weights
-/// (missing biases zero-filled when any projection has one).
+/// (missing biases zero-filled when any projection has one). `stored`: the checkpoint's names of
+/// the q, k, v and output projections (a packed tensor names three), so that every error names
+/// a tensor as the checkpoint stores it and the sizes it disagrees with.
 fn assembled(
     prefix: &str,
     heads: usize,
+    stored: [&str; 4],
     mut layers: [Linear; 4],
 ) -> Result<(AttentionConfig, AttentionWeights)> {
     let bias = layers.iter().any(|l| l.bias.is_some());
@@ -448,34 +513,65 @@ fn assembled(
         l.bias = Some(vec![0.0; l.out_features]);
     }
     let [q, k, v, o] = layers;
-    let split = |what: &str, rows: usize, parts: usize| -> Result<usize> {
-        match rows.is_multiple_of(parts) {
-            true => Ok(rows / parts),
-            false => Err(Error::Config(format!(
-                "`{prefix}`: the {what} projection has {rows} outputs, which do not split into \
-                 {parts} heads"
-            ))),
+    let weight = |i: usize| format!("{prefix}{}.weight", stored[i]);
+    let shape = |l: &Linear| format!("[{}, {}]", l.out_features, l.in_features);
+    // Every Hugging Face attention projects the hidden size (E, the query projection's input).
+    let e = q.in_features;
+    for (i, l) in [(1, &k), (2, &v)] {
+        if l.in_features != e {
+            return Err(Error::weight(
+                weight(i),
+                format!(
+                    "has shape {} (as [out, in]): its input width {} differs from {}'s {e}, \
+                     the hidden size",
+                    shape(l),
+                    l.in_features,
+                    weight(0)
+                ),
+            ));
         }
-    };
-    let qk_head_dim = split("query", q.out_features, heads)?;
+    }
+    if heads > q.out_features || !q.out_features.is_multiple_of(heads) {
+        return Err(Error::weight(
+            weight(0),
+            format!(
+                "has {} query outputs (shape {}), which do not split into {heads} heads",
+                q.out_features,
+                shape(&q)
+            ),
+        ));
+    }
+    let qk_head_dim = q.out_features / heads;
     // Fewer key than query outputs: grouped-query (or multi-query) attention, one key/value
     // head per group of query heads.
-    if !k.out_features.is_multiple_of(qk_head_dim) {
-        return Err(Error::Config(format!(
-            "`{prefix}`: the key projection has {} outputs, which do not split into key heads \
-             of {qk_head_dim} (the query head size)",
-            k.out_features
-        )));
-    }
     let kv_heads = k.out_features / qk_head_dim;
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(Error::Config(format!(
-            "`{prefix}`: {} key outputs make {kv_heads} key/value heads of {qk_head_dim}, which \
-             do not divide {heads} query heads",
-            k.out_features
-        )));
+    if !k.out_features.is_multiple_of(qk_head_dim)
+        || kv_heads == 0
+        || !heads.is_multiple_of(kv_heads)
+    {
+        return Err(Error::weight(
+            weight(1),
+            format!(
+                "has {} key outputs (shape {}), which are not key/value heads of the query head \
+                 size {qk_head_dim} ({} outputs / {heads} heads) dividing the {heads} heads",
+                k.out_features,
+                shape(&k),
+                q.out_features
+            ),
+        ));
     }
-    split("value", v.out_features, kv_heads)?;
+    if !v.out_features.is_multiple_of(kv_heads) {
+        return Err(Error::weight(
+            weight(2),
+            format!(
+                "has {} value outputs (shape {}), which do not split into the {kv_heads} \
+                 key/value heads {} gives",
+                v.out_features,
+                shape(&v),
+                weight(1)
+            ),
+        ));
+    }
     let weights = AttentionWeights {
         q,
         k,
@@ -484,11 +580,17 @@ fn assembled(
         bias_kv: None,
     };
     let config = weights.implied_config(heads, kv_heads)?;
+    // The crate's names (W_q …) in a failed check become the checkpoint's.
+    let ours = AttentionWeights::names(&config);
     weights.check(&config).map_err(|e| match e {
-        Error::Weight { name, problem } => Error::Weight {
-            name: format!("{prefix}{name}"),
-            problem,
-        },
+        Error::Weight { name, problem } => {
+            let i = ours.iter().position(|n| name.starts_with(n)).unwrap_or(3);
+            let part = name.rsplit('.').next().unwrap_or("weight");
+            Error::Weight {
+                name: format!("{prefix}{}.{part}", stored[i]),
+                problem,
+            }
+        }
         other => other,
     })?;
     Ok((config, weights))

@@ -9,16 +9,17 @@ pub mod families;
 pub mod model_types;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::io::files::{entry_exists, read_text, MAX_CONFIG_BYTES, MAX_INDEX_BYTES};
 use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
 use crate::model::mask::{AttnDims, Mask, MaskTensor, PaddingMask};
 use crate::model::relative_bias::RelativeBias;
 use crate::model::weights::AttentionWeights;
 use config::HfConfig;
-use families::Family;
+use families::{Biases, Family, ModelType};
 
 /// The tensors (in one or more files) and the config of one model.
 #[derive(Debug)]
@@ -30,9 +31,80 @@ pub struct HfCheckpoint {
     index: HashMap<String, usize>,
 }
 
+/// The files a model directory is read from (see [`HfCheckpoint::input_files`]).
+struct DirLayout {
+    config: Option<PathBuf>,
+    /// The shards, and with an index its `weight_map`: tensor → position in `shards`.
+    shards: Vec<PathBuf>,
+    index: Option<(PathBuf, HashMap<String, usize>)>,
+}
+
+impl DirLayout {
+    /// `config.json` when present (a link to nothing is reported, not taken as absent), and
+    /// `model.safetensors`, else the shards `model.safetensors.index.json` names.
+    fn of(dir: &Path) -> Result<Self> {
+        let config = Some(dir.join("config.json")).filter(|p| entry_exists(p));
+        let single = dir.join("model.safetensors");
+        if entry_exists(&single) {
+            return Ok(DirLayout {
+                config,
+                shards: vec![single],
+                index: None,
+            });
+        }
+        let index_path = dir.join("model.safetensors.index.json");
+        if !entry_exists(&index_path) {
+            return Err(Error::file(
+                dir.display().to_string(),
+                "holds neither model.safetensors nor model.safetensors.index.json",
+            ));
+        }
+        let bad = |problem: String| Error::file(index_path.display().to_string(), problem);
+        let index: serde_json::Value =
+            serde_json::from_str(&read_text(&index_path, MAX_INDEX_BYTES)?)
+                .map_err(|e| bad(format!("is not valid JSON ({e})")))?;
+        let Some(map) = index.get("weight_map").and_then(|m| m.as_object()) else {
+            return Err(bad(
+                "has no `weight_map` object (tensor → shard file)".into()
+            ));
+        };
+        let mut files: Vec<&str> = Vec::new();
+        let mut tensors = HashMap::new();
+        for (tensor, file) in map {
+            let Some(file) = file.as_str() else {
+                return Err(bad(format!(
+                    "names shard {file} for `{tensor}`, not a file name"
+                )));
+            };
+            // A shard is a file name beside the index, never a path elsewhere.
+            if file.is_empty() || file.contains('/') || file.contains('\\') || file == ".." {
+                return Err(bad(format!(
+                    "names shard {file:?}, which is not a file beside the index"
+                )));
+            }
+            let at = match files.iter().position(|f| *f == file) {
+                Some(at) => at,
+                None => {
+                    files.push(file);
+                    files.len() - 1
+                }
+            };
+            tensors.insert(tensor.clone(), at);
+        }
+        Ok(DirLayout {
+            config,
+            shards: files.iter().map(|f| dir.join(f)).collect(),
+            index: Some((index_path, tensors)),
+        })
+    }
+}
+
 impl HfCheckpoint {
     /// A model directory (`config.json` and `model.safetensors` or an index of shards), or a
-    /// safetensors file (its metadata `hf_config` as the config, when present).
+    /// safetensors file (its metadata `hf_config` as the config, when present). With an index,
+    /// every tensor is read from the shard its `weight_map` names, and only those shards are
+    /// read; `config.json` and the index are read only when they are regular files within
+    /// [`MAX_CONFIG_BYTES`] / [`MAX_INDEX_BYTES`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         if !path.is_dir() {
@@ -47,71 +119,64 @@ impl HfCheckpoint {
                 vec![file],
             ));
         }
-        let read = |name: &str| {
-            std::fs::read_to_string(path.join(name)).map_err(|source| Error::Io {
-                path: path.join(name).display().to_string(),
-                source,
-            })
-        };
-        let config_path = path.join("config.json");
-        let config = match config_path.exists() {
-            true => Some(HfConfig::parse(
-                &read("config.json")?,
-                config_path.display().to_string(),
+        let layout = DirLayout::of(path)?;
+        let config = match &layout.config {
+            Some(c) => Some(HfConfig::parse(
+                &read_text(c, MAX_CONFIG_BYTES)?,
+                c.display().to_string(),
             )?),
-            false => None,
+            None => None,
         };
-        let shard_names: Vec<String> = if path.join("model.safetensors").exists() {
-            vec!["model.safetensors".into()]
-        } else if path.join("model.safetensors.index.json").exists() {
-            let index: serde_json::Value =
-                serde_json::from_str(&read("model.safetensors.index.json")?).map_err(|e| {
-                    Error::file(
-                        path.join("model.safetensors.index.json")
-                            .display()
-                            .to_string(),
-                        format!("is not valid JSON ({e})"),
-                    )
-                })?;
-            let mut files: Vec<String> = index
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .map(|m| {
-                    m.values()
-                        .filter_map(|v| v.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            files.sort();
-            files.dedup();
-            // A shard is a file name beside the index, never a path elsewhere.
-            if let Some(bad) = files.iter().find(|f| f.contains('/') || f.contains('\\')) {
-                return Err(Error::file(
-                    path.join("model.safetensors.index.json")
-                        .display()
-                        .to_string(),
-                    format!("names shard {bad:?}, which is not a file beside the index"),
-                ));
-            }
-            files
-        } else {
-            return Err(Error::file(
-                path.display().to_string(),
-                "holds neither model.safetensors nor model.safetensors.index.json",
-            ));
-        };
-        let shards = shard_names
+        let shards = layout
+            .shards
             .iter()
-            .map(|f| SafetensorsFile::open(path.join(f)))
+            .map(SafetensorsFile::open)
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self::from_shards(
-            path.display().to_string(),
+        let name = path.display().to_string();
+        let Some((index_path, map)) = layout.index else {
+            return Ok(Self::from_shards(name, config, shards));
+        };
+        // The index settles where each tensor lives; a tensor it names must be there.
+        let held: Vec<std::collections::HashSet<&str>> = shards
+            .iter()
+            .map(|s| s.names().into_iter().collect())
+            .collect();
+        if let Some((tensor, &at)) = map.iter().find(|(t, &at)| !held[at].contains(t.as_str())) {
+            return Err(Error::file(
+                index_path.display().to_string(),
+                format!(
+                    "names {} for `{tensor}`, which does not hold it",
+                    shards[at].name()
+                ),
+            ));
+        }
+        Ok(HfCheckpoint {
+            name,
             config,
             shards,
-        ))
+            index: map,
+        })
     }
 
-    fn from_shards(name: String, config: Option<HfConfig>, shards: Vec<SafetensorsFile>) -> Self {
+    /// Every file [`HfCheckpoint::open`] reads for `path`: the file itself, or a directory's
+    /// `config.json`, index and shards — what an output must never be written over.
+    pub fn input_files(path: &Path) -> Result<Vec<PathBuf>> {
+        if !path.is_dir() {
+            return Ok(vec![path.to_path_buf()]);
+        }
+        let layout = DirLayout::of(path)?;
+        let mut files = layout.shards;
+        files.extend(layout.config);
+        files.extend(layout.index.map(|(p, _)| p));
+        Ok(files)
+    }
+
+    /// The tensors of `shards` without an index: one file (a case file, `model.safetensors`).
+    pub(crate) fn from_shards(
+        name: String,
+        config: Option<HfConfig>,
+        shards: Vec<SafetensorsFile>,
+    ) -> Self {
         let mut index = HashMap::new();
         for (i, shard) in shards.iter().enumerate() {
             for t in shard.names() {
@@ -208,27 +273,7 @@ impl HfCheckpoint {
                 ),
             ));
         }
-        // transformers builds the projections with or without biases by `attention_bias` and
-        // ignores tensors it did not build: a checkpoint that disagrees is not run either way.
-        let has_bias = [Some(&weights.q), Some(&weights.k), Some(&weights.v)]
-            .into_iter()
-            .chain([weights.o.as_ref()])
-            .flatten()
-            .any(|l| l.bias.is_some());
-        if let Some(said) = module_config
-            .as_ref()
-            .and_then(HfConfig::attention_bias)
-            .filter(|&b| b != has_bias)
-        {
-            return Err(Error::file(
-                &self.name,
-                format!(
-                    "`{prefix}`: config.json has attention_bias = {said}, but the projections \
-                     {} biases",
-                    if has_bias { "have" } else { "have no" }
-                ),
-            ));
-        }
+        self.check_biases(family, prefix, model_type, module_config.as_ref())?;
         let cross = families::is_cross_attention(prefix);
         let mut window = None;
         if family.uses_rope() {
@@ -238,7 +283,8 @@ impl HfCheckpoint {
                     format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
                 ));
             };
-            config = config.with_rope(c.rope(config.qk_head_dim)?)?;
+            config =
+                config.with_rope(c.rope(config.qk_head_dim, model_type.default_rotary_share())?)?;
         }
         if let Some(c) = module_config.as_ref().filter(|_| !cross) {
             window = c.sliding_window(prefix, model_type.reads)?;
@@ -280,13 +326,76 @@ impl HfCheckpoint {
             causal: !cross
                 && model_type.causal_self_attention(
                     prefix,
-                    module_config.as_ref().is_some_and(HfConfig::is_decoder),
+                    module_config
+                        .as_ref()
+                        .map(HfConfig::is_decoder)
+                        .transpose()?
+                        .unwrap_or(false),
                 ),
             window,
             config,
             weights,
             relative_bias,
         })
+    }
+
+    /// transformers builds each projection with or without a bias by the model type's rule
+    /// (and config key) and ignores a tensor it did not build, or leaves random one it built
+    /// and found missing: a checkpoint that disagrees with the rule is refused, naming the
+    /// tensor, either way.
+    fn check_biases(
+        &self,
+        family: Family,
+        prefix: &str,
+        model_type: &ModelType,
+        config: Option<&HfConfig>,
+    ) -> Result<()> {
+        let names = families::projection_names(family);
+        let stored = names.map(|n| self.contains(&format!("{prefix}{n}.bias")));
+        let flag = |key: &str| config.map(|c| c.flag(key)).transpose().map(Option::flatten);
+        let (built, rule) = match model_type.biases() {
+            Biases::AsStored => {
+                // A config's `attention_bias` that the tensors contradict is not run either.
+                let any = stored.iter().any(|&b| b);
+                match flag("attention_bias")? {
+                    Some(said) if said != any => ([said; 4], format!("attention_bias = {said}")),
+                    _ => return Ok(()),
+                }
+            }
+            Biases::ByKey(key, default) => {
+                let on = flag(key)?.unwrap_or(default);
+                ([on; 4], format!("{key} = {on}"))
+            }
+            Biases::Never => ([false; 4], "no bias on any projection".to_string()),
+            Biases::QkvOnly => (
+                [true, true, true, false],
+                "biases on q, k and v only".into(),
+            ),
+        };
+        for i in 0..4 {
+            if stored[i] == built[i] {
+                continue;
+            }
+            let tensor = format!("{prefix}{}.bias", names[i]);
+            return Err(Error::UnsupportedModule {
+                module: format!("{} attention `{prefix}`", family.name()),
+                what: format!(
+                    "tensor `{tensor}` {}",
+                    if stored[i] { "present" } else { "missing" }
+                ),
+                why: match stored[i] {
+                    true => format!(
+                        "transformers builds {} without it ({}, {rule}) and ignores the tensor",
+                        names[i], model_type.name
+                    ),
+                    false => format!(
+                        "transformers builds {} with it ({}, {rule}) and would leave it random",
+                        names[i], model_type.name
+                    ),
+                },
+            });
+        }
+        Ok(())
     }
 
     /// The attention module of layer `layer`: the one module whose prefix holds `.{layer}.`,
@@ -301,7 +410,7 @@ impl HfCheckpoint {
             .collect();
         match hits[..] {
             [one] => Ok(one.clone()),
-            [] => Err(self.no_module_at(&format!("(layer {layer})"), &modules)),
+            [] => Err(self.no_module_at(&needle, &modules)),
             _ => Err(Error::file(
                 &self.name,
                 format!(
@@ -350,14 +459,30 @@ impl HfCheckpoint {
         )
     }
 
-    fn no_module_at(&self, prefix: &str, modules: &[(Family, String)]) -> Error {
-        let under: Vec<&str> = self
-            .names()
-            .into_iter()
-            .filter(|n| n.starts_with(prefix))
+    /// `at`: a prefix, or `.N.` for layer N (the tensors holding it).
+    fn no_module_at(&self, at: &str, modules: &[(Family, String)]) -> Error {
+        let layer = at.starts_with('.') && at.ends_with('.');
+        let lies_under = |n: &str| match layer {
+            true => n.contains(at) || n.starts_with(&at[1..]),
+            false => n.starts_with(at),
+        };
+        let names = self.names();
+        let under: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| lies_under(n))
             .take(8)
             .collect();
-        let mut problem = format!("no attention module at prefix {prefix:?}");
+        let mut problem = match layer {
+            true => format!("no attention module in layer {}", &at[1..at.len() - 1]),
+            false => format!("no attention module at prefix {at:?}"),
+        };
+        for (prefix, missing) in families::incomplete_modules(&names)
+            .into_iter()
+            .filter(|(p, _)| lies_under(p))
+        {
+            problem.push_str(&format!("; `{prefix}` {missing}"));
+        }
         match under.is_empty() {
             true => problem.push_str("; no tensor lies under it"),
             false => problem.push_str(&format!("; the tensors under it: {}", under.join(", "))),

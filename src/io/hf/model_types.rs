@@ -45,6 +45,45 @@ impl ModelType {
     }
 }
 
+/// Which projections transformers builds with a bias, for the model types whose modeling code
+/// decides it (the others build whatever their family's tensors hold).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Biases {
+    /// As stored: every projection biased (bert, bart, …; whisper's missing `k_proj.bias` is
+    /// zero-filled, which is what an absent bias computes).
+    AsStored,
+    /// All four, or none, by a config key with transformers' default.
+    ByKey(&'static str, bool),
+    /// None (mistral, mixtral, phi3).
+    Never,
+    /// q, k and v, not the output (qwen2).
+    QkvOnly,
+}
+
+impl ModelType {
+    /// Which projections transformers 5.25 builds with a bias for this model type.
+    pub fn biases(&self) -> Biases {
+        match self.name {
+            "llama" | "gemma" | "gemma2" | "granite" => Biases::ByKey("attention_bias", false),
+            "gpt_neox" => Biases::ByKey("attention_bias", true),
+            "starcoder2" => Biases::ByKey("use_bias", true),
+            "mistral" | "mixtral" | "phi3" => Biases::Never,
+            "qwen2" => Biases::QkvOnly,
+            _ => Biases::AsStored,
+        }
+    }
+
+    /// The share of each head RoPE rotates when the config names none: transformers'
+    /// GPTNeoXConfig defaults `rotary_pct` (5: `partial_rotary_factor`) to 0.25; the others
+    /// rotate all of it.
+    pub fn default_rotary_share(&self) -> f64 {
+        match self.name {
+            "gpt_neox" => 0.25,
+            _ => 1.0,
+        }
+    }
+}
+
 const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType {
     ModelType {
         name,

@@ -10,6 +10,7 @@ impl HfConfig {
     /// `Err(UnsupportedModule)` naming the first key of [`SETTINGS`] set to a value that changes
     /// the answer, unless the module's model type reads it (`reads`).
     pub fn check_settings(&self, prefix: &str, reads: &[&str]) -> Result<()> {
+        self.check_layer_types()?;
         for s in SETTINGS.iter().filter(|s| !reads.contains(&s.key)) {
             if let Some(v) = self.setting(s.key).filter(|v| !(s.neutral)(v)) {
                 return Err(Error::UnsupportedModule {
