@@ -194,7 +194,7 @@ impl HfConfig {
     /// encoder-decoder models (`encoder_attention_heads`/`decoder_attention_heads`) the one of
     /// the stack the prefix lies in.
     pub fn heads(&self, prefix: &str) -> Result<usize> {
-        let stacked = if prefix.contains("decoder") {
+        let stacked = if super::model_types::in_decoder_stack(prefix) {
             "decoder_attention_heads"
         } else {
             "encoder_attention_heads"

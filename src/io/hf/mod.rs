@@ -455,7 +455,7 @@ impl HfCheckpoint {
             shape[0],
             heads,
             settings.max_distance,
-            !prefix.contains("decoder"),
+            !model_types::in_decoder_stack(prefix),
         )
     }
 

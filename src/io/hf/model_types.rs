@@ -38,7 +38,7 @@ impl ModelType {
         match self.causal {
             Causality::Never => false,
             Causality::Always => true,
-            Causality::InDecoderStack => prefix.contains("decoder"),
+            Causality::InDecoderStack => in_decoder_stack(prefix),
             Causality::IsDecoderKey => is_decoder,
             Causality::TextTower => prefix.split('.').any(|p| p == "text_model"),
         }
@@ -82,6 +82,13 @@ impl ModelType {
             _ => 1.0,
         }
     }
+}
+
+/// Whether `prefix` lies in an encoder-decoder model's decoder stack: one of its dot-separated
+/// parts is `decoder` (`model.decoder.layers.0.`, T5's `decoder.block.0.`), the module tree
+/// transformers builds — not any name that merely contains the word.
+pub fn in_decoder_stack(prefix: &str) -> bool {
+    prefix.split('.').any(|part| part == "decoder")
 }
 
 const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType {
@@ -267,3 +274,18 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("bigbird_pegasus", "block-sparse attention is not implemented"),
     ("informer", "ProbSparse attention is not implemented"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decoder_stack_is_a_part_of_the_prefix_not_a_substring() {
+        assert!(in_decoder_stack("model.decoder.layers.0.self_attn."));
+        assert!(in_decoder_stack("decoder.block.0.layer.0.SelfAttention."));
+        assert!(!in_decoder_stack("encoder.block.0.layer.0.SelfAttention."));
+        // A BERT used as a decoder is told by is_decoder, never by its module names.
+        assert!(!in_decoder_stack("bert_decoder.encoder.layer.0.attention."));
+        assert!(!in_decoder_stack("model.text_decoder_proj.layers.0."));
+    }
+}
