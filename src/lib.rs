@@ -51,6 +51,7 @@ pub use io::layouts::{LoadedWeights, WeightLayout};
 pub use io::safetensors::SafetensorsFile;
 pub use model::config::AttentionConfig;
 pub use model::mask::{Mask, MaskTensor, PaddingMask};
+pub use model::qk_norm::{NormKind, NormScope, QkNorm, QkNormWeights};
 pub use model::tensor::{max_abs_diff, max_abs_error, Tensor};
 pub use model::weights::{AttentionWeights, BiasKv, Linear};
 

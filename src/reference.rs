@@ -65,6 +65,15 @@ pub fn forward_at(
     let (k_rows, v_rows) = weights.appended_kv(config);
     let mut q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
     let mut k = linear(&widen(key.data()), b * lk_in, &weights.k); // [B, Lk_in, H_kv·dk]
+    if let (Some(norm), Some(w)) = (&config.qk_norm, &weights.qk_norm) {
+        // Q, K = q_norm(Q), k_norm(K): each token's projection, before RoPE.
+        for x in q.chunks_mut(h * dk) {
+            norm.apply(x, &w.q, dk);
+        }
+        for x in k.chunks_mut(config.kv_heads * dk) {
+            norm.apply(x, &w.k, dk);
+        }
+    }
     if let Some(rope) = &config.rope {
         // Rotate every head row of Q and K by its position.
         let default: Vec<usize> = (0..b).flat_map(|_| 0..lk_in).collect();

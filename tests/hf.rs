@@ -35,8 +35,10 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "granite",
             "llama",
             "mistral",
+            "olmo2",
             "phi3",
             "qwen2",
+            "qwen3",
             "starcoder2",
             "t5",
             "vit",
@@ -85,6 +87,14 @@ fn case_files_say_what_each_module_needs() {
         (
             "starcoder2_self_layer1_causal_padding_window3",
             &["+rope", "window=3", "kv_heads=2"],
+        ),
+        (
+            "qwen3_self_layer1_causal_padding_qknorm",
+            &["+rope", "kv_heads=2", "qk_norm"],
+        ),
+        (
+            "olmo2_self_layer1_causal_padding_qknorm_whole",
+            &["+rope", "qk_norm"],
         ),
         (
             "t5_encoder_self_block1_padding",

@@ -202,10 +202,10 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             &["\"falcon\"", "multi-query"],
         ),
         (
-            "qwen3",
+            "qwen3_moe",
             "llama",
-            r#"{"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2}"#,
-            &["\"qwen3\"", "RMSNorm"],
+            r#"{"model_type": "qwen3_moe", "num_attention_heads": 4, "num_key_value_heads": 2}"#,
+            &["\"qwen3_moe\"", "sliding_window"],
         ),
         (
             "gemma3",

@@ -11,6 +11,7 @@ use wgpu_mha::kernels::flash_attention::{self, FlashShape};
 use wgpu_mha::kernels::kv_append::{self, AppendParams};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
+use wgpu_mha::kernels::qk_norm::{self, NormParams};
 use wgpu_mha::kernels::read_probe::{self, ProbeParams};
 use wgpu_mha::kernels::{av_combine, naive, rope, scores, softmax, GEMM_TILE};
 use wgpu_mha::KernelClass;
@@ -50,6 +51,8 @@ fn all_sources() -> Vec<(String, String)> {
         ("decode_reduce".to_string(), decode::reduce_source()),
         ("read_probe".to_string(), read_probe::WGSL.to_string()),
         ("rope f16".to_string(), rope::source(true)),
+        ("qk_norm".to_string(), qk_norm::source(false)),
+        ("qk_norm f16".to_string(), qk_norm::source(true)),
         ("kv_append".to_string(), kv_append::source(false)),
         ("kv_append f16".to_string(), kv_append::source(true)),
         ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
@@ -396,6 +399,30 @@ fn uniform_structs_match_their_wgsl_layout() {
                     groups_x,
                     _pad0,
                     _pad1
+                ]
+            ),
+        ),
+        (
+            qk_norm::source(false),
+            host_layout!(
+                NormParams,
+                [
+                    groups,
+                    heads,
+                    heads_per_group,
+                    n,
+                    stride,
+                    first,
+                    head_dim,
+                    offset,
+                    per_head_weight,
+                    layer_norm,
+                    eps,
+                    weight_offset,
+                    groups_x,
+                    _pad0,
+                    _pad1,
+                    _pad2
                 ]
             ),
         ),

@@ -30,7 +30,8 @@ float64. `llama_*_rope4x` repeats a llama case with `hf_config` in transformers 
 layer 0 windowed), `granite_*` (attention_multiplier) and `starcoder2_*` (biases, window) were written by transformers 5.25 (`--only gpt_neo newer_rope`),
 as were `gpt_neox_*_default_pct[_nopct]` (no rotary_pct: 0.25 rotates) and
 `t5_encoder_self_block0_padding_short_distance` (max distance 4 below the exact range)
-(`--only loader_semantics`);
+(`--only loader_semantics`), and `qwen3_*` (per-head q/k RMSNorm) and `olmo2_*` (RMSNorm over
+the whole q and k projections) (`--only qk_norm`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -116,6 +117,10 @@ FAMILIES = {
         LM, num_key_value_heads=2, attention_multiplier=0.3)),
     "starcoder2": (tf.Starcoder2Model, tf.Starcoder2Config, dict(
         LM, num_key_value_heads=2, sliding_window=3, use_bias=True)),
+    # per-head q/k RMSNorm (one [head_dim] weight), GQA 4/2, head_dim 8 ≠ E/H.
+    "qwen3": (tf.Qwen3Model, tf.Qwen3Config, dict(LM, num_key_value_heads=2, head_dim=8)),
+    # RMSNorm over the whole q and k projections.
+    "olmo2": (tf.Olmo2Model, tf.Olmo2Config, dict(LM, num_key_value_heads=2)),
     # rotary_pct left to transformers' default (0.25 of each head rotates).
     "gpt_neox_default_pct": (tf.GPTNeoXModel, tf.GPTNeoXConfig, dict(LM)),
     # relative_attention_max_distance 4 below the exact range (8 of 16 buckets per direction):
@@ -503,9 +508,10 @@ def t5_cases(out_dir, hf_models_dir):
 
 
 def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellings=(), layer=1,
-              variant=None):
+              variant=None, f32_casts=False):
     """`spellings`: (suffix, config-text rewrite) for copies whose hf_config is spelled
-    another way; `variant`: the FAMILIES entry to build, when not `family`'s own."""
+    another way; `variant`: the FAMILIES entry to build, when not `family`'s own; `f32_casts`:
+    the module casts to float32 itself (q/k RMSNorm), which the float64 replay keeps float64."""
     model = build(variant or family)
     config_text, state = saved(model)
     seeded(name)
@@ -522,6 +528,9 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
 
     def replay(mod, x, kv, mask, dtype):
         tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+        if f32_casts and dtype == torch.float64:
+            with float32_means_float64():
+                return mod(x, position_embeddings=tables, attention_mask=mask)[0]
         return mod(x, position_embeddings=tables, attention_mask=mask)[0]
 
     kwargs = dict(module=module, prefix=f"layers.{layer}.{attn_name}.",
@@ -666,10 +675,19 @@ def loader_semantics_cases(out_dir):
                 replay=replay, pad=pad)
 
 
+def qk_norm_cases(out_dir):
+    """q and k normalised before RoPE."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    rope_case(out_dir, "qwen3", "qwen3_self_layer1_causal_padding_qknorm", [7, 5],
+              torch.stack([arange(0, 7), arange(2, 7)]), f32_casts=True)
+    rope_case(out_dir, "olmo2", "olmo2_self_layer1_causal_padding_qknorm_whole", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]), f32_casts=True)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics"]
+          "newer_rope", "loader_semantics", "qk_norm"]
 
 
 def main():
@@ -692,6 +710,7 @@ def main():
         "gpt_neo": lambda: gpt_neo_cases(args.out),
         "newer_rope": lambda: newer_rope_cases(args.out),
         "loader_semantics": lambda: loader_semantics_cases(args.out),
+        "qk_norm": lambda: qk_norm_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

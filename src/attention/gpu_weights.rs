@@ -22,6 +22,8 @@ pub(crate) struct GpuWeights {
     /// The appended key and value rows (`AttentionWeights::appended_kv`), which each
     /// workspace writes into its K/V buffers once.
     pub appended_kv: (Vec<f32>, Vec<f32>),
+    /// The q and k norms' weights (f32) and their lengths, for a module with `qk_norm`.
+    pub qk_norm: Option<[(wgpu::Buffer, usize); 2]>,
 }
 
 impl GpuWeights {
@@ -68,6 +70,12 @@ impl GpuWeights {
                     + w.k.bias.as_ref().map_or(0, Vec::len)) as u32,
                 output_bias: w.o.as_ref().and_then(|o| o.bias.clone()),
                 appended_kv: w.appended_kv(config),
+                qk_norm: w.qk_norm.as_ref().map(|n| {
+                    [&n.q, &n.k].map(|v| {
+                        let buffer = gpu.upload("qk_norm weight", v, wgpu::BufferUsages::empty());
+                        (buffer, v.len())
+                    })
+                }),
             }
         })
     }

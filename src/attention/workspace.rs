@@ -8,6 +8,7 @@ use crate::kernels::decode;
 use crate::kernels::kv_append::{self, NewRows};
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
+use crate::kernels::qk_norm;
 use crate::kernels::rope::{self, RopeRows};
 use crate::kernels::{
     av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, KvChunks, QkvBuffers,
@@ -74,6 +75,29 @@ pub(crate) fn dispatches(
 
     // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
     chain.extend(projections(mha, g, b)?);
+
+    // Q, K = q_norm(Q), k_norm(K): normalised in place (the new keys only)
+    if let (Some(norm), Some(weights)) = (&c.qk_norm, &mha.weights.qk_norm) {
+        let [q_rows, k_rows] = new_rows(mha, g, b);
+        let f16 = mha.qkv_elem_bytes() == 2;
+        let [(wq, nq), (wk, nk)] = weights;
+        chain.push(qk_norm::dispatch(
+            gpu,
+            norm,
+            f16,
+            q_rows,
+            b.qkv.q,
+            (wq, *nq),
+        )?);
+        chain.push(qk_norm::dispatch(
+            gpu,
+            norm,
+            f16,
+            k_rows,
+            b.qkv.k,
+            (wk, *nk),
+        )?);
+    }
 
     // Q, K = rope(Q), rope(K): rotated by position in place (the new keys only: a KV cache
     // holds its keys rotated)
@@ -327,16 +351,9 @@ fn appends(
     Ok(chain)
 }
 
-/// The two RoPE dispatches: Q rows `0..lq`, and K rows `kv_pos..` of the new keys.
-fn rotations(
-    mha: &MultiHeadAttention,
-    rope: &crate::model::rope::Rope,
-    g: &Geometry,
-    b: &Bound,
-    tables: RopeTables,
-) -> Result<Vec<Dispatch>> {
+/// The rows position-wise passes touch: Q rows `0..lq`, and K rows `kv_pos..` of the new keys.
+fn new_rows(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> [RopeRows; 2] {
     let c = &mha.config;
-    let f16 = mha.qkv_elem_bytes() == 2;
     let l = g.layout;
     let q_rows = RopeRows {
         batch: g.batch,
@@ -355,6 +372,19 @@ fn rotations(
         offset: l.k_offset,
         ..q_rows
     };
+    [q_rows, k_rows]
+}
+
+/// The two RoPE dispatches, over [`new_rows`].
+fn rotations(
+    mha: &MultiHeadAttention,
+    rope: &crate::model::rope::Rope,
+    g: &Geometry,
+    b: &Bound,
+    tables: RopeTables,
+) -> Result<Vec<Dispatch>> {
+    let f16 = mha.qkv_elem_bytes() == 2;
+    let [q_rows, k_rows] = new_rows(mha, g, b);
     Ok(vec![
         rope::dispatch(&mha.gpu, rope, f16, q_rows, b.qkv.q, tables.q)?,
         rope::dispatch(&mha.gpu, rope, f16, k_rows, b.qkv.k, tables.k)?,

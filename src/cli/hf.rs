@@ -69,6 +69,12 @@ fn describe(m: &HfAttention) -> String {
     if let Some(cap) = c.softcap {
         s.push_str(&format!(" softcap={cap}"));
     }
+    if let Some(n) = &c.qk_norm {
+        s.push_str(&format!(
+            " qk_norm({:?} {:?}, eps={})",
+            n.kind, n.scope, n.eps
+        ));
+    }
     if c.kv_heads != c.heads {
         s.push_str(&format!(" kv_heads={}", c.kv_heads));
     }

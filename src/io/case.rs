@@ -333,6 +333,9 @@ impl Case {
         if let Some(cap) = c.softcap {
             options.push_str(&format!(" softcap={cap}"));
         }
+        if let Some(n) = &c.qk_norm {
+            options.push_str(&format!(" qk_norm={:?}/{:?}", n.kind, n.scope));
+        }
         format!("{sizes}{options} B={b} Lq={lq} Lk={lk} mask={mask}")
     }
 

@@ -532,6 +532,7 @@ fn assembled(
         v,
         o,
         bias_kv: None,
+        qk_norm: None,
     };
     // Bias on/off as the loader found it; `check` then names any projection that differs.
     let config = AttentionConfig {

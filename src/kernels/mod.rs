@@ -14,6 +14,7 @@ pub mod kv_append;
 pub mod linear;
 pub mod mask;
 pub mod naive;
+pub mod qk_norm;
 pub mod read_probe;
 pub mod rope;
 pub mod scores;

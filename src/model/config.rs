@@ -1,6 +1,7 @@
 //! `AttentionConfig`: one description for both seed modules.
 
 use crate::error::{Error, Result};
+use crate::model::qk_norm::QkNorm;
 use crate::model::rope::Rope;
 
 /// The most values one projection weight may hold (4 GiB of f32).
@@ -50,6 +51,9 @@ pub struct AttentionConfig {
     /// Rotary position embeddings of queries and keys (Llama, GPT-NeoX, …), by the positions
     /// of [`crate::ForwardOptions::positions`].
     pub rope: Option<Rope>,
+    /// Queries and keys normalised after their projection, before RoPE (Qwen3, Gemma 3,
+    /// OLMo 2, StableLM, Cohere), with [`crate::AttentionWeights::qk_norm`].
+    pub qk_norm: Option<QkNorm>,
 }
 
 impl AttentionConfig {
@@ -81,6 +85,7 @@ impl AttentionConfig {
             add_bias_kv: false,
             add_zero_attn: false,
             rope: None,
+            qk_norm: None,
         }
         .validated()
     }
@@ -103,6 +108,7 @@ impl AttentionConfig {
             add_bias_kv: false,
             add_zero_attn: false,
             rope: None,
+            qk_norm: None,
         }
         .validated()
     }
@@ -146,6 +152,13 @@ impl AttentionConfig {
     }
 
     /// Rotary position embeddings (see [`Rope`]).
+    /// Normalises projected queries and keys before RoPE (weights in
+    /// [`crate::AttentionWeights::qk_norm`]).
+    pub fn with_qk_norm(mut self, norm: QkNorm) -> Result<Self> {
+        self.qk_norm = Some(norm);
+        self.validated()
+    }
+
     pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
         self.rope = Some(rope);
         self.validated()
@@ -242,6 +255,12 @@ impl AttentionConfig {
                     "RoPE with add_bias_kv/add_zero_attn: appended keys have no position".into(),
                 ));
             }
+        }
+        if self.qk_norm.is_some() && self.appended_keys() > 0 {
+            // nn.MultiheadAttention's appended keys never meet a q/k norm in any model.
+            return Err(Error::Config(
+                "a q/k norm with add_bias_kv/add_zero_attn is not available".into(),
+            ));
         }
         if let Some(s) = self.scale {
             if !s.is_finite() {

@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::config::AttentionConfig;
+use crate::model::qk_norm::QkNormWeights;
 
 /// One `nn.Linear`: `y = x · Wᵀ + b`.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +98,8 @@ pub struct AttentionWeights {
     pub o: Option<Linear>,
     /// `nn.MultiheadAttention`'s `bias_k`, `bias_v`, when the config has `add_bias_kv`.
     pub bias_kv: Option<BiasKv>,
+    /// The q/k norms' weights, when the config has `qk_norm`.
+    pub qk_norm: Option<QkNormWeights>,
 }
 
 /// The learned key and value of `nn.MultiheadAttention(add_bias_kv=True)`, in projected space:
@@ -120,6 +123,11 @@ impl AttentionWeights {
         let o = c
             .output_projection
             .then(|| Linear::random(c.model_dim, c.v_width(), c.bias, &mut rng));
+        // One norm weight per head and element: the general case of every scope.
+        let qk_norm = c.qk_norm.map(|_| QkNormWeights {
+            q: (0..c.qk_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
+            k: (0..c.k_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
+        });
         let bias_kv = c.add_bias_kv.then(|| BiasKv {
             k: (0..c.k_width()).map(|_| rng.uniform(-1.0, 1.0)).collect(),
             v: (0..c.kv_v_width())
@@ -132,6 +140,7 @@ impl AttentionWeights {
             v,
             o,
             bias_kv,
+            qk_norm,
         }
     }
 
@@ -155,6 +164,7 @@ impl AttentionWeights {
             add_bias_kv: self.bias_kv.is_some(),
             add_zero_attn: false,
             rope: None,
+            qk_norm: None,
         }
         .validated()
     }
@@ -202,6 +212,25 @@ impl AttentionWeights {
                 ))
             }
             (None, false) => {}
+        }
+        match (&self.qk_norm, &c.qk_norm) {
+            (Some(w), Some(n)) => {
+                n.check("q", &w.q, c.heads, c.qk_head_dim)?;
+                n.check("k", &w.k, c.kv_heads, c.qk_head_dim)?;
+            }
+            (None, Some(_)) => {
+                return Err(Error::weight(
+                    "q_norm.weight",
+                    "is missing, but the config normalises q and k",
+                ))
+            }
+            (Some(_), None) => {
+                return Err(Error::weight(
+                    "q_norm.weight",
+                    "is present, but the config has no q/k norm",
+                ))
+            }
+            (None, None) => {}
         }
         match (&self.bias_kv, c.add_bias_kv) {
             (Some(b), true) => {

@@ -202,3 +202,37 @@ pub fn cases_pass_on_both_paths(dir: &str) {
         }
     }
 }
+
+/// Decodes `x` (`[B, L, E]`, self-attention) through a fresh `KvCache` in steps of the given
+/// sizes and checks each step against the f64 reference's causal forward over the whole of
+/// `x` (decode == full forward). The steps must cover `L`.
+pub fn assert_steps_match_causal_forward(
+    label: &str,
+    config: AttentionConfig,
+    weights: &AttentionWeights,
+    x: &Tensor,
+    steps: &[usize],
+) {
+    let mha = MultiHeadAttention::new(gpu(), config, weights).expect("module");
+    let [b, l, e] = x.shape()[..] else {
+        panic!("{label}: x must be [B, L, E]")
+    };
+    assert_eq!(steps.iter().sum::<usize>(), l, "{label}: steps cover L");
+    let want = reference::forward(&config, weights, x, x, x, &Mask::Causal).expect("reference");
+    let out = config.output_dim();
+    let mut cache = wgpu_mha::KvCache::new(&mha, b, l).expect("cache");
+    let mut pos = 0;
+    for &n in steps {
+        let rows: Vec<f32> = (0..b)
+            .flat_map(|bi| x.data()[(bi * l + pos) * e..(bi * l + pos + n) * e].to_vec())
+            .collect();
+        let step = mha
+            .forward_step(&mut cache, &Tensor::new([b, n, e], rows).expect("rows"))
+            .unwrap_or_else(|err| panic!("{label}: step at {pos}: {err}"));
+        let r: Vec<f64> = (0..b)
+            .flat_map(|bi| want.output[(bi * l + pos) * out..(bi * l + pos + n) * out].to_vec())
+            .collect();
+        assert_close(&format!("{label}: step at {pos}"), step.data(), &r);
+        pos += n;
+    }
+}

@@ -148,6 +148,19 @@ impl HfConfig {
         })
     }
 
+    /// `rms_norm_eps` (the q/k norms' epsilon), `default` when absent; a non-number or a
+    /// negative value is an error naming it.
+    pub fn rms_norm_eps(&self, default: f64) -> Result<f64> {
+        match self.number_in(&self.json, "rms_norm_eps")? {
+            None => Ok(default),
+            Some(e) if e.is_finite() && e >= 0.0 => Ok(e),
+            Some(e) => Err(Error::file(
+                &self.source,
+                format!("config.json `rms_norm_eps` = {e} is not a finite number ≥ 0"),
+            )),
+        }
+    }
+
     /// `attention_bias`, when the config says it.
     pub fn attention_bias(&self) -> Result<Option<bool>> {
         self.flag("attention_bias")

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::model::config::AttentionConfig;
 use crate::model::weights::{AttentionWeights, Linear};
 
-pub use super::model_types::{Biases, Causality, ModelType, MODEL_TYPES};
+pub use super::model_types::{Biases, Causality, ModelType, QkNormRule, MODEL_TYPES};
 use super::model_types::{GPT2, REFUSED_TYPES};
 use super::HfCheckpoint;
 
@@ -208,14 +208,19 @@ pub fn is_cross_attention(prefix: &str) -> bool {
     .any(|n| prefix.contains(n))
 }
 
-/// `Err` naming the first tensor under `prefix` that `family` does not understand: it may
-/// change the answer (q/k normalisation, relative distance embeddings, …), so it is never
-/// ignored.
-pub fn check_understood(family: Family, prefix: &str, names: &[&str]) -> Result<()> {
+/// `Err` naming the first tensor under `prefix` that `family` (with the model type's `extra`
+/// tensors, its q/k norms) does not understand: it may change the answer (q/k normalisation of
+/// another model type, relative distance embeddings, …), so it is never ignored.
+pub fn check_understood(
+    family: Family,
+    prefix: &str,
+    names: &[&str],
+    extra: &[&str],
+) -> Result<()> {
     let unknown = names
         .iter()
         .filter_map(|n| n.strip_prefix(prefix))
-        .find(|rest| !family.understood(rest));
+        .find(|rest| !family.understood(rest) && !extra.contains(rest));
     match unknown {
         None => Ok(()),
         Some(rest) => Err(Error::UnsupportedModule {
@@ -578,6 +583,7 @@ fn assembled(
         v,
         o: Some(o),
         bias_kv: None,
+        qk_norm: None,
     };
     let config = weights.implied_config(heads, kv_heads)?;
     // The crate's names (W_q …) in a failed check become the checkpoint's.

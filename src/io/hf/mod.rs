@@ -16,10 +16,11 @@ use crate::io::files::{entry_exists, read_text, MAX_CONFIG_BYTES, MAX_INDEX_BYTE
 use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
 use crate::model::mask::{AttnDims, Mask, MaskTensor, PaddingMask};
+use crate::model::qk_norm::{QkNorm, QkNormWeights};
 use crate::model::relative_bias::RelativeBias;
 use crate::model::weights::AttentionWeights;
 use config::HfConfig;
-use families::{Biases, Family, ModelType};
+use families::{Biases, Family, ModelType, QkNormRule};
 
 /// The tensors (in one or more files) and the config of one model.
 #[derive(Debug)]
@@ -246,7 +247,11 @@ impl HfCheckpoint {
         if let Some(c) = &module_config {
             c.check_settings(prefix, model_type.reads)?;
         }
-        families::check_understood(family, prefix, &self.names())?;
+        let norm_tensors: &[&str] = match model_type.qk_norm() {
+            Some(_) => &["q_norm.weight", "k_norm.weight"],
+            None => &[],
+        };
+        families::check_understood(family, prefix, &self.names(), norm_tensors)?;
         let heads = match (heads, &module_config) {
             (Some(h), _) => h,
             (None, Some(c)) => c.heads(prefix)?,
@@ -262,7 +267,7 @@ impl HfCheckpoint {
             .map(HfConfig::kv_heads)
             .transpose()?
             .flatten();
-        let (mut config, weights) = families::load(self, family, prefix, heads, kv_heads)?;
+        let (mut config, mut weights) = families::load(self, family, prefix, heads, kv_heads)?;
         if let Some(kv) = kv_heads.filter(|&kv| kv != config.kv_heads) {
             return Err(Error::file(
                 &self.name,
@@ -274,6 +279,12 @@ impl HfCheckpoint {
             ));
         }
         self.check_biases(family, prefix, model_type, module_config.as_ref())?;
+        if let Some(rule) = model_type.qk_norm() {
+            let (norm, norm_weights) =
+                self.qk_norm(prefix, model_type, rule, module_config.as_ref(), &config)?;
+            weights.qk_norm = Some(norm_weights);
+            config = config.with_qk_norm(norm)?;
+        }
         let cross = families::is_cross_attention(prefix);
         let mut window = None;
         if family.uses_rope() {
@@ -337,6 +348,48 @@ impl HfCheckpoint {
             weights,
             relative_bias,
         })
+    }
+
+    /// The q/k norm of a model type that has one: `q_norm.weight` and `k_norm.weight` under
+    /// the module (missing: an error naming them), epsilon `rms_norm_eps`.
+    fn qk_norm(
+        &self,
+        prefix: &str,
+        model_type: &ModelType,
+        rule: QkNormRule,
+        config: Option<&HfConfig>,
+        c: &AttentionConfig,
+    ) -> Result<(QkNorm, QkNormWeights)> {
+        let eps = match config {
+            Some(cfg) => cfg.rms_norm_eps(rule.eps_default)?,
+            None => rule.eps_default,
+        };
+        let norm = QkNorm {
+            kind: rule.kind,
+            scope: rule.scope,
+            eps: eps as f32,
+            weight_offset: rule.weight_offset,
+        };
+        let read = |which: &str| -> Result<Vec<f32>> {
+            let name = format!("{prefix}{which}_norm.weight");
+            if !self.contains(&name) {
+                return Err(Error::weight(
+                    name,
+                    format!(
+                        "is missing; a {} attention normalises q and k",
+                        model_type.name
+                    ),
+                ));
+            }
+            Ok(self.read(&name)?.1)
+        };
+        let weights = QkNormWeights {
+            q: read("q")?,
+            k: read("k")?,
+        };
+        norm.check(&format!("{prefix}q"), &weights.q, c.heads, c.qk_head_dim)?;
+        norm.check(&format!("{prefix}k"), &weights.k, c.kv_heads, c.qk_head_dim)?;
+        Ok((norm, weights))
     }
 
     /// transformers builds each projection with or without a bias by the model type's rule

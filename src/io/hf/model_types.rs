@@ -2,6 +2,7 @@
 //! the allow-lists behind [`super::families::Family::model_type`].
 
 use super::families::Family;
+use crate::model::qk_norm::{NormKind, NormScope};
 
 /// How a model type's self-attention masks the keys a query sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,16 @@ impl ModelType {
     }
 }
 
+/// A model type's q/k norm: kind and scope, Gemma's `1 + w` offset, and transformers' default
+/// `rms_norm_eps`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QkNormRule {
+    pub kind: NormKind,
+    pub scope: NormScope,
+    pub weight_offset: f32,
+    pub eps_default: f64,
+}
+
 /// Which projections transformers builds with a bias, for the model types whose modeling code
 /// decides it (the others build whatever their family's tensors hold).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,12 +75,34 @@ impl ModelType {
     /// Which projections transformers 5.25 builds with a bias for this model type.
     pub fn biases(&self) -> Biases {
         match self.name {
-            "llama" | "gemma" | "gemma2" | "granite" => Biases::ByKey("attention_bias", false),
+            "llama" | "gemma" | "gemma2" | "granite" | "qwen3" | "olmo2" => {
+                Biases::ByKey("attention_bias", false)
+            }
             "gpt_neox" => Biases::ByKey("attention_bias", true),
             "starcoder2" => Biases::ByKey("use_bias", true),
             "mistral" | "mixtral" | "phi3" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             _ => Biases::AsStored,
+        }
+    }
+
+    /// How transformers normalises this model type's projected q and k before RoPE, if it
+    /// does: `q_norm.weight` / `k_norm.weight` under the module, epsilon `rms_norm_eps`.
+    pub fn qk_norm(&self) -> Option<QkNormRule> {
+        let rms = |scope, weight_offset, eps_default| {
+            Some(QkNormRule {
+                kind: NormKind::Rms,
+                scope,
+                weight_offset,
+                eps_default,
+            })
+        };
+        match self.name {
+            // Qwen3RMSNorm(head_dim): one weight shared by the heads.
+            "qwen3" => rms(NormScope::PerHead, 0.0, 1e-6),
+            // Olmo2RMSNorm(heads · head_dim): over the whole projection.
+            "olmo2" => rms(NormScope::Whole, 0.0, 1e-5),
+            _ => None,
         }
     }
 
@@ -219,6 +252,21 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ),
     // Starcoder2Attention: llama's with biases (`use_bias`) and mistral's sliding window.
     reading("starcoder2", Family::Llama, Causality::Always, WINDOW),
+    // Qwen3Attention: llama's with per-head RMSNorm of q and k before RoPE (`q_norm`,
+    // `k_norm`: [head_dim]) and qwen2's sliding-window rules.
+    reading(
+        "qwen3",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ],
+    ),
+    // Olmo2Attention: llama's with RMSNorm over the whole q and k projections before RoPE.
+    mt("olmo2", Family::Llama, Causality::Always),
     reading(
         "phi3",
         Family::Phi3,
@@ -245,10 +293,8 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
     ("stablelm", "per-head q/k LayerNorm is not implemented"),
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
-    ("qwen3", "per-head q/k RMSNorm before RoPE is not implemented"),
-    ("qwen3_moe", "per-head q/k RMSNorm before RoPE is not implemented"),
+    ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),
     ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
-    ("olmo2", "RMSNorm of the whole q and k projections is not implemented"),
     ("gemma3", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("gemma3_text", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("cohere", "interleaved rotary embeddings (and `use_qk_norm`) are not implemented"),

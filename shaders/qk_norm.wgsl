@@ -1,0 +1,96 @@
+// qk_norm: normalises rows of head-split Q or K in place, before RoPE (Qwen3, Gemma 3, OLMo 2,
+// StableLM, Cohere). One workgroup normalises one group of values: a head's row of head_dim
+// (per-head norms), or all heads' rows of one token (OLMo 2's norm over the whole projection):
+//   RMSNorm    x · w / sqrt(mean(x²) + eps)
+//   LayerNorm  (x − mean(x)) · w / sqrt(var(x) + eps)
+// with w = weight[e] + weight_offset (Gemma's 1 + w), weight indexed by the head's element e,
+// or by head·head_dim + e when it holds a weight per head. Sums are in f32, as transformers
+// casts to float32.
+// The host prepends a prelude defining the element type QkvElem (f32, or f16 in an f16 module).
+// Dispatch: one workgroup of 64 per group, spread over x then y.
+
+struct NormParams {
+    groups: u32,          // groups normalised: B · n · heads / heads_per_group
+    heads: u32,           // heads of this segment (query heads, or key/value heads)
+    heads_per_group: u32, // 1 (per head) or heads (the whole projection)
+    n: u32,               // rows per (batch, head) normalised
+    stride: u32,          // rows per (batch, head) in the buffer
+    first: u32,           // first normalised row within each (batch, head)
+    head_dim: u32,
+    offset: u32,          // element offset of the segment in its buffer
+    per_head_weight: u32, // 1: weight holds heads · head_dim values
+    layer_norm: u32,      // 1: subtract the mean (LayerNorm); 0: RMSNorm
+    eps: f32,
+    weight_offset: f32,
+    groups_x: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: NormParams;
+@group(0) @binding(1) var<storage, read_write> x: array<QkvElem>;
+@group(0) @binding(2) var<storage, read> weight: array<f32>;
+
+const WG: u32 = 64u;
+var<workgroup> partial: array<f32, 64>;
+
+// Element e of the group (e < heads_per_group · head_dim) of batch b, row i, first head h0.
+fn at(b: u32, h0: u32, i: u32, e: u32) -> u32 {
+    let h = h0 + e / p.head_dim;
+    return p.offset + ((b * p.heads + h) * p.stride + p.first + i) * p.head_dim + e % p.head_dim;
+}
+
+// The sum of every invocation's `v`, in every invocation.
+fn workgroup_sum(lid: u32, v: f32) -> f32 {
+    partial[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) {
+            partial[lid] = partial[lid] + partial[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = partial[0];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.y * p.groups_x + wid.x;
+    // Uniform across the workgroup: every invocation leaves together, before any barrier.
+    if (g >= p.groups) {
+        return;
+    }
+    let lid = lid3.x;
+    let per_batch_head = p.heads / p.heads_per_group;
+    let i = g % p.n;
+    let bh = g / p.n;
+    let b = bh / per_batch_head;
+    let h0 = (bh % per_batch_head) * p.heads_per_group;
+    let len = p.heads_per_group * p.head_dim;
+    var mean = 0.0;
+    if (p.layer_norm == 1u) {
+        var s = 0.0;
+        for (var e = lid; e < len; e += WG) {
+            s += f32(x[at(b, h0, i, e)]);
+        }
+        mean = workgroup_sum(lid, s) / f32(len);
+    }
+    var sq = 0.0;
+    for (var e = lid; e < len; e += WG) {
+        let d = f32(x[at(b, h0, i, e)]) - mean;
+        sq += d * d;
+    }
+    let inv = inverseSqrt(workgroup_sum(lid, sq) / f32(len) + p.eps);
+    for (var e = lid; e < len; e += WG) {
+        var w_index = e % p.head_dim;
+        if (p.per_head_weight == 1u) {
+            w_index = (h0 + e / p.head_dim) * p.head_dim + e % p.head_dim;
+        }
+        let w = weight[w_index] + p.weight_offset;
+        let k = at(b, h0, i, e);
+        x[k] = QkvElem((f32(x[k]) - mean) * inv * w);
+    }
+}

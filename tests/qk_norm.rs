@@ -1,0 +1,132 @@
+//! q/k normalisation before RoPE — per-head RMSNorm with one weight (Qwen3) or Gemma's `1 + w`,
+//! per-head LayerNorm with a weight per head (StableLM, Cohere), RMSNorm over the whole
+//! projection (OLMo 2) — on the fused path (prefill and decode), the multi-pass path and a KV
+//! cache's steps, each against the f64 reference; and the norm changes the answer, so an
+//! engine that skipped it would fail.
+
+mod common;
+
+use common::{assert_steps_match_causal_forward, check_against_reference, options, BOTH_PATHS};
+use wgpu_mha::model::qk_norm::{NormKind, NormScope, QkNorm, QkNormWeights};
+use wgpu_mha::model::rope::{Rope, RopeScaling};
+use wgpu_mha::{reference, AttentionConfig, AttentionPath, AttentionWeights, Mask, Tensor};
+
+fn norms() -> [(&'static str, QkNorm); 4] {
+    let rms = QkNorm::rms_per_head(1e-6);
+    [
+        ("rms per head", rms),
+        (
+            "gemma rms 1 + w",
+            QkNorm {
+                weight_offset: 1.0,
+                ..rms
+            },
+        ),
+        (
+            "layer norm per head",
+            QkNorm {
+                kind: NormKind::Layer,
+                eps: 1e-5,
+                ..rms
+            },
+        ),
+        (
+            "rms over the projection",
+            QkNorm {
+                scope: NormScope::Whole,
+                ..rms
+            },
+        ),
+    ]
+}
+
+/// GQA, 4 query heads of 16 over 2 key/value heads, half of each head rotated.
+fn config(norm: QkNorm) -> AttentionConfig {
+    let rope = Rope {
+        theta: 10_000.0,
+        rotary_dims: 8,
+        interleaved: false,
+        scaling: RopeScaling::None,
+    };
+    AttentionConfig::classic(64, 4)
+        .unwrap()
+        .with_kv_heads(2)
+        .unwrap()
+        .with_qk_norm(norm)
+        .unwrap()
+        .with_rope(rope)
+        .unwrap()
+}
+
+#[test]
+fn normalised_queries_and_keys_match_the_reference_on_every_path() {
+    let (b, lk) = (2, 11);
+    for (name, norm) in norms() {
+        let config = config(norm);
+        for lq in [11, 1, 3] {
+            let q = Tensor::random([b, lq, 64], 20 + lq as u64);
+            let kv = Tensor::random([b, lk, 64], 30);
+            for mask in [Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])] {
+                for path in BOTH_PATHS {
+                    let probs = path == AttentionPath::MultiPass;
+                    let label = format!("{name} Lq {lq} {} {path:?}", mask.kind_name());
+                    check_against_reference(
+                        &label,
+                        config,
+                        &q,
+                        &kv,
+                        &kv,
+                        &mask,
+                        &options(path, probs),
+                    );
+                }
+            }
+        }
+        // The norm changes the answer: without it the reference differs.
+        let weights = AttentionWeights::random(&config, 42);
+        let x = Tensor::random([b, lk, 64], 3);
+        let plain = AttentionConfig {
+            qk_norm: None,
+            ..config
+        };
+        let unnormed = AttentionWeights {
+            qk_norm: None,
+            ..weights.clone()
+        };
+        let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+        let without = reference::forward(&plain, &unnormed, &x, &x, &x, &Mask::Causal).unwrap();
+        assert!(
+            common::max_err_f64(&with.output, &without.output) > 1e-2,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_kv_cache_decodes_normalised_keys_like_the_full_forward() {
+    for (name, norm) in norms() {
+        let config = config(norm);
+        let mut weights = AttentionWeights::random(&config, 5);
+        if norm.scope == NormScope::PerHead && norm.kind == NormKind::Rms {
+            // Qwen3's layout: one [head_dim] weight shared by every head.
+            let w = weights.qk_norm.as_ref().unwrap();
+            weights.qk_norm = Some(QkNormWeights {
+                q: w.q[..16].to_vec(),
+                k: w.k[..16].to_vec(),
+            });
+        }
+        let x = Tensor::random([2, 9, 64], 6);
+        assert_steps_match_causal_forward(name, config, &weights, &x, &[4, 1, 1, 3]);
+    }
+}
+
+#[test]
+fn norm_weights_of_the_wrong_length_are_refused() {
+    let config = config(QkNorm::rms_per_head(1e-6));
+    let mut weights = AttentionWeights::random(&config, 1);
+    weights.qk_norm.as_mut().unwrap().k.truncate(15);
+    let err = weights.check(&config).unwrap_err().to_string();
+    assert!(err.contains("k_norm.weight"), "{err}");
+    weights.qk_norm = None;
+    assert!(weights.check(&config).is_err());
+}
