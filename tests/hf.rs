@@ -27,6 +27,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
         [
             "bart",
             "bert",
+            "cohere",
             "distilbert",
             "gemma",
             "gemma2",
@@ -39,6 +40,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "phi3",
             "qwen2",
             "qwen3",
+            "stablelm",
             "starcoder2",
             "t5",
             "vit",
@@ -94,7 +96,15 @@ fn case_files_say_what_each_module_needs() {
         ),
         (
             "olmo2_self_layer1_causal_padding_qknorm_whole",
-            &["+rope", "qk_norm"],
+            &["+rope", "qk_norm=Rms/Whole"],
+        ),
+        (
+            "cohere_self_layer1_causal_padding_interleaved_qknorm",
+            &["+rope", "qk_norm=Layer/PerHead"],
+        ),
+        (
+            "stablelm_self_layer1_causal_padding_partial_qknorm",
+            &["+rope", "qk_norm=Layer/PerHead"],
         ),
         (
             "t5_encoder_self_block1_padding",

@@ -723,3 +723,40 @@ fn no_config_value_panics_the_loader() {
         })
         .unwrap();
 }
+
+#[test]
+fn q_k_norms_load_only_where_the_config_switches_them_on() {
+    let cohere = json!({"model_type": "cohere", "num_attention_heads": 4});
+    let on = patched(&cohere, json!({"use_qk_norm": true}));
+    let mut t = llama(SQUARE, &[]);
+    t.extend(tensors(&[
+        (&format!("{P}q_norm.weight"), &[4, 4]),
+        (&format!("{P}k_norm.weight"), &[4, 4]),
+    ]));
+    let m = load(&on, &t).unwrap();
+    let rope = m.config.rope.expect("rope");
+    assert!(rope.interleaved, "cohere rotates interleaved pairs");
+    assert_eq!(m.weights.qk_norm.expect("norm").q.len(), 16);
+    // Switched off, transformers builds no norm: tensors it would ignore are refused.
+    let err = load(&cohere, &t).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedModule { .. }), "{err}");
+    assert!(err.to_string().contains("_norm.weight"), "{err}");
+    // Switched on without its weights: named.
+    let err = load(&on, &llama(SQUARE, &[])).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{P}q_norm.weight")) && err.contains("missing"),
+        "{err}"
+    );
+    // StableLM keeps one LayerNorm per head.
+    let stablelm = json!({"model_type": "stablelm", "num_attention_heads": 4,
+        "qk_layernorm": true});
+    let mut t = llama(SQUARE, &[]);
+    for h in 0..3 {
+        t.extend(tensors(&[(
+            &format!("{P}q_layernorm.norms.{h}.weight"),
+            &[4],
+        )]));
+    }
+    let err = load(&stablelm, &t).unwrap_err().to_string();
+    assert!(err.contains("q_layernorm.norms.3.weight"), "{err}");
+}

@@ -31,7 +31,8 @@ layer 0 windowed), `granite_*` (attention_multiplier) and `starcoder2_*` (biases
 as were `gpt_neox_*_default_pct[_nopct]` (no rotary_pct: 0.25 rotates) and
 `t5_encoder_self_block0_padding_short_distance` (max distance 4 below the exact range)
 (`--only loader_semantics`), and `qwen3_*` (per-head q/k RMSNorm) and `olmo2_*` (RMSNorm over
-the whole q and k projections) (`--only qk_norm`);
+the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm) and
+`stablelm_*` (partial RoPE, q/k/v biases, a LayerNorm per head) (`--only qk_norm`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -119,6 +120,11 @@ FAMILIES = {
         LM, num_key_value_heads=2, sliding_window=3, use_bias=True)),
     # per-head q/k RMSNorm (one [head_dim] weight), GQA 4/2, head_dim 8 ≠ E/H.
     "qwen3": (tf.Qwen3Model, tf.Qwen3Config, dict(LM, num_key_value_heads=2, head_dim=8)),
+    # interleaved RoPE, and (use_qk_norm) a bias-free LayerNorm of each head of q and k.
+    "cohere": (tf.CohereModel, tf.CohereConfig, dict(LM, num_key_value_heads=2, use_qk_norm=True)),
+    # q/k/v biases, partial RoPE (default 0.25), a bias-free LayerNorm per head (qk_layernorm).
+    "stablelm": (tf.StableLmModel, tf.StableLmConfig, dict(
+        LM, num_key_value_heads=2, qk_layernorm=True, use_qkv_bias=True)),
     # RMSNorm over the whole q and k projections.
     "olmo2": (tf.Olmo2Model, tf.Olmo2Config, dict(LM, num_key_value_heads=2)),
     # rotary_pct left to transformers' default (0.25 of each head rotates).
@@ -250,7 +256,10 @@ def rope_tables(config, position_ids, dtype):
     else:
         assert rp["rope_type"] == "default", rp
     freqs = position_ids[..., None].to(dtype) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
+    if config.model_type == "cohere":  # pairs (2k, 2k + 1)
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin(), inv_freq
 
 
@@ -682,6 +691,10 @@ def qk_norm_cases(out_dir):
               torch.stack([arange(0, 7), arange(2, 7)]), f32_casts=True)
     rope_case(out_dir, "olmo2", "olmo2_self_layer1_causal_padding_qknorm_whole", [7, 5],
               torch.stack([arange(0, 7), arange(0, 7)]), f32_casts=True)
+    rope_case(out_dir, "cohere", "cohere_self_layer1_causal_padding_interleaved_qknorm", [7, 5],
+              torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+    rope_case(out_dir, "stablelm", "stablelm_self_layer1_causal_padding_partial_qknorm", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]))
 
 
 # Groups of cases, in the order written; `--only` writes some of them (files made by another

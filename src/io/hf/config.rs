@@ -148,15 +148,15 @@ impl HfConfig {
         })
     }
 
-    /// `rms_norm_eps` (the q/k norms' epsilon), `default` when absent; a non-number or a
-    /// negative value is an error naming it.
-    pub fn rms_norm_eps(&self, default: f64) -> Result<f64> {
-        match self.number_in(&self.json, "rms_norm_eps")? {
+    /// A norm's epsilon under `key` (`rms_norm_eps`, `layer_norm_eps`), `default` when absent;
+    /// a non-number or a negative value is an error naming it.
+    pub fn norm_eps(&self, key: &str, default: f64) -> Result<f64> {
+        match self.number_in(&self.json, key)? {
             None => Ok(default),
             Some(e) if e.is_finite() && e >= 0.0 => Ok(e),
             Some(e) => Err(Error::file(
                 &self.source,
-                format!("config.json `rms_norm_eps` = {e} is not a finite number ≥ 0"),
+                format!("config.json `{key}` = {e} is not a finite number ≥ 0"),
             )),
         }
     }

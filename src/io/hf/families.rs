@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::model::config::AttentionConfig;
 use crate::model::weights::{AttentionWeights, Linear};
 
-pub use super::model_types::{Biases, Causality, ModelType, QkNormRule, MODEL_TYPES};
+pub use super::model_types::{Biases, Causality, ModelType, NormTensors, QkNormRule, MODEL_TYPES};
 use super::model_types::{GPT2, REFUSED_TYPES};
 use super::HfCheckpoint;
 
@@ -215,12 +215,12 @@ pub fn check_understood(
     family: Family,
     prefix: &str,
     names: &[&str],
-    extra: &[&str],
+    extra: Option<NormTensors>,
 ) -> Result<()> {
     let unknown = names
         .iter()
         .filter_map(|n| n.strip_prefix(prefix))
-        .find(|rest| !family.understood(rest) && !extra.contains(rest));
+        .find(|rest| !family.understood(rest) && !extra.is_some_and(|e| e.holds(rest)));
     match unknown {
         None => Ok(()),
         Some(rest) => Err(Error::UnsupportedModule {

@@ -20,7 +20,7 @@ use crate::model::qk_norm::{QkNorm, QkNormWeights};
 use crate::model::relative_bias::RelativeBias;
 use crate::model::weights::AttentionWeights;
 use config::HfConfig;
-use families::{Biases, Family, ModelType, QkNormRule};
+use families::{Biases, Family, ModelType, NormTensors, QkNormRule};
 
 /// The tensors (in one or more files) and the config of one model.
 #[derive(Debug)]
@@ -247,11 +247,15 @@ impl HfCheckpoint {
         if let Some(c) = &module_config {
             c.check_settings(prefix, model_type.reads)?;
         }
-        let norm_tensors: &[&str] = match model_type.qk_norm() {
-            Some(_) => &["q_norm.weight", "k_norm.weight"],
-            None => &[],
+        // The q/k norm of the model type, when its config switches it on.
+        let norm_rule = match (model_type.qk_norm(), &module_config) {
+            (Some(rule), Some(c)) => match rule.switch {
+                Some(key) => (c.flag(key)? == Some(true)).then_some(rule),
+                None => Some(rule),
+            },
+            (rule, _) => rule.filter(|r| r.switch.is_none()),
         };
-        families::check_understood(family, prefix, &self.names(), norm_tensors)?;
+        families::check_understood(family, prefix, &self.names(), norm_rule.map(|r| r.tensors))?;
         let heads = match (heads, &module_config) {
             (Some(h), _) => h,
             (None, Some(c)) => c.heads(prefix)?,
@@ -279,7 +283,7 @@ impl HfCheckpoint {
             ));
         }
         self.check_biases(family, prefix, model_type, module_config.as_ref())?;
-        if let Some(rule) = model_type.qk_norm() {
+        if let Some(rule) = norm_rule {
             let (norm, norm_weights) =
                 self.qk_norm(prefix, model_type, rule, module_config.as_ref(), &config)?;
             weights.qk_norm = Some(norm_weights);
@@ -294,8 +298,9 @@ impl HfCheckpoint {
                     format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
                 ));
             };
-            config =
-                config.with_rope(c.rope(config.qk_head_dim, model_type.default_rotary_share())?)?;
+            let mut rope = c.rope(config.qk_head_dim, model_type.default_rotary_share())?;
+            rope.interleaved = model_type.interleaved_rope();
+            config = config.with_rope(rope)?;
         }
         if let Some(c) = module_config.as_ref().filter(|_| !cross) {
             window = c.sliding_window(prefix, model_type.reads)?;
@@ -361,8 +366,8 @@ impl HfCheckpoint {
         c: &AttentionConfig,
     ) -> Result<(QkNorm, QkNormWeights)> {
         let eps = match config {
-            Some(cfg) => cfg.rms_norm_eps(rule.eps_default)?,
-            None => rule.eps_default,
+            Some(cfg) => cfg.norm_eps(rule.eps.0, rule.eps.1)?,
+            None => rule.eps.1,
         };
         let norm = QkNorm {
             kind: rule.kind,
@@ -370,8 +375,7 @@ impl HfCheckpoint {
             eps: eps as f32,
             weight_offset: rule.weight_offset,
         };
-        let read = |which: &str| -> Result<Vec<f32>> {
-            let name = format!("{prefix}{which}_norm.weight");
+        let read_one = |name: String| -> Result<Vec<f32>> {
             if !self.contains(&name) {
                 return Err(Error::weight(
                     name,
@@ -383,9 +387,18 @@ impl HfCheckpoint {
             }
             Ok(self.read(&name)?.1)
         };
+        let read = |which: &str, heads: usize| -> Result<Vec<f32>> {
+            match rule.tensors {
+                NormTensors::Single => read_one(format!("{prefix}{which}_norm.weight")),
+                NormTensors::PerHeadModules => (0..heads)
+                    .map(|h| read_one(format!("{prefix}{which}_layernorm.norms.{h}.weight")))
+                    .collect::<Result<Vec<_>>>()
+                    .map(|w| w.concat()),
+            }
+        };
         let weights = QkNormWeights {
-            q: read("q")?,
-            k: read("k")?,
+            q: read("q", c.heads)?,
+            k: read("k", c.kv_heads)?,
         };
         norm.check(&format!("{prefix}q"), &weights.q, c.heads, c.qk_head_dim)?;
         norm.check(&format!("{prefix}k"), &weights.k, c.kv_heads, c.qk_head_dim)?;
@@ -424,6 +437,13 @@ impl HfCheckpoint {
                 [true, true, true, false],
                 "biases on q, k and v only".into(),
             ),
+            Biases::QkvByKey(key, default) => {
+                let on = flag(key)?.unwrap_or(default);
+                (
+                    [on, on, on, false],
+                    format!("{key} = {on}, never on the output"),
+                )
+            }
         };
         for i in 0..4 {
             if stored[i] == built[i] {

@@ -53,7 +53,35 @@ pub struct QkNormRule {
     pub kind: NormKind,
     pub scope: NormScope,
     pub weight_offset: f32,
-    pub eps_default: f64,
+    /// The config key of its epsilon, and transformers' default.
+    pub eps: (&'static str, f64),
+    /// A config key that switches the norms on (default off); `None`: always on.
+    pub switch: Option<&'static str>,
+    /// How the weights are stored under the module.
+    pub tensors: NormTensors,
+}
+
+/// Where a q/k norm's weights sit under the module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormTensors {
+    /// `q_norm.weight` and `k_norm.weight` (any shape; read flat).
+    Single,
+    /// StableLM's one LayerNorm per head: `q_layernorm.norms.{h}.weight`, `k_layernorm…`.
+    PerHeadModules,
+}
+
+impl NormTensors {
+    /// Whether `rest` (a name after the module's prefix) is one of these weights.
+    pub fn holds(self, rest: &str) -> bool {
+        match self {
+            NormTensors::Single => rest == "q_norm.weight" || rest == "k_norm.weight",
+            NormTensors::PerHeadModules => ["q_layernorm.norms.", "k_layernorm.norms."]
+                .iter()
+                .filter_map(|p| rest.strip_prefix(p))
+                .filter_map(|r| r.strip_suffix(".weight"))
+                .any(|h| h.parse::<usize>().is_ok()),
+        }
+    }
 }
 
 /// Which projections transformers builds with a bias, for the model types whose modeling code
@@ -69,19 +97,22 @@ pub enum Biases {
     Never,
     /// q, k and v, not the output (qwen2).
     QkvOnly,
+    /// q, k and v by a config key with its default, never the output (stablelm).
+    QkvByKey(&'static str, bool),
 }
 
 impl ModelType {
     /// Which projections transformers 5.25 builds with a bias for this model type.
     pub fn biases(&self) -> Biases {
         match self.name {
-            "llama" | "gemma" | "gemma2" | "granite" | "qwen3" | "olmo2" => {
+            "llama" | "gemma" | "gemma2" | "granite" | "qwen3" | "olmo2" | "cohere" => {
                 Biases::ByKey("attention_bias", false)
             }
             "gpt_neox" => Biases::ByKey("attention_bias", true),
             "starcoder2" => Biases::ByKey("use_bias", true),
             "mistral" | "mixtral" | "phi3" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
+            "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
         }
     }
@@ -89,21 +120,38 @@ impl ModelType {
     /// How transformers normalises this model type's projected q and k before RoPE, if it
     /// does: `q_norm.weight` / `k_norm.weight` under the module, epsilon `rms_norm_eps`.
     pub fn qk_norm(&self) -> Option<QkNormRule> {
-        let rms = |scope, weight_offset, eps_default| {
-            Some(QkNormRule {
-                kind: NormKind::Rms,
-                scope,
-                weight_offset,
-                eps_default,
-            })
+        let rule = |kind, scope, eps| QkNormRule {
+            kind,
+            scope,
+            weight_offset: 0.0,
+            eps,
+            switch: None,
+            tensors: NormTensors::Single,
         };
-        match self.name {
+        let (rms, layer) = (NormKind::Rms, NormKind::Layer);
+        Some(match self.name {
             // Qwen3RMSNorm(head_dim): one weight shared by the heads.
-            "qwen3" => rms(NormScope::PerHead, 0.0, 1e-6),
+            "qwen3" => rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6)),
             // Olmo2RMSNorm(heads · head_dim): over the whole projection.
-            "olmo2" => rms(NormScope::Whole, 0.0, 1e-5),
-            _ => None,
-        }
+            "olmo2" => rule(rms, NormScope::Whole, ("rms_norm_eps", 1e-5)),
+            // CohereLayerNorm((heads, head_dim)) without bias, when use_qk_norm.
+            "cohere" => QkNormRule {
+                switch: Some("use_qk_norm"),
+                ..rule(layer, NormScope::PerHead, ("layer_norm_eps", 1e-5))
+            },
+            // StableLmLayerNormPerHead: a bias-free nn.LayerNorm(head_dim) per head.
+            "stablelm" => QkNormRule {
+                switch: Some("qk_layernorm"),
+                tensors: NormTensors::PerHeadModules,
+                ..rule(layer, NormScope::PerHead, ("layer_norm_eps", 1e-5))
+            },
+            _ => return None,
+        })
+    }
+
+    /// Whether RoPE rotates interleaved pairs (2k, 2k + 1) rather than halves (Cohere).
+    pub fn interleaved_rope(&self) -> bool {
+        self.name == "cohere"
     }
 
     /// The share of each head RoPE rotates when the config names none: transformers'
@@ -111,7 +159,7 @@ impl ModelType {
     /// rotate all of it.
     pub fn default_rotary_share(&self) -> f64 {
         match self.name {
-            "gpt_neox" => 0.25,
+            "gpt_neox" | "stablelm" => 0.25,
             _ => 1.0,
         }
     }
@@ -267,6 +315,17 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ),
     // Olmo2Attention: llama's with RMSNorm over the whole q and k projections before RoPE.
     mt("olmo2", Family::Llama, Causality::Always),
+    // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
+    // LayerNorm of each head of q and k ([heads, head_dim] weights).
+    reading("cohere", Family::Llama, Causality::Always, &["use_qk_norm"]),
+    // StableLmAttention: llama's names, q/k/v biases by use_qkv_bias, partial RoPE (default
+    // 0.25) and, with qk_layernorm, a bias-free LayerNorm per head.
+    reading(
+        "stablelm",
+        Family::Llama,
+        Causality::Always,
+        &["qk_layernorm", "partial_rotary_factor"],
+    ),
     reading(
         "phi3",
         Family::Phi3,
@@ -291,13 +350,11 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("falcon", "ALiBi or rotary attention with multi-query / grouped `query_key_value` packing is not implemented"),
     ("mpt", "ALiBi position biases are not implemented"),
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
-    ("stablelm", "per-head q/k LayerNorm is not implemented"),
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
     ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),
     ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
     ("gemma3", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("gemma3_text", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
-    ("cohere", "interleaved rotary embeddings (and `use_qk_norm`) are not implemented"),
     ("gpt_oss", "attention sinks, yarn RoPE and alternating windows are not implemented"),
     ("deepseek_v2", "multi-head latent attention is not implemented"),
     ("deepseek_v3", "multi-head latent attention is not implemented"),
