@@ -1,0 +1,202 @@
+//! Which layers slide and how far: `sliding_window` with qwen2's switches, `layer_types`
+//! (validated as transformers validates it), Gemma's alternating patterns and GPT-Neo's
+//! `attention_layers` / `attention_types`.
+
+use serde_json::Value;
+
+use super::{layer_index, HfConfig};
+use crate::error::{Error, Result};
+
+/// More layers than any model has: a bound on what a config's layer lists may expand to.
+const MAX_LAYERS: usize = 1 << 16;
+
+/// transformers' attention layer kinds (`ALLOWED_ATTN_LAYER_TYPES`, 5.25).
+const LAYER_KINDS: &[&str] = &[
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "window_attention",
+    "indexed_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+    "minimax_m3_sparse",
+    "conv",
+    "moe",
+    "hybrid",
+    "hybrid_sliding",
+    "reference_sliding_attention",
+    "linear_attention",
+];
+
+impl HfConfig {
+    /// Mistral-style `sliding_window` (query i sees keys i − W < j ≤ i), when the model type
+    /// reads it (`reads`) and the layer at `prefix` uses it: qwen2's `use_sliding_window`, and
+    /// which layers slide by `layer_types` or else `max_window_layers` (layers from it on).
+    /// A layer kind other than full or sliding attention is refused.
+    pub fn sliding_window(&self, prefix: &str, reads: &[&str]) -> Result<Option<usize>> {
+        if reads.contains(&"attention_layers") {
+            return self.gpt_neo_window(prefix);
+        }
+        if !reads.contains(&"sliding_window") {
+            return Ok(None);
+        }
+        if reads.contains(&"use_sliding_window") && self.flag("use_sliding_window")? != Some(true) {
+            return Ok(None);
+        }
+        let Some(window) = self.usize("sliding_window")? else {
+            return Ok(None);
+        };
+        let types = self
+            .json
+            .get("layer_types")
+            .and_then(Value::as_array)
+            .filter(|_| reads.contains(&"layer_types"));
+        let layer = layer_index(prefix);
+        // Gemma 2 configs saved by transformers 4 have no layer_types: layer i slides when i is
+        // even (the rule transformers 5 fills layer_types with).
+        if types.is_none() && self.model_type() == Some("gemma2") {
+            let n = layer.ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("Gemma 2's alternating windows need the layer of `{prefix}`"),
+                )
+            })?;
+            return Ok(n.is_multiple_of(2).then_some(window));
+        }
+        let Some(types) = types else {
+            let first = match reads.contains(&"max_window_layers") {
+                true => self.usize("max_window_layers")?.unwrap_or(0),
+                false => 0,
+            };
+            return match (first, layer) {
+                (0, _) => Ok(Some(window)),
+                (_, Some(n)) => Ok((n >= first).then_some(window)),
+                (_, None) => Err(Error::file(
+                    &self.source,
+                    format!("max_window_layers needs the layer of `{prefix}`"),
+                )),
+            };
+        };
+        match layer.and_then(|n| types.get(n)).and_then(Value::as_str) {
+            Some("sliding_attention") => Ok(Some(window)),
+            Some("full_attention") => Ok(None),
+            Some(other) => Err(Error::UnsupportedModule {
+                module: format!("attention `{prefix}`"),
+                what: format!("layer type {other:?}"),
+                why: "layers run full or sliding-window attention".into(),
+            }),
+            None => Err(Error::file(
+                &self.source,
+                format!("config.json `layer_types` does not say whether layer `{prefix}` slides"),
+            )),
+        }
+    }
+
+    /// GPT-Neo's window: a layer `local` in `attention_layers` (or, where that is absent, in
+    /// `attention_types` expanded as transformers does: `[[kinds, n], …]` repeats `kinds` n
+    /// times) sees keys i − window_size < j ≤ i; a `global` layer sees every earlier key.
+    fn gpt_neo_window(&self, prefix: &str) -> Result<Option<usize>> {
+        let layer = layer_index(prefix).ok_or_else(|| {
+            Error::file(
+                &self.source,
+                format!("GPT-Neo's attention_layers need the layer of `{prefix}`"),
+            )
+        })?;
+        let kinds: Vec<String> = match self.json.get("attention_layers").and_then(Value::as_array) {
+            Some(layers) => layers
+                .iter()
+                .map(|k| k.as_str().unwrap_or("").to_string())
+                .collect(),
+            None => self.expand_attention_types()?,
+        };
+        let bad = |what: String| Error::file(&self.source, what);
+        match kinds.get(layer).map(String::as_str) {
+            Some("global") => Ok(None),
+            // transformers' GPTNeoConfig default window_size is 256.
+            Some("local") => Ok(Some(self.usize("window_size")?.unwrap_or(256))),
+            Some(other) => Err(Error::UnsupportedModule {
+                module: format!("attention `{prefix}`"),
+                what: format!("GPT-Neo layer kind {other:?}"),
+                why: "GPT-Neo layers are global or local".into(),
+            }),
+            None => Err(bad(format!(
+                "config.json `attention_layers` / `attention_types` do not say whether layer \
+                 `{prefix}` is global or local"
+            ))),
+        }
+    }
+
+    /// `attention_types` `[[["global", "local"], 12]]` → 24 kinds, layer by layer. A malformed
+    /// item, or more layers than any model has, is an error naming the key.
+    fn expand_attention_types(&self) -> Result<Vec<String>> {
+        let bad = |what: String| Error::file(&self.source, what);
+        let items = match self.json.get("attention_types") {
+            None | Some(Value::Null) => return Ok(Vec::new()),
+            Some(Value::Array(items)) => items,
+            Some(v) => {
+                return Err(bad(format!(
+                    "config.json `attention_types` = {v} is not a list"
+                )))
+            }
+        };
+        let mut kinds = Vec::new();
+        for item in items {
+            let (Some(pattern), Some(times)) = (
+                item.get(0).and_then(Value::as_array),
+                item.get(1).and_then(Value::as_u64),
+            ) else {
+                return Err(bad(format!(
+                    "config.json `attention_types` item {item} is not [[kinds…], times]"
+                )));
+            };
+            let total = (pattern.len() as u64).saturating_mul(times);
+            if total.saturating_add(kinds.len() as u64) > MAX_LAYERS as u64 {
+                return Err(bad(format!(
+                    "config.json `attention_types` expands past {MAX_LAYERS} layers"
+                )));
+            }
+            for _ in 0..times {
+                kinds.extend(pattern.iter().map(|k| k.as_str().unwrap_or("").to_string()));
+            }
+        }
+        Ok(kinds)
+    }
+
+    /// transformers validates `layer_types` on every config: a list of known layer kinds, one
+    /// per layer (`num_hidden_layers`). Anything else is an error naming the entry; a known kind
+    /// other than full or sliding attention is refused where its layer is loaded.
+    pub(crate) fn check_layer_types(&self) -> Result<()> {
+        let types = match self.json.get("layer_types") {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::Array(types)) => types,
+            Some(v) => {
+                return Err(Error::file(
+                    &self.source,
+                    format!("config.json `layer_types` = {v} is not a list"),
+                ))
+            }
+        };
+        for (n, t) in types.iter().enumerate() {
+            if !t.as_str().is_some_and(|k| LAYER_KINDS.contains(&k)) {
+                return Err(Error::file(
+                    &self.source,
+                    format!(
+                        "config.json `layer_types`[{n}] = {t} is not a layer type transformers \
+                         knows ({})",
+                        LAYER_KINDS.join(", ")
+                    ),
+                ));
+            }
+        }
+        match self.usize("num_hidden_layers")? {
+            Some(n) if n != types.len() => Err(Error::file(
+                &self.source,
+                format!(
+                    "config.json has num_hidden_layers = {n} but {} `layer_types`",
+                    types.len()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! RoPE settings from either spelling of a config (transformers 4.x `rope_theta` /
+//! `rope_scaling` / `partial_rotary_factor` / `rotary_pct`, transformers 5 `rope_parameters`).
+
+use serde_json::Value;
+
+use super::HfConfig;
+use crate::error::{Error, Result};
+use crate::model::rope::{Rope, RopeScaling};
+
+impl HfConfig {
+    /// The RoPE of a module with heads of `head_dim`, from either spelling: θ (default 10000),
+    /// the rotating share of each head (`partial_rotary_factor`, `rotary_pct`; default
+    /// `default_share`, the model type's: 0.25 for gpt_neox, else all of it), and `default`,
+    /// `linear` or `llama3` scaling. Another `rope_type` (yarn, dynamic, longrope, …) is
+    /// `Err(UnsupportedModule)`, never approximated; a value of the wrong JSON type (θ as a
+    /// string or null, `rope_type: 5`, `rope_parameters: [1, 2]`) is an error naming the key, as
+    /// transformers raises.
+    pub fn rope(&self, head_dim: usize, default_share: f64) -> Result<Rope> {
+        let params = self.object_or_null("rope_parameters")?;
+        let scaling = self.object_or_null("rope_scaling")?;
+        // transformers 5 nests one object per layer type (gemma3, gpt-oss); never read as one.
+        if let Some(nested) = [params, scaling]
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object)
+            .find_map(|o| o.iter().find(|(_, v)| v.is_object()))
+        {
+            return Err(Error::UnsupportedModule {
+                module: self.source.clone(),
+                what: format!("RoPE parameters per layer type (`{}`)", nested.0),
+                why: "one RoPE per layer kind is not implemented".into(),
+            });
+        }
+        let find = |key: &str| -> Result<Option<f64>> {
+            for p in [params, scaling].into_iter().flatten() {
+                if let Some(x) = self.number_in(p, key)? {
+                    return Ok(Some(x));
+                }
+            }
+            self.number_in(&self.json, key)
+        };
+        let theta = match find("rope_theta")? {
+            Some(t) => t,
+            None => self
+                .number_in(&self.json, "rotary_emb_base")?
+                .unwrap_or(10_000.0),
+        };
+        self.positive("rope_theta", theta)?;
+        let share = match find("partial_rotary_factor")? {
+            Some(s) => s,
+            None => self
+                .number_in(&self.json, "rotary_pct")?
+                .unwrap_or(default_share),
+        };
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(Error::file(
+                &self.source,
+                format!("config.json's rotating share of each head {share} is not in (0, 1]"),
+            ));
+        }
+        let mut rope_type = "default";
+        for p in [params, scaling].into_iter().flatten() {
+            if let Some(t) = p.get("rope_type").or_else(|| p.get("type")) {
+                rope_type = t.as_str().ok_or_else(|| {
+                    Error::file(
+                        &self.source,
+                        format!("config.json `rope_type` = {t} is not a string"),
+                    )
+                })?;
+                break;
+            }
+        }
+        let need = |key: &str| -> Result<f64> {
+            let x = find(key)?.ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("rope_type {rope_type:?} needs `{key}`"),
+                )
+            })?;
+            self.positive(key, x)
+        };
+        let scaling = match rope_type {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear {
+                factor: need("factor")?,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                // transformers prefers the top-level value (phi3 writes both).
+                original_max_positions: match self
+                    .number_in(&self.json, "original_max_position_embeddings")?
+                {
+                    Some(n) => self.positive("original_max_position_embeddings", n)?,
+                    None => need("original_max_position_embeddings")?,
+                },
+            },
+            other => {
+                return Err(Error::UnsupportedModule {
+                    module: self.source.clone(),
+                    what: format!("rope_type {other:?}"),
+                    why: "RoPE runs the default, linear and llama3 types".into(),
+                })
+            }
+        };
+        // transformers: int(head_dim · partial_rotary_factor) dimensions rotate.
+        let rotary_dims = (head_dim as f64 * share) as usize;
+        let rope = Rope {
+            theta,
+            rotary_dims,
+            interleaved: false,
+            scaling,
+        };
+        rope.check(head_dim)?;
+        Ok(rope)
+    }
+}

@@ -1,0 +1,196 @@
+use super::*;
+use crate::model::rope::RopeScaling;
+
+#[test]
+fn heads_follow_the_family_key_and_the_stack() {
+    let bart = HfConfig::parse(
+        r#"{"model_type": "bart", "encoder_attention_heads": 4, "decoder_attention_heads": 2}"#,
+        "t",
+    )
+    .unwrap();
+    assert_eq!(bart.heads("model.encoder.layers.0.self_attn.").unwrap(), 4);
+    assert_eq!(
+        bart.heads("model.decoder.layers.0.encoder_attn.").unwrap(),
+        2
+    );
+    let gpt2 = HfConfig::parse(r#"{"n_head": 3}"#, "t").unwrap();
+    assert_eq!(gpt2.heads("h.0.attn.").unwrap(), 3);
+    assert!(HfConfig::parse(r#"{"n_head": 0}"#, "t")
+        .unwrap()
+        .heads("")
+        .is_err());
+    assert!(HfConfig::parse("[1]", "t").is_err());
+}
+
+#[test]
+fn scale_rules_and_refused_settings() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let gpt2 = &["scale_attn_weights", "scale_attn_by_inverse_layer_idx"][..];
+    assert_eq!(c("{}").scale("h.0.attn.", 16, gpt2).unwrap(), None);
+    let unscaled = c(r#"{"scale_attn_weights": false}"#);
+    assert_eq!(unscaled.scale("h.0.", 16, gpt2).unwrap(), Some(1.0));
+    // Read only where the model type reads it; refused by name elsewhere.
+    assert!(unscaled.check_settings("h.0.", gpt2).is_ok());
+    let err = unscaled
+        .check_settings("h.0.", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("scale_attn_weights"), "{err}");
+    let by_layer = c(r#"{"scale_attn_by_inverse_layer_idx": true}"#);
+    assert_eq!(by_layer.scale("h.3.attn.", 16, gpt2).unwrap(), Some(0.0625));
+    assert!(by_layer.scale("attn.", 16, gpt2).is_err());
+    for refused in [
+        r#"{"attn_logit_softcapping": 50.0}"#,
+        r#"{"query_pre_attn_scalar": 64}"#,
+        r#"{"position_embedding_type": "relative_key"}"#,
+        r#"{"rotary_dim": 4}"#,
+        r#"{"attention_types": [[["global", "local"], 1]]}"#,
+        r#"{"rope_parameters": {"partial_rotary_factor": 0.5}}"#,
+        r#"{"layer_types": ["full_attention", "chunked_attention"]}"#,
+    ] {
+        let key = refused.split('"').nth(1).unwrap();
+        let key = if key == "rope_parameters" {
+            "partial_rotary_factor"
+        } else {
+            key
+        };
+        match c(refused).check_settings("x.", &[]) {
+            Err(Error::UnsupportedModule { what, .. }) => {
+                assert!(what.contains(key), "{refused}: {what}")
+            }
+            other => panic!("{refused}: expected UnsupportedModule, got {other:?}"),
+        }
+    }
+    for neutral in [
+        r#"{"attn_logit_softcapping": null}"#,
+        r#"{"position_embedding_type": "absolute"}"#,
+        r#"{"scale_attn_weights": true, "alibi": false, "partial_rotary_factor": 1.0}"#,
+        r#"{"layer_types": ["full_attention", "full_attention"]}"#,
+    ] {
+        assert!(c(neutral).check_settings("x.", &[]).is_ok(), "{neutral}");
+    }
+    let qwen2 = &[
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+    ][..];
+    let typed = c(r#"{"sliding_window": 4, "use_sliding_window": true,
+        "layer_types": ["full_attention", "sliding_attention", "chunked_attention"]}"#);
+    assert_eq!(
+        typed.sliding_window("layers.0.self_attn.", qwen2).unwrap(),
+        None
+    );
+    assert_eq!(
+        typed.sliding_window("layers.1.self_attn.", qwen2).unwrap(),
+        Some(4)
+    );
+    assert!(matches!(
+        typed.sliding_window("layers.2.self_attn.", qwen2),
+        Err(Error::UnsupportedModule { .. })
+    ));
+    assert!(typed.sliding_window("layers.7.self_attn.", qwen2).is_err());
+    // qwen2 without layer_types: layers from max_window_layers on slide, if switched on.
+    let by_count =
+        c(r#"{"sliding_window": 4, "use_sliding_window": true, "max_window_layers": 2}"#);
+    assert_eq!(by_count.sliding_window("layers.1.x.", qwen2).unwrap(), None);
+    assert_eq!(
+        by_count.sliding_window("layers.2.x.", qwen2).unwrap(),
+        Some(4)
+    );
+    let off = c(r#"{"sliding_window": 4, "use_sliding_window": false}"#);
+    assert_eq!(off.sliding_window("layers.3.x.", qwen2).unwrap(), None);
+    // mistral reads only sliding_window: every layer slides.
+    assert_eq!(
+        off.sliding_window("layers.0.x.", &["sliding_window"])
+            .unwrap(),
+        Some(4)
+    );
+    assert_eq!(layer_index("model.decoder.layers.12.self_attn."), Some(12));
+}
+
+#[test]
+fn a_module_reads_its_towers_sub_config() {
+    let clip = HfConfig::parse(
+        r#"{"model_type": "clip", "text_config": {"model_type": "clip_text_model",
+            "num_attention_heads": 2}, "vision_config": {"num_attention_heads": 4}}"#,
+        "t",
+    )
+    .unwrap();
+    let text = clip
+        .for_module("text_model.encoder.layers.0.self_attn.")
+        .unwrap();
+    assert_eq!(
+        (text.model_type(), text.heads("").unwrap()),
+        (Some("clip_text_model"), 2)
+    );
+    let vision = clip
+        .for_module("vision_model.encoder.layers.0.self_attn.")
+        .unwrap();
+    // Without its own model_type, the sub-config takes the parent's.
+    assert_eq!(
+        (vision.model_type(), vision.heads("").unwrap()),
+        (Some("clip"), 4)
+    );
+    for ambiguous in [
+        "encoder.layers.0.self_attn.",
+        "text_model.vision_model.0.attn.",
+    ] {
+        assert!(
+            matches!(
+                clip.for_module(ambiguous),
+                Err(Error::UnsupportedModule { .. })
+            ),
+            "{ambiguous}"
+        );
+    }
+    let xglm = HfConfig::parse(r#"{"model_type": "xglm", "attention_heads": 3}"#, "t").unwrap();
+    assert_eq!(
+        xglm.for_module("model.layers.0.self_attn.")
+            .unwrap()
+            .heads("")
+            .unwrap(),
+        3
+    );
+}
+
+#[test]
+fn rope_reads_both_spellings() {
+    let v4 = HfConfig::parse(
+        r#"{"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}}"#,
+        "t",
+    )
+    .unwrap();
+    let v5 = HfConfig::parse(
+        r#"{"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}}"#,
+        "t",
+    )
+    .unwrap();
+    assert_eq!(v4.rope(8, 1.0).unwrap(), v5.rope(8, 1.0).unwrap());
+    assert!(
+        matches!(v4.rope(8, 1.0).unwrap().scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
+    );
+    let neox = HfConfig::parse(r#"{"rotary_pct": 0.25, "rotary_emb_base": 1000}"#, "t").unwrap();
+    assert_eq!(
+        (
+            neox.rope(16, 1.0).unwrap().rotary_dims,
+            neox.rope(16, 1.0).unwrap().theta
+        ),
+        (4, 1000.0)
+    );
+    let yarn = HfConfig::parse(
+        r#"{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#,
+        "t",
+    )
+    .unwrap();
+    assert!(matches!(
+        yarn.rope(8, 1.0),
+        Err(Error::UnsupportedModule { .. })
+    ));
+    let missing = HfConfig::parse(r#"{"rope_scaling": {"rope_type": "linear"}}"#, "t").unwrap();
+    assert!(missing.rope(8, 1.0).is_err());
+}
