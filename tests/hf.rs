@@ -31,6 +31,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "distilbert",
             "gemma",
             "gemma2",
+            "gemma3",
             "gpt",
             "gpt2",
             "granite",
@@ -101,6 +102,14 @@ fn case_files_say_what_each_module_needs() {
         (
             "cohere_self_layer1_causal_padding_interleaved_qknorm",
             &["+rope", "qk_norm=Layer/PerHead"],
+        ),
+        (
+            "gemma3_self_layer0_causal_padding_window3_qknorm",
+            &["+rope", "window=3", "qk_norm=Rms/PerHead", "scale=0.408"],
+        ),
+        (
+            "gemma3_self_layer1_causal_padding_full_qknorm",
+            &["+rope", "qk_norm=Rms/PerHead", "scale=0.408"],
         ),
         (
             "stablelm_self_layer1_causal_padding_partial_qknorm",

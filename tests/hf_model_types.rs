@@ -208,11 +208,10 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             &["\"qwen3_moe\"", "sliding_window"],
         ),
         (
-            "gemma3",
+            "gpt_oss",
             "llama",
-            r#"{"model_type": "gemma3_text", "num_attention_heads": 4, "num_key_value_heads": 2,
-                "query_pre_attn_scalar": 4}"#,
-            &["\"gemma3_text\"", "RMSNorm"],
+            r#"{"model_type": "gpt_oss", "num_attention_heads": 4, "num_key_value_heads": 2}"#,
+            &["\"gpt_oss\"", "sinks"],
         ),
     ];
     for (tag, which, config, says) in cases {

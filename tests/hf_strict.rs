@@ -106,7 +106,7 @@ fn malformed_config_values_are_errors_naming_the_key() {
     let qwen2 = json!({"model_type": "qwen2", "num_attention_heads": 4, "num_hidden_layers": 2,
         "use_sliding_window": true, "sliding_window": 4});
     let biased = llama(SQUARE, &["q_proj.bias", "k_proj.bias", "v_proj.bias"]);
-    assert!(load(&qwen2, &biased).is_ok());
+    load(&qwen2, &biased).unwrap();
     for (types, phrase) in [
         (json!(["full_attention", "bogus"]), "bogus"),
         (json!(["full_attention", 3]), "layer_types"),
@@ -759,4 +759,34 @@ fn q_k_norms_load_only_where_the_config_switches_them_on() {
     }
     let err = load(&stablelm, &t).unwrap_err().to_string();
     assert!(err.contains("q_layernorm.norms.3.weight"), "{err}");
+}
+
+#[test]
+fn absent_keys_take_the_defaults_of_the_model_types_config_class() {
+    let m = |config: Value| load(&config, &llama(SQUARE, &[])).unwrap();
+    let base = |t: &str| json!({"model_type": t, "num_attention_heads": 4});
+    // MistralConfig: sliding_window 4096; MixtralConfig: rope_theta 1e6; CohereConfig: 5e5.
+    assert_eq!(m(base("mistral")).window, Some(4096));
+    assert_eq!(m(base("mixtral")).config.rope.unwrap().theta, 1e6);
+    assert_eq!(m(base("cohere")).config.rope.unwrap().theta, 5e5);
+    // Gemma2Config: query_pre_attn_scalar 256, attn_logit_softcapping 50, layer 0 slides 4096.
+    let gemma2 = m(base("gemma2"));
+    assert_eq!(gemma2.config.scale, Some(1.0 / 16.0));
+    assert_eq!(gemma2.config.softcap, Some(50.0));
+    assert_eq!(gemma2.window, Some(4096));
+    // null is not absent: no cap.
+    let uncapped = m(patched(
+        &base("gemma2"),
+        json!({"attn_logit_softcapping": null}),
+    ));
+    assert_eq!(uncapped.config.softcap, None);
+    // GraniteConfig: attention_multiplier 1.0 (not 1/√d).
+    assert_eq!(m(base("granite")).config.scale, Some(1.0));
+    // Qwen2Config: max_window_layers 28, so layer 0 of a windowed model is full.
+    let qwen2 = patched(
+        &base("qwen2"),
+        json!({"use_sliding_window": true, "sliding_window": 4}),
+    );
+    let biased = llama(SQUARE, &["q_proj.bias", "k_proj.bias", "v_proj.bias"]);
+    assert_eq!(load(&qwen2, &biased).unwrap().window, None);
 }

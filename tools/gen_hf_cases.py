@@ -32,7 +32,8 @@ as were `gpt_neox_*_default_pct[_nopct]` (no rotary_pct: 0.25 rotates) and
 `t5_encoder_self_block0_padding_short_distance` (max distance 4 below the exact range)
 (`--only loader_semantics`), and `qwen3_*` (per-head q/k RMSNorm) and `olmo2_*` (RMSNorm over
 the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm) and
-`stablelm_*` (partial RoPE, q/k/v biases, a LayerNorm per head) (`--only qk_norm`);
+`stablelm_*` (partial RoPE, q/k/v biases, a LayerNorm per head) and `gemma3_*` (q/k RMSNorm
+1 + w; a sliding layer and a full one, each with its own RoPE θ) (`--only qk_norm`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -125,6 +126,13 @@ FAMILIES = {
     # q/k/v biases, partial RoPE (default 0.25), a bias-free LayerNorm per head (qk_layernorm).
     "stablelm": (tf.StableLmModel, tf.StableLmConfig, dict(
         LM, num_key_value_heads=2, qk_layernorm=True, use_qkv_bias=True)),
+    # Gemma 3: per-head q/k RMSNorm (1 + w), scale 1/√6, layer 0 slides over 3 keys with
+    # θ = 10000, layer 1 is full with θ = 1000 (a RoPE per layer kind).
+    "gemma3": (tf.Gemma3TextModel, tf.Gemma3TextConfig, dict(
+        LM, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=6, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
     # RMSNorm over the whole q and k projections.
     "olmo2": (tf.Olmo2Model, tf.Olmo2Config, dict(LM, num_key_value_heads=2)),
     # rotary_pct left to transformers' default (0.25 of each head rotates).
@@ -238,9 +246,12 @@ def first_arg(args, kwargs, name):
     return (args[0] if args else kwargs[name]).detach()
 
 
-def rope_tables(config, position_ids, dtype):
-    """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default and llama3)."""
+def rope_tables(config, position_ids, dtype, layer_type=None):
+    """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default and llama3);
+    `layer_type`: the layer's kind where the config has a RoPE per kind (Gemma 3)."""
     rp = config.rope_parameters
+    if layer_type is not None:
+        rp = rp[layer_type]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
@@ -530,10 +541,13 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
     attn_name = "attention" if family == "gpt_neox" else "self_attn"
     module = getattr(model.layers[layer], attn_name)
     cfg = model.config
-    cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64)
-    assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+    kind = cfg.layer_types[layer] if family == "gemma3" else None
+    cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64, kind)
+    inv32 = getattr(model.rotary_emb, f"{kind}_inv_freq" if kind else "inv_freq")
+    assert torch.allclose(inv64.float(), inv32, rtol=1e-6, atol=0)
     with torch.no_grad():
-        cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+        at = (kind,) if kind else ()
+        cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids, *at)
 
     def replay(mod, x, kv, mask, dtype):
         tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
@@ -692,6 +706,10 @@ def qk_norm_cases(out_dir):
     rope_case(out_dir, "olmo2", "olmo2_self_layer1_causal_padding_qknorm_whole", [7, 5],
               torch.stack([arange(0, 7), arange(0, 7)]), f32_casts=True)
     rope_case(out_dir, "cohere", "cohere_self_layer1_causal_padding_interleaved_qknorm", [7, 5],
+              torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+    rope_case(out_dir, "gemma3", "gemma3_self_layer0_causal_padding_window3_qknorm", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]), window=3, layer=0, f32_casts=True)
+    rope_case(out_dir, "gemma3", "gemma3_self_layer1_causal_padding_full_qknorm", [7, 5],
               torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
     rope_case(out_dir, "stablelm", "stablelm_self_layer1_causal_padding_partial_qknorm", [7, 5],
               torch.stack([arange(0, 7), arange(0, 7)]))

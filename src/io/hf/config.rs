@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 mod layers;
 mod rope;
 mod settings;
+pub use layers::LayerKind;
 pub use settings::{Setting, SETTINGS};
 
 /// The parsed `config.json` of one model.
@@ -139,6 +140,26 @@ impl HfConfig {
                 format!("config.json `{key}` = {e} is not a finite number ≥ 0"),
             )),
         }
+    }
+
+    /// This config with `defaults` — transformers' default values of the model type's config
+    /// class — filled in where a key is absent (a `null` stays: it means unset). `rope_theta`
+    /// counts as present inside `rope_parameters` / `rope_scaling` too.
+    pub fn with_defaults(mut self, defaults: &[(&str, f64)]) -> Self {
+        for &(key, value) in defaults {
+            let nested = |o: &str| self.json.get(o).and_then(|o| o.get(key)).is_some();
+            let present = self.json.get(key).is_some()
+                || (key == "rope_theta" && (nested("rope_parameters") || nested("rope_scaling")));
+            if let (false, Some(obj)) = (present, self.json.as_object_mut()) {
+                // Whole numbers as JSON integers, as transformers writes them.
+                let v = match value.fract() == 0.0 && value >= 0.0 {
+                    true => Value::from(value as u64),
+                    false => Value::from(value),
+                };
+                obj.insert(key.to_string(), v);
+            }
+        }
+        self
     }
 
     /// `attention_bias`, when the config says it.

@@ -247,6 +247,8 @@ impl HfCheckpoint {
         if let Some(c) = &module_config {
             c.check_settings(prefix, model_type.reads)?;
         }
+        // Keys the model type reads take transformers' defaults where absent.
+        let module_config = module_config.map(|c| c.with_defaults(model_type.defaults()));
         // The q/k norm of the model type, when its config switches it on.
         let norm_rule = match (model_type.qk_norm(), &module_config) {
             (Some(rule), Some(c)) => match rule.switch {
@@ -298,7 +300,11 @@ impl HfCheckpoint {
                     format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
                 ));
             };
-            let mut rope = c.rope(config.qk_head_dim, model_type.default_rotary_share())?;
+            let kind = model_type
+                .rope_per_layer_kind()
+                .then(|| c.layer_kind(prefix, model_type.reads))
+                .transpose()?;
+            let mut rope = c.rope(config.qk_head_dim, model_type.default_rotary_share(), kind)?;
             rope.interleaved = model_type.interleaved_rope();
             config = config.with_rope(rope)?;
         }

@@ -105,9 +105,8 @@ impl ModelType {
     /// Which projections transformers 5.25 builds with a bias for this model type.
     pub fn biases(&self) -> Biases {
         match self.name {
-            "llama" | "gemma" | "gemma2" | "granite" | "qwen3" | "olmo2" | "cohere" => {
-                Biases::ByKey("attention_bias", false)
-            }
+            "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
+            | "olmo2" | "cohere" => Biases::ByKey("attention_bias", false),
             "gpt_neox" => Biases::ByKey("attention_bias", true),
             "starcoder2" => Biases::ByKey("use_bias", true),
             "mistral" | "mixtral" | "phi3" => Biases::Never,
@@ -132,6 +131,11 @@ impl ModelType {
         Some(match self.name {
             // Qwen3RMSNorm(head_dim): one weight shared by the heads.
             "qwen3" => rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6)),
+            // Gemma3RMSNorm(head_dim): x · (1 + w), computed in f32.
+            "gemma3" | "gemma3_text" => QkNormRule {
+                weight_offset: 1.0,
+                ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6))
+            },
             // Olmo2RMSNorm(heads · head_dim): over the whole projection.
             "olmo2" => rule(rms, NormScope::Whole, ("rms_norm_eps", 1e-5)),
             // CohereLayerNorm((heads, head_dim)) without bias, when use_qk_norm.
@@ -147,6 +151,32 @@ impl ModelType {
             },
             _ => return None,
         })
+    }
+
+    /// transformers' defaults for the keys this model type reads, where they are not what an
+    /// absent key means to the loader (checked against each config class of transformers 5.25).
+    pub fn defaults(&self) -> &'static [(&'static str, f64)] {
+        match self.name {
+            "mistral" => &[("sliding_window", 4096.0)],
+            "mixtral" => &[("rope_theta", 1e6)],
+            "qwen2" | "qwen3" => &[("max_window_layers", 28.0)],
+            "gemma2" => &[
+                ("sliding_window", 4096.0),
+                ("query_pre_attn_scalar", 256.0),
+                ("attn_logit_softcapping", 50.0),
+            ],
+            "gemma3" | "gemma3_text" => {
+                &[("sliding_window", 4096.0), ("query_pre_attn_scalar", 256.0)]
+            }
+            "granite" => &[("attention_multiplier", 1.0)],
+            "cohere" => &[("rope_theta", 5e5)],
+            _ => &[],
+        }
+    }
+
+    /// Whether the layers' RoPE depends on their kind (`rope_parameters` per layer type).
+    pub fn rope_per_layer_kind(&self) -> bool {
+        matches!(self.name, "gemma3" | "gemma3_text")
     }
 
     /// Whether RoPE rotates interleaved pairs (2k, 2k + 1) rather than halves (Cohere).
@@ -201,6 +231,14 @@ const fn reading(
 pub(super) const GPT2: usize = 0;
 
 const WINDOW: &[&str] = &["sliding_window"];
+
+const GEMMA3: &[&str] = &[
+    "attn_logit_softcapping",
+    "query_pre_attn_scalar",
+    "sliding_window",
+    "layer_types",
+    "sliding_window_pattern",
+];
 
 /// Every model type the loader runs, by family. Each one's attention in transformers 5.24 is
 /// the family's: these projections, softmax(q·kᵀ·scale + mask)·v with scale 1/√d (none for
@@ -291,6 +329,12 @@ pub const MODEL_TYPES: &[ModelType] = &[
             "layer_types",
         ],
     ),
+    // Gemma3Attention: gemma2's (1/√query_pre_attn_scalar, soft-capping when set, windows by
+    // layer_types or every sliding_window_pattern-th layer full) with per-head q/k RMSNorm
+    // (1 + w) and a RoPE per layer kind. `gemma3` is the multimodal parent's type, taken by a
+    // text tower whose sub-config names none.
+    reading("gemma3_text", Family::Llama, Causality::Always, GEMMA3),
+    reading("gemma3", Family::Llama, Causality::Always, GEMMA3),
     // GraniteAttention: llama's, with the score scale `attention_multiplier` instead of 1/√d.
     reading(
         "granite",
@@ -353,8 +397,6 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
     ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),
     ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
-    ("gemma3", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
-    ("gemma3_text", "q/k RMSNorm and alternating sliding/full layers are not implemented"),
     ("gpt_oss", "attention sinks, yarn RoPE and alternating windows are not implemented"),
     ("deepseek_v2", "multi-head latent attention is not implemented"),
     ("deepseek_v3", "multi-head latent attention is not implemented"),

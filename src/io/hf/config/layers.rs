@@ -5,6 +5,23 @@
 use serde_json::Value;
 
 use super::{layer_index, HfConfig};
+
+/// A layer's attention kind, as `layer_types` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Full,
+    Sliding,
+}
+
+impl LayerKind {
+    /// Its name in `layer_types` (and in per-layer-type `rope_parameters`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Full => "full_attention",
+            LayerKind::Sliding => "sliding_attention",
+        }
+    }
+}
 use crate::error::{Error, Result};
 
 /// More layers than any model has: a bound on what a config's layer lists may expand to.
@@ -46,40 +63,54 @@ impl HfConfig {
         let Some(window) = self.usize("sliding_window")? else {
             return Ok(None);
         };
+        match self.layer_kind(prefix, reads)? {
+            LayerKind::Sliding => Ok(Some(window)),
+            LayerKind::Full => Ok(None),
+        }
+    }
+
+    /// Whether the layer at `prefix` is a sliding or a full attention layer: by `layer_types`
+    /// where the model type reads it, else by the rule transformers fills `layer_types` with —
+    /// Gemma 2's even layers slide, Gemma 3's all but every `sliding_window_pattern`-th
+    /// (default 6), qwen2's layers from `max_window_layers` on, and every layer of the others.
+    /// A layer kind other than full or sliding attention is refused.
+    pub fn layer_kind(&self, prefix: &str, reads: &[&str]) -> Result<LayerKind> {
         let types = self
             .json
             .get("layer_types")
             .and_then(Value::as_array)
             .filter(|_| reads.contains(&"layer_types"));
-        let layer = layer_index(prefix);
-        // Gemma 2 configs saved by transformers 4 have no layer_types: layer i slides when i is
-        // even (the rule transformers 5 fills layer_types with).
-        if types.is_none() && self.model_type() == Some("gemma2") {
-            let n = layer.ok_or_else(|| {
+        let layer = || {
+            layer_index(prefix).ok_or_else(|| {
                 Error::file(
                     &self.source,
-                    format!("Gemma 2's alternating windows need the layer of `{prefix}`"),
+                    format!("which layers slide depends on the layer of `{prefix}`, which it does not name"),
                 )
-            })?;
-            return Ok(n.is_multiple_of(2).then_some(window));
-        }
-        let Some(types) = types else {
-            let first = match reads.contains(&"max_window_layers") {
-                true => self.usize("max_window_layers")?.unwrap_or(0),
-                false => 0,
-            };
-            return match (first, layer) {
-                (0, _) => Ok(Some(window)),
-                (_, Some(n)) => Ok((n >= first).then_some(window)),
-                (_, None) => Err(Error::file(
-                    &self.source,
-                    format!("max_window_layers needs the layer of `{prefix}`"),
-                )),
-            };
+            })
         };
-        match layer.and_then(|n| types.get(n)).and_then(Value::as_str) {
-            Some("sliding_attention") => Ok(Some(window)),
-            Some("full_attention") => Ok(None),
+        let kind = |sliding: bool| match sliding {
+            true => LayerKind::Sliding,
+            false => LayerKind::Full,
+        };
+        let Some(types) = types else {
+            return Ok(match self.model_type() {
+                Some("gemma2") => kind(layer()?.is_multiple_of(2)),
+                Some("gemma3" | "gemma3_text") => {
+                    let pattern = self.usize("sliding_window_pattern")?.unwrap_or(6);
+                    kind(!(layer()? + 1).is_multiple_of(pattern))
+                }
+                _ if reads.contains(&"max_window_layers") => {
+                    match self.usize("max_window_layers")?.unwrap_or(0) {
+                        0 => LayerKind::Sliding,
+                        first => kind(layer()? >= first),
+                    }
+                }
+                _ => LayerKind::Sliding,
+            });
+        };
+        match types.get(layer()?).and_then(Value::as_str) {
+            Some("sliding_attention") => Ok(LayerKind::Sliding),
+            Some("full_attention") => Ok(LayerKind::Full),
             Some(other) => Err(Error::UnsupportedModule {
                 module: format!("attention `{prefix}`"),
                 what: format!("layer type {other:?}"),

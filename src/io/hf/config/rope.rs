@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use super::layers::LayerKind;
 use super::HfConfig;
 use crate::error::{Error, Result};
 use crate::model::rope::{Rope, RopeScaling};
@@ -15,21 +16,41 @@ impl HfConfig {
     /// `Err(UnsupportedModule)`, never approximated; a value of the wrong JSON type (θ as a
     /// string or null, `rope_type: 5`, `rope_parameters: [1, 2]`) is an error naming the key, as
     /// transformers raises.
-    pub fn rope(&self, head_dim: usize, default_share: f64) -> Result<Rope> {
-        let params = self.object_or_null("rope_parameters")?;
-        let scaling = self.object_or_null("rope_scaling")?;
-        // transformers 5 nests one object per layer type (gemma3, gpt-oss); never read as one.
-        if let Some(nested) = [params, scaling]
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_object)
-            .find_map(|o| o.iter().find(|(_, v)| v.is_object()))
-        {
-            return Err(Error::UnsupportedModule {
-                module: self.source.clone(),
-                what: format!("RoPE parameters per layer type (`{}`)", nested.0),
-                why: "one RoPE per layer kind is not implemented".into(),
-            });
+    ///
+    /// transformers 5 nests one `rope_parameters` object per layer type (Gemma 3); then the one
+    /// of `layer_kind` is read, and a config without it is an error naming it.
+    pub fn rope(
+        &self,
+        head_dim: usize,
+        default_share: f64,
+        layer_kind: Option<LayerKind>,
+    ) -> Result<Rope> {
+        let mut params = self.object_or_null("rope_parameters")?;
+        let mut scaling = self.object_or_null("rope_scaling")?;
+        let nested = |p: Option<&Value>| {
+            p.and_then(Value::as_object)
+                .is_some_and(|o| o.values().any(Value::is_object))
+        };
+        if nested(params) || nested(scaling) {
+            let Some(kind) = layer_kind.filter(|_| !nested(scaling)) else {
+                return Err(Error::UnsupportedModule {
+                    module: self.source.clone(),
+                    what: "RoPE parameters per layer type".into(),
+                    why: "this model type's layers have one RoPE".into(),
+                });
+            };
+            params = params.and_then(|p| p.get(kind.name()));
+            let Some(p) = params.filter(|p| p.is_object()) else {
+                return Err(Error::file(
+                    &self.source,
+                    format!(
+                        "config.json `rope_parameters` has no object for `{}`",
+                        kind.name()
+                    ),
+                ));
+            };
+            params = Some(p);
+            scaling = None;
         }
         let find = |key: &str| -> Result<Option<f64>> {
             for p in [params, scaling].into_iter().flatten() {

@@ -170,15 +170,18 @@ fn rope_reads_both_spellings() {
         "t",
     )
     .unwrap();
-    assert_eq!(v4.rope(8, 1.0).unwrap(), v5.rope(8, 1.0).unwrap());
+    assert_eq!(
+        v4.rope(8, 1.0, None).unwrap(),
+        v5.rope(8, 1.0, None).unwrap()
+    );
     assert!(
-        matches!(v4.rope(8, 1.0).unwrap().scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
+        matches!(v4.rope(8, 1.0, None).unwrap().scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
     );
     let neox = HfConfig::parse(r#"{"rotary_pct": 0.25, "rotary_emb_base": 1000}"#, "t").unwrap();
     assert_eq!(
         (
-            neox.rope(16, 1.0).unwrap().rotary_dims,
-            neox.rope(16, 1.0).unwrap().theta
+            neox.rope(16, 1.0, None).unwrap().rotary_dims,
+            neox.rope(16, 1.0, None).unwrap().theta
         ),
         (4, 1000.0)
     );
@@ -188,9 +191,42 @@ fn rope_reads_both_spellings() {
     )
     .unwrap();
     assert!(matches!(
-        yarn.rope(8, 1.0),
+        yarn.rope(8, 1.0, None),
         Err(Error::UnsupportedModule { .. })
     ));
     let missing = HfConfig::parse(r#"{"rope_scaling": {"rope_type": "linear"}}"#, "t").unwrap();
-    assert!(missing.rope(8, 1.0).is_err());
+    assert!(missing.rope(8, 1.0, None).is_err());
+}
+
+#[test]
+fn layer_kinds_follow_layer_types_or_the_model_types_pattern() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let reads = &["sliding_window", "layer_types", "sliding_window_pattern"][..];
+    let kind = |cfg: &HfConfig, layer: usize| {
+        cfg.layer_kind(&format!("model.layers.{layer}.self_attn."), reads)
+            .unwrap()
+    };
+    // Gemma 3 without layer_types: every sliding_window_pattern-th layer (default 6) is full.
+    let gemma3 = c(r#"{"model_type": "gemma3_text"}"#);
+    assert_eq!(kind(&gemma3, 4), LayerKind::Sliding);
+    assert_eq!(kind(&gemma3, 5), LayerKind::Full);
+    let every_other = c(r#"{"model_type": "gemma3_text", "sliding_window_pattern": 2}"#);
+    assert_eq!(kind(&every_other, 0), LayerKind::Sliding);
+    assert_eq!(kind(&every_other, 1), LayerKind::Full);
+    // Gemma 2: the even layers.
+    let gemma2 = c(r#"{"model_type": "gemma2"}"#);
+    assert_eq!(kind(&gemma2, 2), LayerKind::Sliding);
+    assert_eq!(kind(&gemma2, 3), LayerKind::Full);
+    // layer_types wins.
+    let typed = c(r#"{"model_type": "gemma3_text",
+        "layer_types": ["full_attention", "sliding_attention"]}"#);
+    assert_eq!(kind(&typed, 0), LayerKind::Full);
+    // A RoPE per layer kind: the layer's own.
+    let nested = c(r#"{"rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}}"#);
+    let theta = |k| nested.rope(8, 1.0, Some(k)).unwrap().theta;
+    assert_eq!(theta(LayerKind::Sliding), 1e4);
+    assert_eq!(theta(LayerKind::Full), 1e6);
+    assert!(nested.rope(8, 1.0, None).is_err());
 }
