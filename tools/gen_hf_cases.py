@@ -33,7 +33,8 @@ as were `gpt_neox_*_default_pct[_nopct]` (no rotary_pct: 0.25 rotates) and
 (`--only loader_semantics`), and `qwen3_*` (per-head q/k RMSNorm) and `olmo2_*` (RMSNorm over
 the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm) and
 `stablelm_*` (partial RoPE, q/k/v biases, a LayerNorm per head) and `gemma3_*` (q/k RMSNorm
-1 + w; a sliding layer and a full one, each with its own RoPE θ) (`--only qk_norm`);
+1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
+and without truncation) (`--only qk_norm`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -133,6 +134,17 @@ FAMILIES = {
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
+    # yarn RoPE: the first frequency kept, the rest interpolated ÷4, cos/sin × (0.1·ln 4 + 1);
+    # then gpt-oss's spelling: no truncation, beta_fast 8, an explicit attention_factor.
+    "llama_yarn": (tf.LlamaModel, tf.LlamaConfig, dict(
+        LM, num_key_value_heads=2, max_position_embeddings=64, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0})),
+    "llama_yarn_notrunc": (tf.LlamaModel, tf.LlamaConfig, dict(
+        LM, num_key_value_heads=2, max_position_embeddings=64, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "truncate": False,
+            "original_max_position_embeddings": 16, "beta_fast": 8.0, "beta_slow": 1.0,
+            "attention_factor": 1.3})),
     # RMSNorm over the whole q and k projections.
     "olmo2": (tf.Olmo2Model, tf.Olmo2Config, dict(LM, num_key_value_heads=2)),
     # rotary_pct left to transformers' default (0.25 of each head rotates).
@@ -264,6 +276,26 @@ def rope_tables(config, position_ids, dtype, layer_type=None):
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old / high) & ~(wavelen > old / low)
         inv_freq = torch.where(medium, smoothed, scaled)
+    elif rp["rope_type"] == "yarn":
+        factor, old = rp["factor"], rp["original_max_position_embeddings"]
+        attention = rp.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
+        fast, slow = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+        def correction(rotations):
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(rp["rope_theta"]))
+
+        low, high = correction(fast), correction(slow)
+        if rp.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=dtype) - low) / (high - low)).clamp(0, 1)
+        extrapolated = 1 - ramp
+        inv_freq = inv_freq / factor * (1 - extrapolated) + inv_freq * extrapolated
+        freqs = position_ids[..., None].to(dtype) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * attention, emb.sin() * attention, inv_freq
     else:
         assert rp["rope_type"] == "default", rp
     freqs = position_ids[..., None].to(dtype) * inv_freq
@@ -707,6 +739,10 @@ def qk_norm_cases(out_dir):
               torch.stack([arange(0, 7), arange(0, 7)]), f32_casts=True)
     rope_case(out_dir, "cohere", "cohere_self_layer1_causal_padding_interleaved_qknorm", [7, 5],
               torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+    rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_yarn", [12, 9],
+              torch.stack([arange(0, 12), arange(3, 12)]), variant="llama_yarn")
+    rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_yarn_notrunc", [12, 9],
+              torch.stack([arange(0, 12), arange(3, 12)]), variant="llama_yarn_notrunc")
     rope_case(out_dir, "gemma3", "gemma3_self_layer0_causal_padding_window3_qknorm", [7, 5],
               torch.stack([arange(0, 7), arange(0, 7)]), window=3, layer=0, f32_casts=True)
     rope_case(out_dir, "gemma3", "gemma3_self_layer1_causal_padding_full_qknorm", [7, 5],

@@ -83,6 +83,11 @@ fn describe(m: &HfAttention) -> String {
             RopeScaling::None => "default".to_string(),
             RopeScaling::Linear { factor } => format!("linear×{factor}"),
             RopeScaling::Llama3 { factor, .. } => format!("llama3×{factor}"),
+            RopeScaling::Yarn {
+                factor,
+                attention_factor,
+                ..
+            } => format!("yarn×{factor} attention_factor={attention_factor}"),
         };
         s.push_str(&format!(
             " rope(θ={}, rotary_dims={}, {scaling})",

@@ -1,5 +1,5 @@
 //! Rotary position embeddings (RoPE): each query and key row is rotated, pair by pair, by an
-//! angle `position · inv_freq[k]` before attention. The frequencies (with `linear` or `llama3`
+//! angle `position · inv_freq[k]` before attention. The frequencies (with `linear`, `llama3` or `yarn`
 //! scaling) and the cos/sin of every angle are computed here in f64 — the shader only applies
 //! the rotation — so the f32 answer does not carry f32 trigonometry of large angles.
 
@@ -32,6 +32,18 @@ pub enum RopeScaling {
         low_freq_factor: f64,
         high_freq_factor: f64,
         original_max_positions: f64,
+    },
+    /// `yarn`: frequencies blended between interpolated (÷ `factor`) and extrapolated by a
+    /// linear ramp over the dimensions whose rotations in `original_max_positions` lie between
+    /// `beta_slow` and `beta_fast`; cos and sin scaled by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_positions: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        /// Correction range bounds floored/ceiled (transformers' `truncate`, default true).
+        truncate: bool,
     },
 }
 
@@ -77,6 +89,22 @@ impl Rope {
                 .all(positive)
                     && high_freq_factor > low_freq_factor
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_positions,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate: _,
+            } => [
+                factor,
+                original_max_positions,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+            ]
+            .into_iter()
+            .all(positive),
         };
         if !positive(self.theta) || !scaling_ok {
             return Err(Error::Config(format!(
@@ -117,19 +145,59 @@ impl Rope {
                     }
                 })
                 .collect(),
+            RopeScaling::Yarn {
+                factor,
+                original_max_positions,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                // transformers' _compute_yarn_parameters: the dimension whose frequency turns
+                // `rotations` times over the original context.
+                let correction = |rotations: f64| {
+                    d * (original_max_positions / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * self.theta.ln())
+                };
+                let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+                if low == high {
+                    high += 0.001; // transformers' guard against a zero-width ramp
+                }
+                base.enumerate()
+                    .map(|(k, f)| {
+                        let ramp = ((k as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extrapolated = 1.0 - ramp;
+                        f / factor * (1.0 - extrapolated) + f * extrapolated
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// What cos and sin are multiplied by (yarn's `attention_factor`; 1 otherwise).
+    pub fn cos_sin_scale(&self) -> f64 {
+        match self.scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
         }
     }
 
     /// `(cos, sin)` of every angle of `positions`, as the shader reads them:
     /// `[positions.len(), rotary_dims / 2, 2]`, computed in f64.
     pub fn table(&self, positions: &[usize]) -> Vec<f32> {
-        let inv_freq = self.inv_freq();
+        let (inv_freq, scale) = (self.inv_freq(), self.cos_sin_scale());
         let mut table = Vec::with_capacity(positions.len() * inv_freq.len() * 2);
         for &p in positions {
             for f in &inv_freq {
                 let angle = p as f64 * f;
-                table.push(angle.cos() as f32);
-                table.push(angle.sin() as f32);
+                table.push((angle.cos() * scale) as f32);
+                table.push((angle.sin() * scale) as f32);
             }
         }
         table
@@ -146,8 +214,10 @@ impl Rope {
 
     /// Rotates one head row `x` (f64, the reference's) to `position`.
     pub fn rotate(&self, x: &mut [f64], position: usize) {
+        let scale = self.cos_sin_scale();
         for (k, f) in self.inv_freq().into_iter().enumerate() {
-            let (c, s) = ((position as f64 * f).cos(), (position as f64 * f).sin());
+            let angle = position as f64 * f;
+            let (c, s) = (angle.cos() * scale, angle.sin() * scale);
             let (a, b) = self.pair(k);
             let (xa, xb) = (x[a], x[b]);
             x[a] = xa * c - xb * s;

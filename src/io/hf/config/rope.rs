@@ -117,11 +117,12 @@ impl HfConfig {
                     None => need("original_max_position_embeddings")?,
                 },
             },
+            "yarn" => self.yarn(&find, &need, params)?,
             other => {
                 return Err(Error::UnsupportedModule {
                     module: self.source.clone(),
                     what: format!("rope_type {other:?}"),
-                    why: "RoPE runs the default, linear and llama3 types".into(),
+                    why: "RoPE runs the default, linear, llama3 and yarn types".into(),
                 })
             }
         };
@@ -135,5 +136,52 @@ impl HfConfig {
         };
         rope.check(head_dim)?;
         Ok(rope)
+    }
+
+    /// transformers' `_compute_yarn_parameters`: `attention_factor` when given, else
+    /// 0.1·ln(factor) + 1 (or the `mscale` / `mscale_all_dim` ratio of two such), `beta_fast`
+    /// 32 and `beta_slow` 1 when absent or 0, `truncate` true when absent.
+    fn yarn(
+        &self,
+        find: &dyn Fn(&str) -> Result<Option<f64>>,
+        need: &dyn Fn(&str) -> Result<f64>,
+        params: Option<&Value>,
+    ) -> Result<RopeScaling> {
+        let factor = need("factor")?;
+        let mscale = |m: f64| match factor <= 1.0 {
+            true => 1.0,
+            false => 0.1 * m * factor.ln() + 1.0,
+        };
+        let attention_factor = match find("attention_factor")? {
+            Some(a) => self.positive("attention_factor", a)?,
+            None => match (find("mscale")?, find("mscale_all_dim")?) {
+                (Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+                _ => mscale(1.0),
+            },
+        };
+        let or = |key: &str, default: f64| -> Result<f64> {
+            match find(key)? {
+                None => Ok(default),
+                Some(x) if x == 0.0 => Ok(default),
+                Some(x) => self.positive(key, x),
+            }
+        };
+        let truncate = match params.and_then(|p| p.get("truncate")) {
+            None | Some(Value::Null) => true,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("config.json `truncate` = {v} is not true or false"),
+                )
+            })?,
+        };
+        Ok(RopeScaling::Yarn {
+            factor,
+            original_max_positions: need("original_max_position_embeddings")?,
+            beta_fast: or("beta_fast", 32.0)?,
+            beta_slow: or("beta_slow", 1.0)?,
+            attention_factor,
+            truncate,
+        })
     }
 }

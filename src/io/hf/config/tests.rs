@@ -185,15 +185,41 @@ fn rope_reads_both_spellings() {
         ),
         (4, 1000.0)
     );
-    let yarn = HfConfig::parse(
-        r#"{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#,
+    let dynamic = HfConfig::parse(
+        r#"{"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}"#,
         "t",
     )
     .unwrap();
     assert!(matches!(
-        yarn.rope(8, 1.0, None),
+        dynamic.rope(8, 1.0, None),
         Err(Error::UnsupportedModule { .. })
     ));
+    let yarn = HfConfig::parse(
+        r#"{"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+            "original_max_position_embeddings": 16, "truncate": false, "beta_fast": 0}}"#,
+        "t",
+    )
+    .unwrap();
+    match yarn.rope(8, 1.0, None).unwrap().scaling {
+        RopeScaling::Yarn {
+            beta_fast,
+            beta_slow,
+            truncate,
+            attention_factor,
+            ..
+        } => {
+            // beta_fast 0 is transformers' `or 32`; attention_factor 0.1·ln 4 + 1.
+            assert_eq!((beta_fast, beta_slow, truncate), (32.0, 1.0, false));
+            assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15);
+        }
+        other => panic!("{other:?}"),
+    }
+    let no_original = HfConfig::parse(
+        r#"{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#,
+        "t",
+    )
+    .unwrap();
+    assert!(no_original.rope(8, 1.0, None).is_err());
     let missing = HfConfig::parse(r#"{"rope_scaling": {"rope_type": "linear"}}"#, "t").unwrap();
     assert!(missing.rope(8, 1.0, None).is_err());
 }
