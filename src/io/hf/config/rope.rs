@@ -162,7 +162,7 @@ impl HfConfig {
         let or = |key: &str, default: f64| -> Result<f64> {
             match find(key)? {
                 None => Ok(default),
-                Some(x) if x == 0.0 => Ok(default),
+                Some(0.0) => Ok(default),
                 Some(x) => self.positive(key, x),
             }
         };
