@@ -13,13 +13,14 @@ struct ReduceParams {
     splits: u32,
     groups_x: u32,
     head_dim_v: u32,
-    _pad1: u32,
+    sinks: u32,     // 1: each head's sink logit joins the denominator (gpt-oss)
     _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: ReduceParams;
 @group(0) @binding(1) var<storage, read> partials: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 // A quiet NaN. WGSL rejects NaN constants, so the bits are made a runtime value.
 fn nan() -> f32 {
@@ -35,20 +36,25 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // Floats per (row, split): max, sum, the accumulator's vec4s (as decode_params.wgsl).
     let part_stride = 2u + 4u * ((p.head_dim_v + 3u) / 4u);
     let first = row * p.splits * part_stride;
+    let h = (row / p.lq) % p.heads;
+    // A sink is one more split: max its logit, sum exp(0) = 1, accumulator 0.
     var m = -3.402823e38;
+    var sink = m;
+    if (p.sinks == 1u) {
+        sink = sinks[h];
+        m = sink;
+    }
     for (var s = 0u; s < p.splits; s++) {
         m = max(m, partials[first + s * part_stride]);
     }
-    var l = 0.0;
+    var l = select(0.0, exp(sink - m), p.sinks == 1u);
     for (var s = 0u; s < p.splits; s++) {
         let base = first + s * part_stride;
         l += partials[base + 1u] * exp(partials[base] - m);
     }
     let inv = select(1.0 / l, nan(), m <= -3.402823e38);
     let i = row % p.lq;
-    let bh = row / p.lq;
-    let b = bh / p.heads;
-    let h = bh % p.heads;
+    let b = row / p.lq / p.heads;
     let out_base = (b * p.lq + i) * (p.heads * p.head_dim_v) + h * p.head_dim_v;
     for (var d = lid.x; d < p.head_dim_v; d += 64u) {
         var o = 0.0;

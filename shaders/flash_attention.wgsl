@@ -62,6 +62,10 @@ struct FlashParams {
     key_base: u32,    // the key in row 0 of the bound K/V (a KV cache's chunk start)
     head_dim_qk: u32, // the module's head sizes (at most HEAD_CAP_QK, HEAD_CAP_V)
     head_dim_v: u32,
+    sinks: u32,       // 1: each head's softmax starts from its sink logit (gpt-oss)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // Carried floats per query row: max, sum, and the accumulator's vec4s of the real head size.
@@ -76,6 +80,8 @@ fn carry_stride() -> u32 {
 @group(0) @binding(3) var<storage, read> v_in: array<QkvElem>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read_write> carry: array<f32>;
+// One logit per query head, read when p.sinks is 1.
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 var<workgroup> k_tile: array<vec4<f32>, KV_TILE * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
@@ -325,8 +331,17 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var acc: array<array<vec4<f32>, DV4>, ROWS>;
     var row_max: array<f32, ROWS>;
     var row_sum: array<f32, ROWS>;
+    // A sink is a key of value zero every query sees: the online softmax starts from it
+    // (max = its logit, sum = exp(0) = 1) in the first key range; later ranges carry it.
+    var start_max = -3.402823e38;
+    var start_sum = 0.0;
+    if (p.sinks == 1u) {
+        start_max = sinks[h];
+        start_sum = 1.0;
+    }
     for (var r = 0u; r < ROWS; r++) {
-        row_max[r] = -3.402823e38;
+        row_max[r] = start_max;
+        row_sum[r] = start_sum;
     }
     for (var r = 0u; r < ROWS; r++) {
         let i = i0 + lid.x + THREADS * r;

@@ -6,13 +6,18 @@ struct SoftmaxParams {
     rows: u32,
     cols: u32,
     groups_x: u32,   // workgroups along x; row = wid.y · groups_x + wid.x
-    _pad: u32,
+    sinks: u32,      // 1: row r of [·, heads, lq, cols] adds its head's sink to the denominator
+    lq: u32,
+    heads: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 const WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> p: SoftmaxParams;
 @group(0) @binding(4) var<storage, read_write> s: array<f32>;
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 var<workgroup> partial: array<f32, WG>;
 
@@ -51,7 +56,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         return;
     }
     let base = row * p.cols;
-    var m = -3.402823e38;
+    // A sink is a column of value zero outside the row: in the max and the sum only.
+    var sink = -3.402823e38;
+    if (p.sinks == 1u) {
+        sink = sinks[(row / p.lq) % p.heads];
+    }
+    var m = sink;
     for (var j = lid.x; j < p.cols; j += WG) {
         m = max(m, s[base + j]);
     }
@@ -61,6 +71,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         sum += exp(s[base + j] - m);
     }
     sum = reduce_sum(lid.x, sum);
+    if (p.sinks == 1u) {
+        sum += exp(sink - m);
+    }
     // Every score of the row was -inf (an additive mask) iff the max stayed at its start,
     // -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN, as the reference's. WGSL has no NaN
     // constant, and fast math need not keep exp(-inf) = 0 exact, so both are spelled out.

@@ -119,8 +119,18 @@ pub fn forward_at(
                     });
                     *s = mask_score(mask, cap(dot * scale) + alibi, lq, lk, (bi, hi, i, j));
                 }
-                let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = row.iter().map(|s| (s - max).exp()).sum();
+                // A sink joins the denominator only: a key of value zero every query sees.
+                let sink = weights.sinks.as_ref().map(|s| s[hi] as f64);
+                let max = row
+                    .iter()
+                    .cloned()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = row
+                    .iter()
+                    .chain(sink.as_ref())
+                    .map(|s| (s - max).exp())
+                    .sum();
                 let p = &mut probs[((bi * h + hi) * lq + i) * lk..][..lk];
                 for (pj, s) in p.iter_mut().zip(&row) {
                     *pj = (s - max).exp() / sum;

@@ -112,6 +112,14 @@ fn case_files_say_what_each_module_needs() {
             &["+rope", "qk_norm=Rms/PerHead", "scale=0.408"],
         ),
         (
+            "gpt_oss_self_layer0_causal_padding_window3_sinks_yarn",
+            &["+rope", "window=3", "+sinks", "kv_heads=2"],
+        ),
+        (
+            "gpt_oss_self_layer1_causal_padding_full_sinks_yarn",
+            &["+rope", "+sinks"],
+        ),
+        (
             "stablelm_self_layer1_causal_padding_partial_qknorm",
             &["+rope", "qk_norm=Layer/PerHead"],
         ),

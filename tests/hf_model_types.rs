@@ -208,10 +208,10 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             &["\"qwen3_moe\"", "sliding_window"],
         ),
         (
-            "gpt_oss",
+            "deepseek_v2",
             "llama",
-            r#"{"model_type": "gpt_oss", "num_attention_heads": 4, "num_key_value_heads": 2}"#,
-            &["\"gpt_oss\"", "sinks"],
+            r#"{"model_type": "deepseek_v2", "num_attention_heads": 4, "num_key_value_heads": 2}"#,
+            &["\"deepseek_v2\"", "latent"],
         ),
     ];
     for (tag, which, config, says) in cases {
@@ -325,8 +325,8 @@ fn keys_that_change_the_answer_are_refused_by_name() {
         (
             "llama",
             "mistral",
-            r#""rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
-            "yarn",
+            r#""rope_scaling": {"rope_type": "dynamic", "factor": 4.0}"#,
+            "dynamic",
         ),
         (
             "bart",

@@ -278,7 +278,11 @@ fn uniform_structs_match_their_wgsl_layout() {
                     kv_group,
                     key_base,
                     head_dim_qk,
-                    head_dim_v
+                    head_dim_v,
+                    sinks,
+                    _pad0,
+                    _pad1,
+                    _pad2
                 ]
             ),
         ),
@@ -345,7 +349,10 @@ fn uniform_structs_match_their_wgsl_layout() {
         ),
         (
             softmax::source(),
-            host_layout!(SoftmaxParams, [rows, cols, groups_x, _pad]),
+            host_layout!(
+                SoftmaxParams,
+                [rows, cols, groups_x, sinks, lq, heads, _pad0, _pad1]
+            ),
         ),
         (
             decode::source(DecodeShape::new(KernelClass::Gpu, 64, 64, 4, false)),
@@ -375,7 +382,7 @@ fn uniform_structs_match_their_wgsl_layout() {
             decode::reduce_source(),
             host_layout!(
                 ReduceParams,
-                [rows, lq, heads, splits, groups_x, head_dim_v, _pad1, _pad2]
+                [rows, lq, heads, splits, groups_x, head_dim_v, sinks, _pad2]
             ),
         ),
         (

@@ -34,7 +34,8 @@ as were `gpt_neox_*_default_pct[_nopct]` (no rotary_pct: 0.25 rotates) and
 the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm) and
 `stablelm_*` (partial RoPE, q/k/v biases, a LayerNorm per head) and `gemma3_*` (q/k RMSNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
-and without truncation) (`--only qk_norm`);
+and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
+(`--only qk_norm`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -145,6 +146,15 @@ FAMILIES = {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "truncate": False,
             "original_max_position_embeddings": 16, "beta_fast": 8.0, "beta_slow": 1.0,
             "attention_factor": 1.3})),
+    # gpt-oss: sinks, biases, yarn RoPE (gpt-oss's spelling), layer 0 slides over 3 keys.
+    "gpt_oss": (tf.GptOssModel, tf.GptOssConfig, dict(
+        vocab_size=64, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+        num_experts_per_tok=1, sliding_window=3, initializer_range=0.2,
+        max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "beta_fast": 8.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 16})),
     # RMSNorm over the whole q and k projections.
     "olmo2": (tf.Olmo2Model, tf.Olmo2Config, dict(LM, num_key_value_heads=2)),
     # rotary_pct left to transformers' default (0.25 of each head rotates).
@@ -172,9 +182,10 @@ def build(family):
     seeded(family)
     model = cls(config_cls(**copy.deepcopy(kw), **EAGER)).eval()
     with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
+        for name, p in sorted(model.named_parameters()):
             if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
+                # Sinks at the scores' scale (±2), so that they change the answer.
+                p.add_((2.0 if name.endswith(".sinks") else 0.1) * torch.randn_like(p))
     return model
 
 
@@ -258,7 +269,7 @@ def first_arg(args, kwargs, name):
     return (args[0] if args else kwargs[name]).detach()
 
 
-def rope_tables(config, position_ids, dtype, layer_type=None):
+def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
     """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default and llama3);
     `layer_type`: the layer's kind where the config has a RoPE per kind (Gemma 3)."""
     rp = config.rope_parameters
@@ -294,12 +305,14 @@ def rope_tables(config, position_ids, dtype, layer_type=None):
         extrapolated = 1 - ramp
         inv_freq = inv_freq / factor * (1 - extrapolated) + inv_freq * extrapolated
         freqs = position_ids[..., None].to(dtype) * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = freqs if halves else torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * attention, emb.sin() * attention, inv_freq
     else:
         assert rp["rope_type"] == "default", rp
     freqs = position_ids[..., None].to(dtype) * inv_freq
-    if config.model_type == "cohere":  # pairs (2k, 2k + 1)
+    if halves:  # gpt-oss's tables hold each angle once
+        emb = freqs
+    elif config.model_type == "cohere":  # pairs (2k, 2k + 1)
         emb = torch.repeat_interleave(freqs, 2, dim=-1)
     else:
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -574,7 +587,8 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
     module = getattr(model.layers[layer], attn_name)
     cfg = model.config
     kind = cfg.layer_types[layer] if family == "gemma3" else None
-    cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64, kind)
+    cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64, kind,
+                                      halves=family == "gpt_oss")
     inv32 = getattr(model.rotary_emb, f"{kind}_inv_freq" if kind else "inv_freq")
     assert torch.allclose(inv64.float(), inv32, rtol=1e-6, atol=0)
     with torch.no_grad():
@@ -747,6 +761,10 @@ def qk_norm_cases(out_dir):
               torch.stack([arange(0, 7), arange(0, 7)]), window=3, layer=0, f32_casts=True)
     rope_case(out_dir, "gemma3", "gemma3_self_layer1_causal_padding_full_qknorm", [7, 5],
               torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+    rope_case(out_dir, "gpt_oss", "gpt_oss_self_layer0_causal_padding_window3_sinks_yarn", [12, 10],
+              torch.stack([arange(0, 12), arange(3, 12)]), window=3, layer=0)
+    rope_case(out_dir, "gpt_oss", "gpt_oss_self_layer1_causal_padding_full_sinks_yarn", [12, 10],
+              torch.stack([arange(0, 12), arange(3, 12)]))
     rope_case(out_dir, "stablelm", "stablelm_self_layer1_causal_padding_partial_qknorm", [7, 5],
               torch.stack([arange(0, 7), arange(0, 7)]))
 

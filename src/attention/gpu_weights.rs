@@ -24,6 +24,9 @@ pub(crate) struct GpuWeights {
     pub appended_kv: (Vec<f32>, Vec<f32>),
     /// The q and k norms' weights (f32) and their lengths, for a module with `qk_norm`.
     pub qk_norm: Option<[(wgpu::Buffer, usize); 2]>,
+    /// One sink logit per query head (zeros, unread, for a module without sinks): bound by
+    /// every pass that finishes a softmax.
+    pub sinks: wgpu::Buffer,
 }
 
 impl GpuWeights {
@@ -70,6 +73,11 @@ impl GpuWeights {
                     + w.k.bias.as_ref().map_or(0, Vec::len)) as u32,
                 output_bias: w.o.as_ref().and_then(|o| o.bias.clone()),
                 appended_kv: w.appended_kv(config),
+                sinks: {
+                    let zeros = vec![0.0; config.heads.max(4)];
+                    let values = w.sinks.as_deref().unwrap_or(&zeros);
+                    gpu.upload("sinks", values, wgpu::BufferUsages::empty())
+                },
                 qk_norm: w.qk_norm.as_ref().map(|n| {
                     [&n.q, &n.k].map(|v| {
                         let buffer = gpu.upload("qk_norm weight", v, wgpu::BufferUsages::empty());

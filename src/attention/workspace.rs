@@ -139,6 +139,7 @@ pub(crate) fn dispatches(
                 out: b.combined,
                 mask: b.mask,
                 chunks: b.chunks,
+                sinks: (&mha.weights.sinks, c.sinks),
             };
             let f16 = mha.qkv_elem_bytes() == 2;
             chain.extend(decode::dispatches(gpu, &core, f16, &buffers)?);
@@ -152,6 +153,7 @@ pub(crate) fn dispatches(
                 carry: b.carry,
                 mask: b.mask,
                 chunks: b.chunks,
+                sinks: (&mha.weights.sinks, c.sinks),
             };
             chain.extend(flash.dispatches(gpu, &core, &buffers)?);
         }
@@ -164,11 +166,18 @@ pub(crate) fn dispatches(
             };
             chain.extend(scores::dispatches(gpu, &core, buffers)?);
             // probs = softmax(scores), in place
+            let sinks = softmax::Sinks {
+                logits: &mha.weights.sinks,
+                on: c.sinks,
+                heads: h,
+                lq: g.lq,
+            };
             chain.push(softmax::dispatch(
                 gpu,
                 g.batch * h * g.lq,
                 g.lk,
                 scores_buf,
+                sinks,
             )?);
             // combined = combine_heads(probs · V)
             let buffers = av_combine::AvBuffers {

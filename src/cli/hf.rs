@@ -69,6 +69,9 @@ fn describe(m: &HfAttention) -> String {
     if let Some(cap) = c.softcap {
         s.push_str(&format!(" softcap={cap}"));
     }
+    if c.sinks {
+        s.push_str(" sinks");
+    }
     if let Some(n) = &c.qk_norm {
         s.push_str(&format!(
             " qk_norm({:?} {:?}, eps={})",

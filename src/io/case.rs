@@ -336,6 +336,9 @@ impl Case {
         if let Some(n) = &c.qk_norm {
             options.push_str(&format!(" qk_norm={:?}/{:?}", n.kind, n.scope));
         }
+        if c.sinks {
+            options.push_str(" +sinks");
+        }
         format!("{sizes}{options} B={b} Lq={lq} Lk={lk} mask={mask}")
     }
 

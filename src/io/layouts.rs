@@ -533,6 +533,7 @@ fn assembled(
         o,
         bias_kv: None,
         qk_norm: None,
+        sinks: None,
     };
     // Bias on/off as the loader found it; `check` then names any projection that differs.
     let config = AttentionConfig {

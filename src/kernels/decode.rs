@@ -280,7 +280,8 @@ pub struct ReduceParams {
     pub splits: u32,
     pub groups_x: u32,
     pub head_dim_v: u32,
-    pub _pad1: u32,
+    /// 1: each head's sink logit (binding 8) joins the denominator.
+    pub sinks: u32,
     pub _pad2: u32,
 }
 
@@ -333,7 +334,12 @@ const SLOTS: &[Slot] = &[
     Slot::Read(6),
     Slot::Uniform(7),
 ];
-const REDUCE_SLOTS: &[Slot] = &[Slot::Uniform(0), Slot::Read(1), Slot::Write(4)];
+const REDUCE_SLOTS: &[Slot] = &[
+    Slot::Uniform(0),
+    Slot::Read(1),
+    Slot::Write(4),
+    Slot::Read(8),
+];
 
 /// What the passes read and write.
 pub struct DecodeBuffers<'a> {
@@ -346,6 +352,8 @@ pub struct DecodeBuffers<'a> {
     /// A KV cache's K/V chunks, read in place of `qkv.k` and `qkv.v`; a chunk holds a whole
     /// number of splits ([`MAX_KEYS_PER_SPLIT`] divides its keys).
     pub chunks: Option<KvChunks<'a>>,
+    /// One sink logit per query head, and whether they are read (by the reduce).
+    pub sinks: (&'a wgpu::Buffer, bool),
 }
 
 /// The decode pass over every key range, then the reduce; `c` must be one it [`serves`].
@@ -419,6 +427,7 @@ pub fn dispatches(
         splits: splits as u32,
         groups_x,
         head_dim_v: c.v_head_dim as u32,
+        sinks: b.sinks.1 as u32,
         ..Default::default()
     };
     let reduce_groups = [groups_x, rows.div_ceil(groups_x), 1];
@@ -428,7 +437,8 @@ pub fn dispatches(
         &PassSpec::main("decode_reduce", REDUCE_SLOTS),
         reduce_source,
     );
-    let reduce = Dispatch::new(gpu, pass, &r, &[(1, b.partials), (4, b.out)], reduce_groups)?;
+    let bindings = [(1, b.partials), (4, b.out), (8, b.sinks.0)];
+    let reduce = Dispatch::new(gpu, pass, &r, &bindings, reduce_groups)?;
     chain.push(reduce);
     Ok(chain)
 }

@@ -143,6 +143,11 @@ pub struct FlashParams {
     /// The module's head sizes; the shader holds [`head_cap`] of each.
     pub head_dim_qk: u32,
     pub head_dim_v: u32,
+    /// 1: each head's softmax includes its sink logit (`sinks`, binding 8).
+    pub sinks: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 /// Resume from the carried state (every key range but the first).
@@ -290,7 +295,7 @@ pub fn source(s: FlashShape) -> String {
     super::mask::prelude(prelude).source(&[super::mask::WGSL, kv, WGSL])
 }
 
-/// Bindings: params, Q, K, V, output, carried state, mask words, mask params.
+/// Bindings: params, Q, K, V, output, carried state, mask words, mask params, sinks.
 const SLOTS: &[Slot] = &[
     Uniform(0),
     Read(1),
@@ -300,6 +305,7 @@ const SLOTS: &[Slot] = &[
     Write(5),
     Read(6),
     Uniform(7),
+    Read(8),
 ];
 
 /// What the pass reads and writes.
@@ -314,6 +320,8 @@ pub struct FlashBuffers<'a> {
     pub mask: &'a MaskBuffers,
     /// A KV cache's K/V chunks, read in place of `qkv.k` and `qkv.v`.
     pub chunks: Option<KvChunks<'a>>,
+    /// One sink logit per query head, and whether they are read.
+    pub sinks: (&'a wgpu::Buffer, bool),
 }
 
 /// The fused pass of one module's head sizes on one device: its pipeline, its tile and how
@@ -412,6 +420,7 @@ impl Flash {
                 (5, b.carry),
                 words,
                 mask_params,
+                (8, b.sinks.0),
             ];
             // A chunk's keys start on a tile (the cache sizes chunks so); its key ranges
             // carry in unless they are the first of all, out unless the last.
@@ -445,6 +454,8 @@ impl Flash {
                     key_base: span.key_base as u32,
                     head_dim_qk: c.qk_head_dim as u32,
                     head_dim_v: c.v_head_dim as u32,
+                    sinks: b.sinks.1 as u32,
+                    ..Default::default()
                 };
                 chain.push(Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)?);
             }

@@ -13,7 +13,11 @@ pub struct SoftmaxParams {
     pub rows: u32,
     pub cols: u32,
     pub groups_x: u32,
-    pub _pad: u32,
+    pub sinks: u32,
+    pub lq: u32,
+    pub heads: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
 }
 
 impl SoftmaxParams {
@@ -23,7 +27,7 @@ impl SoftmaxParams {
             rows,
             cols,
             groups_x: rows.clamp(1, max_groups),
-            _pad: 0,
+            ..Default::default()
         }
     }
 
@@ -42,9 +46,42 @@ pub fn source() -> String {
 /// 2^19 columns make 24,576, well under the cap.
 pub const SOFTWARE_MAX_COLS: usize = 1 << 19;
 
+/// Attention sinks for a softmax over scores `[·, heads, lq, cols]`: one logit per head in
+/// `logits`, joining each row's denominator when `on`.
+#[derive(Clone, Copy)]
+pub struct Sinks<'a> {
+    pub logits: &'a wgpu::Buffer,
+    pub on: bool,
+    pub heads: usize,
+    pub lq: usize,
+}
+
+impl<'a> Sinks<'a> {
+    /// No sinks; `placeholder` is any storage buffer (bound, never read).
+    pub fn none(placeholder: &'a wgpu::Buffer) -> Self {
+        Sinks {
+            logits: placeholder,
+            on: false,
+            heads: 1,
+            lq: 1,
+        }
+    }
+}
+
+/// A storage buffer of zeros to bind where a pass takes sinks and the problem has none.
+pub fn no_sinks(gpu: &Gpu) -> wgpu::Buffer {
+    gpu.upload("no sinks", &[0.0f32; 4], wgpu::BufferUsages::empty())
+}
+
 /// Softmax over each of `rows` rows of `cols` values in `scores`, in place. `Err(Unsupported)`
 /// for rows longer than [`SOFTWARE_MAX_COLS`] on a software rasteriser.
-pub fn dispatch(gpu: &Gpu, rows: usize, cols: usize, scores: &wgpu::Buffer) -> Result<Dispatch> {
+pub fn dispatch(
+    gpu: &Gpu,
+    rows: usize,
+    cols: usize,
+    scores: &wgpu::Buffer,
+    sinks: Sinks,
+) -> Result<Dispatch> {
     if super::is_software(gpu) && cols > SOFTWARE_MAX_COLS {
         return Err(crate::error::Error::Unsupported {
             adapter: gpu.describe(),
@@ -55,14 +92,20 @@ pub fn dispatch(gpu: &Gpu, rows: usize, cols: usize, scores: &wgpu::Buffer) -> R
             ),
         });
     }
-    let p = SoftmaxParams::new(
-        rows as u32,
-        cols as u32,
-        gpu.limits().max_compute_workgroups_per_dimension,
-    );
-    let slots = [Slot::Uniform(0), Slot::Write(4)];
+    let p = SoftmaxParams {
+        sinks: sinks.on as u32,
+        lq: sinks.lq.max(1) as u32,
+        heads: sinks.heads.max(1) as u32,
+        ..SoftmaxParams::new(
+            rows as u32,
+            cols as u32,
+            gpu.limits().max_compute_workgroups_per_dimension,
+        )
+    };
+    let slots = [Slot::Uniform(0), Slot::Write(4), Slot::Read(8)];
     let pass = gpu.compile("softmax", &PassSpec::main("softmax", &slots), source);
-    Dispatch::new(gpu, pass, &p, &[(4, scores)], p.workgroups())
+    let bindings = [(4, scores), (8, sinks.logits)];
+    Dispatch::new(gpu, pass, &p, &bindings, p.workgroups())
 }
 
 #[cfg(test)]

@@ -417,6 +417,7 @@ impl Job {
             let out = gpu.storage("combined", 4 * c.combined_len() as u64, copy);
             let carry_len = flash.as_ref().map_or(0, |f| f.carry_len(&c));
             let carry = gpu.storage("flash carry", 4 * carry_len as u64, copy);
+            let no_sinks = softmax::no_sinks(gpu);
             let scores_step = || {
                 let b = scores::ScoresBuffers {
                     qkv: QkvBuffers::packed(&qkv),
@@ -452,6 +453,7 @@ impl Job {
                         carry: &carry,
                         mask: &mask_buffers,
                         chunks: None,
+                        sinks: (&no_sinks, false),
                     };
                     let flash = flash
                         .as_ref()
@@ -461,7 +463,8 @@ impl Job {
                 Core::MultiPass => {
                     let rows = c.batch * c.heads * c.lq;
                     let mut steps = scores_step()?;
-                    steps.push(softmax::dispatch(gpu, rows, c.lk, &scores_buf)?);
+                    let sinks = softmax::Sinks::none(&no_sinks);
+                    steps.push(softmax::dispatch(gpu, rows, c.lk, &scores_buf, sinks)?);
                     steps.extend(av_step(&scores_buf, &c)?);
                     (steps, &out, c.combined_len())
                 }
@@ -547,6 +550,7 @@ impl Job {
                 &[],
                 &EncodedMask::new(&Mask::None, dims.attn())?.params,
             );
+            let no_sinks = softmax::no_sinks(gpu);
             let buffers = decode::DecodeBuffers {
                 qkv: QkvBuffers {
                     q: &qb,
@@ -557,6 +561,7 @@ impl Job {
                 out: &out,
                 mask: &mask,
                 chunks: None,
+                sinks: (&no_sinks, false),
             };
             let steps = decode::dispatches(gpu, &c, false, &buffers)?;
             let keep = vec![qb, kb, vb, partials, mask.words, mask.params];
@@ -601,7 +606,8 @@ impl Job {
             let copy = wgpu::BufferUsages::COPY_SRC;
             let original = gpu.upload("s (input)", s, copy);
             let work = gpu.storage("s (in place)", 4 * (rows * cols) as u64, copy);
-            let step = softmax::dispatch(gpu, rows, cols, &work)?;
+            let no_sinks = softmax::no_sinks(gpu);
+            let step = softmax::dispatch(gpu, rows, cols, &work, softmax::Sinks::none(&no_sinks))?;
             let mut job = Job::new(gpu, vec![step], Vec::new(), work, rows * cols);
             job.restore = Some((original, (4 * rows * cols) as u64));
             Ok(job)

@@ -54,6 +54,10 @@ pub struct AttentionConfig {
     /// Queries and keys normalised after their projection, before RoPE (Qwen3, Gemma 3,
     /// OLMo 2, StableLM, Cohere), with [`crate::AttentionWeights::qk_norm`].
     pub qk_norm: Option<QkNorm>,
+    /// Attention sinks (gpt-oss): a learned logit per query head
+    /// ([`crate::AttentionWeights::sinks`]) that joins each softmax's denominator only, as a
+    /// key with value zero every query sees.
+    pub sinks: bool,
 }
 
 impl AttentionConfig {
@@ -86,6 +90,7 @@ impl AttentionConfig {
             add_zero_attn: false,
             rope: None,
             qk_norm: None,
+            sinks: false,
         }
         .validated()
     }
@@ -109,6 +114,7 @@ impl AttentionConfig {
             add_zero_attn: false,
             rope: None,
             qk_norm: None,
+            sinks: false,
         }
         .validated()
     }
@@ -156,6 +162,12 @@ impl AttentionConfig {
     /// [`crate::AttentionWeights::qk_norm`]).
     pub fn with_qk_norm(mut self, norm: QkNorm) -> Result<Self> {
         self.qk_norm = Some(norm);
+        self.validated()
+    }
+
+    /// Adds attention sinks (values in [`crate::AttentionWeights::sinks`]).
+    pub fn with_sinks(mut self) -> Result<Self> {
+        self.sinks = true;
         self.validated()
     }
 
@@ -255,6 +267,11 @@ impl AttentionConfig {
                     "RoPE with add_bias_kv/add_zero_attn: appended keys have no position".into(),
                 ));
             }
+        }
+        if self.sinks && self.appended_keys() > 0 {
+            return Err(Error::Config(
+                "attention sinks with add_bias_kv/add_zero_attn are not available".into(),
+            ));
         }
         if self.qk_norm.is_some() && self.appended_keys() > 0 {
             // nn.MultiheadAttention's appended keys never meet a q/k norm in any model.

@@ -100,6 +100,8 @@ pub struct AttentionWeights {
     pub bias_kv: Option<BiasKv>,
     /// The q/k norms' weights, when the config has `qk_norm`.
     pub qk_norm: Option<QkNormWeights>,
+    /// One sink logit per query head, when the config has `sinks`.
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// The learned key and value of `nn.MultiheadAttention(add_bias_kv=True)`, in projected space:
@@ -128,6 +130,10 @@ impl AttentionWeights {
             q: (0..c.qk_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
             k: (0..c.k_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
         });
+        // Sink logits around the scores' scale, so that they matter.
+        let sinks = c
+            .sinks
+            .then(|| (0..c.heads).map(|_| rng.uniform(-2.0, 2.0)).collect());
         let bias_kv = c.add_bias_kv.then(|| BiasKv {
             k: (0..c.k_width()).map(|_| rng.uniform(-1.0, 1.0)).collect(),
             v: (0..c.kv_v_width())
@@ -141,6 +147,7 @@ impl AttentionWeights {
             o,
             bias_kv,
             qk_norm,
+            sinks,
         }
     }
 
@@ -165,6 +172,7 @@ impl AttentionWeights {
             add_zero_attn: false,
             rope: None,
             qk_norm: None,
+            sinks: false,
         }
         .validated()
     }
@@ -231,6 +239,34 @@ impl AttentionWeights {
                 ))
             }
             (None, None) => {}
+        }
+        match (&self.sinks, c.sinks) {
+            (Some(s), true) if s.len() != c.heads => {
+                return Err(Error::weight(
+                    "sinks",
+                    format!(
+                        "has {} values, expected one per query head ({})",
+                        s.len(),
+                        c.heads
+                    ),
+                ))
+            }
+            (Some(s), true) if s.iter().any(|v| !v.is_finite()) => {
+                return Err(Error::weight("sinks", "holds a value that is not finite"))
+            }
+            (None, true) => {
+                return Err(Error::weight(
+                    "sinks",
+                    "is missing, but the config has sinks",
+                ))
+            }
+            (Some(_), false) => {
+                return Err(Error::weight(
+                    "sinks",
+                    "is present, but the config has no sinks",
+                ))
+            }
+            _ => {}
         }
         match (&self.bias_kv, c.add_bias_kv) {
             (Some(b), true) => {

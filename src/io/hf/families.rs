@@ -215,12 +215,12 @@ pub fn check_understood(
     family: Family,
     prefix: &str,
     names: &[&str],
-    extra: Option<NormTensors>,
+    extra: &dyn Fn(&str) -> bool,
 ) -> Result<()> {
     let unknown = names
         .iter()
         .filter_map(|n| n.strip_prefix(prefix))
-        .find(|rest| !family.understood(rest) && !extra.is_some_and(|e| e.holds(rest)));
+        .find(|rest| !family.understood(rest) && !extra(rest));
     match unknown {
         None => Ok(()),
         Some(rest) => Err(Error::UnsupportedModule {
@@ -584,6 +584,7 @@ fn assembled(
         o: Some(o),
         bias_kv: None,
         qk_norm: None,
+        sinks: None,
     };
     let config = weights.implied_config(heads, kv_heads)?;
     // The crate's names (W_q …) in a failed check become the checkpoint's.

@@ -257,7 +257,12 @@ impl HfCheckpoint {
             },
             (rule, _) => rule.filter(|r| r.switch.is_none()),
         };
-        families::check_understood(family, prefix, &self.names(), norm_rule.map(|r| r.tensors))?;
+        // Tensors of the model type beyond its family's: q/k norms, sinks.
+        let extra = |rest: &str| {
+            norm_rule.is_some_and(|r| r.tensors.holds(rest))
+                || (model_type.sinks() && rest == "sinks")
+        };
+        families::check_understood(family, prefix, &self.names(), &extra)?;
         let heads = match (heads, &module_config) {
             (Some(h), _) => h,
             (None, Some(c)) => c.heads(prefix)?,
@@ -285,6 +290,10 @@ impl HfCheckpoint {
             ));
         }
         self.check_biases(family, prefix, model_type, module_config.as_ref())?;
+        if model_type.sinks() {
+            weights.sinks = Some(self.sinks(prefix, config.heads)?);
+            config = config.with_sinks()?;
+        }
         if let Some(rule) = norm_rule {
             let (norm, norm_weights) =
                 self.qk_norm(prefix, model_type, rule, module_config.as_ref(), &config)?;
@@ -359,6 +368,22 @@ impl HfCheckpoint {
             weights,
             relative_bias,
         })
+    }
+
+    /// `{prefix}sinks`: one logit per query head.
+    fn sinks(&self, prefix: &str, heads: usize) -> Result<Vec<f32>> {
+        let name = format!("{prefix}sinks");
+        if !self.contains(&name) {
+            return Err(Error::weight(name, "is missing; this attention has sinks"));
+        }
+        let (shape, values) = self.read(&name)?;
+        if values.len() != heads {
+            return Err(Error::weight(
+                name,
+                format!("has shape {shape:?}, expected [{heads}] (one per query head)"),
+            ));
+        }
+        Ok(values)
     }
 
     /// The q/k norm of a model type that has one: `q_norm.weight` and `k_norm.weight` under

@@ -107,7 +107,7 @@ impl ModelType {
         match self.name {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo2" | "cohere" => Biases::ByKey("attention_bias", false),
-            "gpt_neox" => Biases::ByKey("attention_bias", true),
+            "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
             "starcoder2" => Biases::ByKey("use_bias", true),
             "mistral" | "mixtral" | "phi3" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
@@ -169,9 +169,15 @@ impl ModelType {
                 &[("sliding_window", 4096.0), ("query_pre_attn_scalar", 256.0)]
             }
             "granite" => &[("attention_multiplier", 1.0)],
+            "gpt_oss" => &[("sliding_window", 128.0)],
             "cohere" => &[("rope_theta", 5e5)],
             _ => &[],
         }
+    }
+
+    /// Whether the module holds attention sinks (`sinks`, one logit per query head).
+    pub fn sinks(&self) -> bool {
+        self.name == "gpt_oss"
     }
 
     /// Whether the layers' RoPE depends on their kind (`rope_parameters` per layer type).
@@ -335,6 +341,15 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // text tower whose sub-config names none.
     reading("gemma3_text", Family::Llama, Causality::Always, GEMMA3),
     reading("gemma3", Family::Llama, Causality::Always, GEMMA3),
+    // GptOssAttention: llama's with biases (attention_bias, default true), a learned sink
+    // logit per head in every softmax's denominator, windows by layer_types (without them,
+    // the even layers) and yarn RoPE.
+    reading(
+        "gpt_oss",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types"],
+    ),
     // GraniteAttention: llama's, with the score scale `attention_multiplier` instead of 1/√d.
     reading(
         "granite",
@@ -397,7 +412,6 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
     ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),
     ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
-    ("gpt_oss", "attention sinks, yarn RoPE and alternating windows are not implemented"),
     ("deepseek_v2", "multi-head latent attention is not implemented"),
     ("deepseek_v3", "multi-head latent attention is not implemented"),
     ("gpt_bigcode", "its Linear (not Conv1D) `c_attn` with multi-query packing is not implemented"),

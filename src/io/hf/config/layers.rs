@@ -94,7 +94,7 @@ impl HfConfig {
         };
         let Some(types) = types else {
             return Ok(match self.model_type() {
-                Some("gemma2") => kind(layer()?.is_multiple_of(2)),
+                Some("gemma2" | "gpt_oss") => kind(layer()?.is_multiple_of(2)),
                 Some("gemma3" | "gemma3_text") => {
                     let pattern = self.usize("sliding_window_pattern")?.unwrap_or(6);
                     kind(!(layer()? + 1).is_multiple_of(pattern))
