@@ -27,6 +27,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
         [
             "bart",
             "bert",
+            "bloom",
             "cohere",
             "distilbert",
             "gemma",
@@ -118,6 +119,10 @@ fn case_files_say_what_each_module_needs() {
         (
             "gpt_oss_self_layer1_causal_padding_full_sinks_yarn",
             &["+rope", "+sinks"],
+        ),
+        (
+            "bloom_self_layer1_causal_padding_alibi",
+            &["+alibi", "causal"],
         ),
         (
             "stablelm_self_layer1_causal_padding_partial_qknorm",

@@ -189,10 +189,10 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             &["\"roformer\"", "rotary"],
         ),
         (
+            "gpt_neox_japanese",
             "bloom",
-            "bloom",
-            r#"{"model_type": "bloom", "n_head": 4, "hidden_size": 16}"#,
-            &["\"bloom\"", "ALiBi"],
+            r#"{"model_type": "gpt_neox_japanese", "num_attention_heads": 4, "hidden_size": 16}"#,
+            &["\"gpt_neox_japanese\"", "rotary"],
         ),
         (
             "falcon",

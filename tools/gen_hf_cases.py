@@ -35,7 +35,7 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 `stablelm_*` (partial RoPE, q/k/v biases, a LayerNorm per head) and `gemma3_*` (q/k RMSNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
-(`--only qk_norm`);
+(`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -155,6 +155,9 @@ FAMILIES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "beta_fast": 8.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 16})),
+    # BLOOM: gpt_neox's packing with biases, ALiBi instead of RoPE.
+    "bloom": (tf.BloomModel, tf.BloomConfig, dict(
+        vocab_size=64, hidden_size=32, n_layer=2, n_head=4, initializer_range=0.2)),
     # RMSNorm over the whole q and k projections.
     "olmo2": (tf.Olmo2Model, tf.Olmo2Config, dict(LM, num_key_value_heads=2)),
     # rotary_pct left to transformers' default (0.25 of each head rotates).
@@ -769,10 +772,33 @@ def qk_norm_cases(out_dir):
               torch.stack([arange(0, 7), arange(0, 7)]))
 
 
+def alibi_cases(out_dir):
+    """BLOOM: the attention module adds its residual itself; the replay gives it zeros, and
+    the ALiBi tensor the model builds from the padding mask."""
+    model = build("bloom")
+    config_text, state = saved(model)
+    name = "bloom_self_layer1_causal_padding_alibi"
+    seeded(name)
+    length = 7
+    input_ids, pad = ids(length), lengths_mask([7, 5], length)
+    heads = model.config.n_head
+
+    def replay(mod, x, kv, mask, dtype):
+        alibi = tf.models.bloom.modeling_bloom.build_alibi_tensor(pad, heads, dtype)
+        assert alibi.dtype == dtype
+        return mod(x, torch.zeros_like(x), alibi, mask)[0]
+
+    replay_case(out_dir, name, "bloom", model, config_text, state,
+                module=model.h[1].self_attention, prefix="h.1.self_attention.",
+                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                replay=replay, causal=True, pad=pad,
+                hooked_out=model.h[1].self_attention.dense)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics", "qk_norm"]
+          "newer_rope", "loader_semantics", "qk_norm", "alibi"]
 
 
 def main():
@@ -796,6 +822,7 @@ def main():
         "newer_rope": lambda: newer_rope_cases(args.out),
         "loader_semantics": lambda: loader_semantics_cases(args.out),
         "qk_norm": lambda: qk_norm_cases(args.out),
+        "alibi": lambda: alibi_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -72,6 +72,9 @@ fn describe(m: &HfAttention) -> String {
     if c.sinks {
         s.push_str(" sinks");
     }
+    if let Some(m) = c.alibi {
+        s.push_str(&format!(" alibi(max_bias={m})"));
+    }
     if let Some(n) = &c.qk_norm {
         s.push_str(&format!(
             " qk_norm({:?} {:?}, eps={})",

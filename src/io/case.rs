@@ -339,6 +339,9 @@ impl Case {
         if c.sinks {
             options.push_str(" +sinks");
         }
+        if let Some(m) = c.alibi {
+            options.push_str(&format!(" +alibi(max_bias={m})"));
+        }
         format!("{sizes}{options} B={b} Lq={lq} Lk={lk} mask={mask}")
     }
 

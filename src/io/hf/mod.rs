@@ -302,7 +302,9 @@ impl HfCheckpoint {
         }
         let cross = families::is_cross_attention(prefix);
         let mut window = None;
-        if family.uses_rope() {
+        if let Some(max_bias) = model_type.alibi() {
+            config = config.with_alibi(max_bias)?;
+        } else if family.uses_rope() {
             let Some(c) = &module_config else {
                 return Err(Error::file(
                     &self.name,
@@ -464,6 +466,7 @@ impl HfCheckpoint {
                 ([on; 4], format!("{key} = {on}"))
             }
             Biases::Never => ([false; 4], "no bias on any projection".to_string()),
+            Biases::Always => ([true; 4], "a bias on every projection".to_string()),
             Biases::QkvOnly => (
                 [true, true, true, false],
                 "biases on q, k and v only".into(),

@@ -95,6 +95,8 @@ pub enum Biases {
     ByKey(&'static str, bool),
     /// None (mistral, mixtral, phi3).
     Never,
+    /// All four, whatever the config says (bloom).
+    Always,
     /// q, k and v, not the output (qwen2).
     QkvOnly,
     /// q, k and v by a config key with its default, never the output (stablelm).
@@ -108,6 +110,7 @@ impl ModelType {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo2" | "cohere" => Biases::ByKey("attention_bias", false),
             "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
+            "bloom" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
             "mistral" | "mixtral" | "phi3" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
@@ -173,6 +176,12 @@ impl ModelType {
             "cohere" => &[("rope_theta", 5e5)],
             _ => &[],
         }
+    }
+
+    /// ALiBi's `max_bias` where the model type adds ALiBi instead of rotating q and k (BLOOM:
+    /// `build_alibi_tensor`'s slopes, 2^(−8·h/n)).
+    pub fn alibi(&self) -> Option<f32> {
+        (self.name == "bloom").then_some(8.0)
     }
 
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
@@ -391,6 +400,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["sliding_window", "partial_rotary_factor"],
     ),
+    // BloomAttention: gpt_neox's per-head packing in `query_key_value` with biases, no RoPE,
+    // ALiBi (its slopes are AttentionConfig::with_alibi's); causal.
+    mt("bloom", Family::GptNeox, Causality::Always),
     reading(
         "gpt_neox",
         Family::GptNeox,
@@ -405,7 +417,6 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("gptj", "interleaved rotary embeddings on the first `rotary_dim` dimensions of each head are not implemented"),
     ("codegen", "interleaved rotary embeddings (`rotary_dim`) and the 4-block `qkv_proj` packing are not implemented"),
     ("roformer", "sinusoidal rotary embeddings with interleaved pairs are not implemented"),
-    ("bloom", "ALiBi position biases are not implemented"),
     ("falcon", "ALiBi or rotary attention with multi-query / grouped `query_key_value` packing is not implemented"),
     ("mpt", "ALiBi position biases are not implemented"),
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
