@@ -35,6 +35,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "gemma3",
             "gpt",
             "gpt2",
+            "gptj",
             "granite",
             "llama",
             "mistral",
@@ -42,6 +43,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "phi3",
             "qwen2",
             "qwen3",
+            "roformer",
             "stablelm",
             "starcoder2",
             "t5",
@@ -120,6 +122,11 @@ fn case_files_say_what_each_module_needs() {
             "gpt_oss_self_layer1_causal_padding_full_sinks_yarn",
             &["+rope", "+sinks"],
         ),
+        (
+            "gptj_self_layer1_causal_padding_interleaved_partial",
+            &["+rope", "causal"],
+        ),
+        ("roformer_self_layer1_padding_interleaved", &["+rope"]),
         (
             "bloom_self_layer1_causal_padding_alibi",
             &["+alibi", "causal"],

@@ -177,16 +177,16 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
     // (model type, the layout its tensors look like, config, what the message must say)
     let cases: [(&str, &str, &str, &[&str]); 6] = [
         (
+            "codegen",
             "gptj",
-            "gptj",
-            r#"{"model_type": "gptj", "n_head": 4, "n_embd": 16, "rotary_dim": 4}"#,
-            &["\"gptj\"", "rotary_dim", "interleaved"],
+            r#"{"model_type": "codegen", "n_head": 4, "n_embd": 16, "rotary_dim": 4}"#,
+            &["\"codegen\"", "qkv_proj"],
         ),
         (
+            "big_bird",
             "roformer",
-            "roformer",
-            r#"{"model_type": "roformer", "num_attention_heads": 4, "hidden_size": 16}"#,
-            &["\"roformer\"", "rotary"],
+            r#"{"model_type": "big_bird", "num_attention_heads": 4, "hidden_size": 16}"#,
+            &["\"big_bird\"", "block-sparse"],
         ),
         (
             "gpt_neox_japanese",
@@ -578,7 +578,7 @@ fn inspect_prints_the_refusal_instead_of_runs() {
     let (_, specs) = layout("gptj");
     let dir = model_dir(
         "inspectgptj",
-        r#"{"model_type": "gptj", "n_head": 4, "rotary_dim": 4}"#,
+        r#"{"model_type": "codegen", "n_head": 4, "rotary_dim": 4}"#,
         &specs,
     );
     let (code, text) = cli(&["inspect", dir.path().to_str().unwrap()]);
@@ -588,7 +588,7 @@ fn inspect_prints_the_refusal_instead_of_runs() {
         .find(|l| l.contains("transformer.h.0.attn."))
         .unwrap_or_else(|| panic!("no module line:\n{text}"));
     assert!(
-        line.contains("NOT RUN") && line.contains("\"gptj\"") && line.contains("rotary_dim"),
+        line.contains("NOT RUN") && line.contains("\"codegen\"") && line.contains("qkv_proj"),
         "{line}"
     );
     assert!(!line.contains("runs"), "{line}");

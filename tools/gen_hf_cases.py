@@ -35,7 +35,8 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 `stablelm_*` (partial RoPE, q/k/v biases, a LayerNorm per head) and `gemma3_*` (q/k RMSNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
-(`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`);
+(`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
+(`--only interleaved`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -155,6 +156,14 @@ FAMILIES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "beta_fast": 8.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 16})),
+    # GPT-J: bart's names, interleaved RoPE on the first 4 of 8 dimensions of each head.
+    "gptj": (tf.GPTJModel, tf.GPTJConfig, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+    # RoFormer: bert's names, interleaved sinusoidal RoPE over every dimension.
+    "roformer": (tf.RoFormerModel, tf.RoFormerConfig, dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=16, initializer_range=0.2)),
     # BLOOM: gpt_neox's packing with biases, ALiBi instead of RoPE.
     "bloom": (tf.BloomModel, tf.BloomConfig, dict(
         vocab_size=64, hidden_size=32, n_layer=2, n_head=4, initializer_range=0.2)),
@@ -795,10 +804,62 @@ def alibi_cases(out_dir):
                 hooked_out=model.h[1].self_attention.dense)
 
 
+def interleaved_cases(out_dir):
+    """RoPE under names that do not say so: GPT-J (bart's) and RoFormer (bert's)."""
+    model = build("gptj")
+    config_text, state = saved(model)
+    name = "gptj_self_layer1_causal_padding_interleaved_partial"
+    seeded(name)
+    length = 7
+    input_ids, pad = ids(length), lengths_mask([7, 5], length)
+    position_ids = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    rd = model.config.rotary_dim
+    inv64 = 1.0 / (10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    angles = position_ids[..., None].double() * inv64
+    with torch.no_grad():
+        sin32, cos32 = model.rotary_emb(torch.zeros(1), position_ids)
+
+    def replay(mod, x, kv, mask, dtype):
+        if dtype == torch.float32:
+            return mod(x, position_embeddings=(sin32, cos32), attention_mask=mask)[0]
+        with float32_means_float64():  # GPT-J's scores are cast to float32
+            return mod(x, position_embeddings=(angles.sin(), angles.cos()),
+                       attention_mask=mask)[0]
+
+    replay_case(out_dir, name, "gptj", model, config_text, state, module=model.h[1].attn,
+                prefix="h.1.attn.",
+                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                  use_cache=False),
+                replay=replay, causal=True, pad=pad, position_ids=position_ids)
+
+    model = build("roformer")
+    config_text, state = saved(model)
+    name = "roformer_self_layer1_padding_interleaved"
+    seeded(name)
+    length = 6
+    input_ids, pad = ids(length), lengths_mask([6, 4], length)
+    att = model.encoder.layer[1].attention
+    dim = model.config.hidden_size // model.config.num_attention_heads
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    freqs = pos / (10000.0 ** (2 * (torch.arange(dim, dtype=torch.float64) // 2) / dim))
+    sinusoidal64 = torch.cat([freqs[:, 0::2].sin(), freqs[:, 1::2].cos()], dim=-1)[None, None]
+    with torch.no_grad():
+        sinusoidal32 = model.encoder.embed_positions((1, length), 0)[None, None]
+
+    def replay_r(mod, x, kv, mask, dtype):
+        sp = sinusoidal32 if dtype == torch.float32 else sinusoidal64
+        return mod.output.dense(mod.self(x, attention_mask=mask, sinusoidal_pos=sp)[0])
+
+    replay_case(out_dir, name, "roformer", model, config_text, state, module=att,
+                prefix="encoder.layer.1.attention.",
+                run=lambda: model(input_ids, attention_mask=pad),
+                replay=replay_r, pad=pad, hooked_out=att.output.dense)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics", "qk_norm", "alibi"]
+          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved"]
 
 
 def main():
@@ -823,6 +884,7 @@ def main():
         "loader_semantics": lambda: loader_semantics_cases(args.out),
         "qk_norm": lambda: qk_norm_cases(args.out),
         "alibi": lambda: alibi_cases(args.out),
+        "interleaved": lambda: interleaved_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -7,6 +7,7 @@ pub mod case;
 pub mod config;
 pub mod families;
 pub mod model_types;
+mod module_parts;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,11 +17,10 @@ use crate::io::files::{entry_exists, read_text, MAX_CONFIG_BYTES, MAX_INDEX_BYTE
 use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
 use crate::model::mask::{AttnDims, Mask, MaskTensor, PaddingMask};
-use crate::model::qk_norm::{QkNorm, QkNormWeights};
 use crate::model::relative_bias::RelativeBias;
 use crate::model::weights::AttentionWeights;
 use config::HfConfig;
-use families::{Biases, Family, ModelType, NormTensors, QkNormRule};
+use families::Family;
 
 /// The tensors (in one or more files) and the config of one model.
 #[derive(Debug)]
@@ -302,23 +302,14 @@ impl HfCheckpoint {
         }
         let cross = families::is_cross_attention(prefix);
         let mut window = None;
-        if let Some(max_bias) = model_type.alibi() {
-            config = config.with_alibi(max_bias)?;
-        } else if family.uses_rope() {
-            let Some(c) = &module_config else {
-                return Err(Error::file(
-                    &self.name,
-                    format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
-                ));
-            };
-            let kind = model_type
-                .rope_per_layer_kind()
-                .then(|| c.layer_kind(prefix, model_type.reads))
-                .transpose()?;
-            let mut rope = c.rope(config.qk_head_dim, model_type.default_rotary_share(), kind)?;
-            rope.interleaved = model_type.interleaved_rope();
-            config = config.with_rope(rope)?;
-        }
+        config = self.positions(
+            prefix,
+            family,
+            model_type,
+            cross,
+            module_config.as_ref(),
+            config,
+        )?;
         if let Some(c) = module_config.as_ref().filter(|_| !cross) {
             window = c.sliding_window(prefix, model_type.reads)?;
         }
@@ -372,139 +363,6 @@ impl HfCheckpoint {
         })
     }
 
-    /// `{prefix}sinks`: one logit per query head.
-    fn sinks(&self, prefix: &str, heads: usize) -> Result<Vec<f32>> {
-        let name = format!("{prefix}sinks");
-        if !self.contains(&name) {
-            return Err(Error::weight(name, "is missing; this attention has sinks"));
-        }
-        let (shape, values) = self.read(&name)?;
-        if values.len() != heads {
-            return Err(Error::weight(
-                name,
-                format!("has shape {shape:?}, expected [{heads}] (one per query head)"),
-            ));
-        }
-        Ok(values)
-    }
-
-    /// The q/k norm of a model type that has one: `q_norm.weight` and `k_norm.weight` under
-    /// the module (missing: an error naming them), epsilon `rms_norm_eps`.
-    fn qk_norm(
-        &self,
-        prefix: &str,
-        model_type: &ModelType,
-        rule: QkNormRule,
-        config: Option<&HfConfig>,
-        c: &AttentionConfig,
-    ) -> Result<(QkNorm, QkNormWeights)> {
-        let eps = match config {
-            Some(cfg) => cfg.norm_eps(rule.eps.0, rule.eps.1)?,
-            None => rule.eps.1,
-        };
-        let norm = QkNorm {
-            kind: rule.kind,
-            scope: rule.scope,
-            eps: eps as f32,
-            weight_offset: rule.weight_offset,
-        };
-        let read_one = |name: String| -> Result<Vec<f32>> {
-            if !self.contains(&name) {
-                return Err(Error::weight(
-                    name,
-                    format!(
-                        "is missing; a {} attention normalises q and k",
-                        model_type.name
-                    ),
-                ));
-            }
-            Ok(self.read(&name)?.1)
-        };
-        let read = |which: &str, heads: usize| -> Result<Vec<f32>> {
-            match rule.tensors {
-                NormTensors::Single => read_one(format!("{prefix}{which}_norm.weight")),
-                NormTensors::PerHeadModules => (0..heads)
-                    .map(|h| read_one(format!("{prefix}{which}_layernorm.norms.{h}.weight")))
-                    .collect::<Result<Vec<_>>>()
-                    .map(|w| w.concat()),
-            }
-        };
-        let weights = QkNormWeights {
-            q: read("q", c.heads)?,
-            k: read("k", c.kv_heads)?,
-        };
-        norm.check(&format!("{prefix}q"), &weights.q, c.heads, c.qk_head_dim)?;
-        norm.check(&format!("{prefix}k"), &weights.k, c.kv_heads, c.qk_head_dim)?;
-        Ok((norm, weights))
-    }
-
-    /// transformers builds each projection with or without a bias by the model type's rule
-    /// (and config key) and ignores a tensor it did not build, or leaves random one it built
-    /// and found missing: a checkpoint that disagrees with the rule is refused, naming the
-    /// tensor, either way.
-    fn check_biases(
-        &self,
-        family: Family,
-        prefix: &str,
-        model_type: &ModelType,
-        config: Option<&HfConfig>,
-    ) -> Result<()> {
-        let names = families::projection_names(family);
-        let stored = names.map(|n| self.contains(&format!("{prefix}{n}.bias")));
-        let flag = |key: &str| config.map(|c| c.flag(key)).transpose().map(Option::flatten);
-        let (built, rule) = match model_type.biases() {
-            Biases::AsStored => {
-                // A config's `attention_bias` that the tensors contradict is not run either.
-                let any = stored.iter().any(|&b| b);
-                match flag("attention_bias")? {
-                    Some(said) if said != any => ([said; 4], format!("attention_bias = {said}")),
-                    _ => return Ok(()),
-                }
-            }
-            Biases::ByKey(key, default) => {
-                let on = flag(key)?.unwrap_or(default);
-                ([on; 4], format!("{key} = {on}"))
-            }
-            Biases::Never => ([false; 4], "no bias on any projection".to_string()),
-            Biases::Always => ([true; 4], "a bias on every projection".to_string()),
-            Biases::QkvOnly => (
-                [true, true, true, false],
-                "biases on q, k and v only".into(),
-            ),
-            Biases::QkvByKey(key, default) => {
-                let on = flag(key)?.unwrap_or(default);
-                (
-                    [on, on, on, false],
-                    format!("{key} = {on}, never on the output"),
-                )
-            }
-        };
-        for i in 0..4 {
-            if stored[i] == built[i] {
-                continue;
-            }
-            let tensor = format!("{prefix}{}.bias", names[i]);
-            return Err(Error::UnsupportedModule {
-                module: format!("{} attention `{prefix}`", family.name()),
-                what: format!(
-                    "tensor `{tensor}` {}",
-                    if stored[i] { "present" } else { "missing" }
-                ),
-                why: match stored[i] {
-                    true => format!(
-                        "transformers builds {} without it ({}, {rule}) and ignores the tensor",
-                        names[i], model_type.name
-                    ),
-                    false => format!(
-                        "transformers builds {} with it ({}, {rule}) and would leave it random",
-                        names[i], model_type.name
-                    ),
-                },
-            });
-        }
-        Ok(())
-    }
-
     /// The attention module of layer `layer`: the one module whose prefix holds `.{layer}.`,
     /// else an error listing the candidates.
     pub fn layer_prefix(&self, layer: usize) -> Result<String> {
@@ -530,40 +388,6 @@ impl HfCheckpoint {
                 ),
             )),
         }
-    }
-
-    /// T5's table lives in the stack's block 0 (`<stack>.block.0.layer.0.SelfAttention.`);
-    /// later blocks reuse it.
-    fn t5_relative_bias(&self, prefix: &str, heads: usize) -> Result<RelativeBias> {
-        let stack = prefix.split(".block.").next().unwrap_or_default();
-        let name = format!("{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
-        let name = match self.contains(&name) {
-            true => name,
-            false => format!("{prefix}relative_attention_bias.weight"),
-        };
-        let (shape, table) = self.read(&name)?;
-        let settings = match &self.config {
-            Some(c) => c.t5_bias()?,
-            None => {
-                return Err(Error::file(
-                    &self.name,
-                    "has no config.json for T5's relative_attention_max_distance",
-                ))
-            }
-        };
-        if shape.len() != 2 || shape[1] != heads {
-            return Err(Error::weight(
-                name,
-                format!("has shape {shape:?}, expected [buckets, {heads}]"),
-            ));
-        }
-        RelativeBias::new(
-            table,
-            shape[0],
-            heads,
-            settings.max_distance,
-            !model_types::in_decoder_stack(prefix),
-        )
     }
 
     /// `at`: a prefix, or `.N.` for layer N (the tensors holding it).

@@ -112,7 +112,7 @@ impl ModelType {
             "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
             "bloom" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
-            "mistral" | "mixtral" | "phi3" => Biases::Never,
+            "mistral" | "mixtral" | "phi3" | "gptj" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -194,9 +194,22 @@ impl ModelType {
         matches!(self.name, "gemma3" | "gemma3_text")
     }
 
-    /// Whether RoPE rotates interleaved pairs (2k, 2k + 1) rather than halves (Cohere).
+    /// Whether RoPE rotates interleaved pairs (2k, 2k + 1) rather than halves (Cohere,
+    /// GPT-J, RoFormer).
     pub fn interleaved_rope(&self) -> bool {
-        self.name == "cohere"
+        matches!(self.name, "cohere" | "gptj" | "roformer")
+    }
+
+    /// Whether the model type rotates q and k under a family whose names do not (GPT-J under
+    /// bart's, RoFormer under bert's: its self-attention only).
+    pub fn rotates(&self) -> bool {
+        matches!(self.name, "gptj" | "roformer")
+    }
+
+    /// The config key that gives the rotating dimensions of each head (GPT-J's `rotary_dim`;
+    /// absent or null: all of them).
+    pub fn rotary_dim_key(&self) -> Option<&'static str> {
+        (self.name == "gptj").then_some("rotary_dim")
     }
 
     /// The share of each head RoPE rotates when the config names none: transformers'
@@ -273,6 +286,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("electra", Family::Bert, Causality::IsDecoderKey),
     mt("ernie", Family::Bert, Causality::IsDecoderKey),
     mt("bert-generation", Family::Bert, Causality::IsDecoderKey),
+    // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
+    // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
+    mt("roformer", Family::Bert, Causality::IsDecoderKey),
     // ViTSelfAttention and its copies.
     mt("vit", Family::Vit, Causality::Never),
     mt("deit", Family::Vit, Causality::Never),
@@ -314,6 +330,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("siglip", Family::Bart, Causality::Never),
     mt("siglip_text_model", Family::Bart, Causality::Never),
     mt("siglip_vision_model", Family::Bart, Causality::Never),
+    // GPTJAttention: bart's names without biases, causal, interleaved RoPE (θ 10000) on the
+    // first `rotary_dim` dimensions of each head.
+    reading("gptj", Family::Bart, Causality::Always, &["rotary_dim"]),
     mt("t5", Family::T5, Causality::InDecoderStack),
     mt("mt5", Family::T5, Causality::InDecoderStack),
     mt("llama", Family::Llama, Causality::Always),
@@ -414,9 +433,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
 /// Model types that save one of the recognised layouts with attention the loader does not
 /// compute, and what each would need.
 pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
-    ("gptj", "interleaved rotary embeddings on the first `rotary_dim` dimensions of each head are not implemented"),
     ("codegen", "interleaved rotary embeddings (`rotary_dim`) and the 4-block `qkv_proj` packing are not implemented"),
-    ("roformer", "sinusoidal rotary embeddings with interleaved pairs are not implemented"),
     ("falcon", "ALiBi or rotary attention with multi-query / grouped `query_key_value` packing is not implemented"),
     ("mpt", "ALiBi position biases are not implemented"),
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),

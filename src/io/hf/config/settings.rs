@@ -105,4 +105,5 @@ pub const SETTINGS: &[Setting] = &[
     Setting { key: "use_shared_relative_position_bias", neutral: off, why: "a relative position bias is added to the scores" },
     Setting { key: "use_logn_attn", neutral: off, why: "scores are scaled by log n" },
     Setting { key: "causal", neutral: off, why: "XLM's causal mode" },
+    Setting { key: "rotary_value", neutral: off, why: "RoFormer rotates the values too" },
 ];
