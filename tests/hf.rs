@@ -25,6 +25,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
     assert_eq!(
         families.into_iter().collect::<Vec<_>>(),
         [
+            "albert",
             "bart",
             "bert",
             "bloom",
@@ -40,6 +41,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "llama",
             "mistral",
             "olmo2",
+            "phi",
             "phi3",
             "qwen2",
             "qwen3",
@@ -127,6 +129,16 @@ fn case_files_say_what_each_module_needs() {
             &["+rope", "causal"],
         ),
         ("roformer_self_layer1_padding_interleaved", &["+rope"]),
+        (
+            "phi_self_layer1_causal_padding_partial",
+            &["+rope", "kv_heads=2", "causal"],
+        ),
+        ("albert_self_layer0_padding_shared", &["hf albert"]),
+        (
+            "gpt_bigcode_self_layer1_causal_padding_mqa",
+            &["kv_heads=1", "causal"],
+        ),
+        ("gpt_bigcode_self_layer1_causal_padding_mha", &["causal"]),
         (
             "bloom_self_layer1_causal_padding_alibi",
             &["+alibi", "causal"],

@@ -36,7 +36,7 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
 (`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
-(`--only interleaved`);
+(`--only interleaved`), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -164,6 +164,20 @@ FAMILIES = {
     "roformer": (tf.RoFormerModel, tf.RoFormerConfig, dict(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=16, initializer_range=0.2)),
+    # Phi: biased q/k/v and `dense`, partial RoPE (0.5 of each head), GQA 4/2.
+    "phi": (tf.PhiModel, tf.PhiConfig, dict(LM, num_key_value_heads=2)),
+    # ALBERT: one layer shared by the stack (one here, so that it runs once).
+    "albert": (tf.AlbertModel, tf.AlbertConfig, dict(
+        vocab_size=64, embedding_size=16, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=16,
+        initializer_range=0.2)),
+    # GPT-BigCode: a Linear c_attn, multi-query (one key/value head) and per-head packed.
+    "gpt_bigcode": (tf.GPTBigCodeModel, tf.GPTBigCodeConfig, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+    "gpt_bigcode_mha": (tf.GPTBigCodeModel, tf.GPTBigCodeConfig, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=False,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
     # BLOOM: gpt_neox's packing with biases, ALiBi instead of RoPE.
     "bloom": (tf.BloomModel, tf.BloomConfig, dict(
         vocab_size=64, hidden_size=32, n_layer=2, n_head=4, initializer_range=0.2)),
@@ -856,10 +870,51 @@ def interleaved_cases(out_dir):
                 replay=replay_r, pad=pad, hooked_out=att.output.dense)
 
 
+def layouts_cases(out_dir):
+    """Phi's `dense`, ALBERT's shared layer, GPT-BigCode's Linear c_attn (MQA and MHA)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    rope_case(out_dir, "phi", "phi_self_layer1_causal_padding_partial", [7, 5],
+              torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+
+    model = build("albert")
+    config_text, state = saved(model)
+    name = "albert_self_layer0_padding_shared"
+    seeded(name)
+    length = 6
+    input_ids, pad = ids(length), lengths_mask([6, 4], length)
+    att = model.encoder.albert_layer_groups[0].albert_layers[0].attention
+
+    def replay(mod, x, kv, mask, dtype):
+        got = []
+        hook = mod.dense.register_forward_hook(lambda m, a, o: got.append(o))
+        try:
+            mod(x, attention_mask=mask)
+        finally:
+            hook.remove()
+        return got[0]
+
+    replay_case(out_dir, name, "albert", model, config_text, state, module=att,
+                prefix="encoder.albert_layer_groups.0.albert_layers.0.attention.",
+                run=lambda: model(input_ids, attention_mask=pad),
+                replay=replay, pad=pad, hooked_out=att.dense)
+
+    for variant, name in [("gpt_bigcode", "gpt_bigcode_self_layer1_causal_padding_mqa"),
+                          ("gpt_bigcode_mha", "gpt_bigcode_self_layer1_causal_padding_mha")]:
+        model = build(variant)
+        config_text, state = saved(model)
+        seeded(name)
+        input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+        replay_case(out_dir, name, "gpt_bigcode", model, config_text, state,
+                    module=model.h[1].attn, prefix="h.1.attn.",
+                    run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                    replay=lambda mod, x, kv, mask, dt: mod(x, attention_mask=mask)[0],
+                    causal=True, pad=pad)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved"]
+          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts"]
 
 
 def main():
@@ -885,6 +940,7 @@ def main():
         "qk_norm": lambda: qk_norm_cases(args.out),
         "alibi": lambda: alibi_cases(args.out),
         "interleaved": lambda: interleaved_cases(args.out),
+        "layouts": lambda: layouts_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -9,6 +9,8 @@
 
 use serde_json::Value;
 
+use super::model_types::ConfigDefault;
+
 use crate::error::{Error, Result};
 
 mod layers;
@@ -145,16 +147,19 @@ impl HfConfig {
     /// This config with `defaults` — transformers' default values of the model type's config
     /// class — filled in where a key is absent (a `null` stays: it means unset). `rope_theta`
     /// counts as present inside `rope_parameters` / `rope_scaling` too.
-    pub fn with_defaults(mut self, defaults: &[(&str, f64)]) -> Self {
+    pub fn with_defaults(mut self, defaults: &[(&str, ConfigDefault)]) -> Self {
         for &(key, value) in defaults {
             let nested = |o: &str| self.json.get(o).and_then(|o| o.get(key)).is_some();
             let present = self.json.get(key).is_some()
                 || (key == "rope_theta" && (nested("rope_parameters") || nested("rope_scaling")));
             if let (false, Some(obj)) = (present, self.json.as_object_mut()) {
                 // Whole numbers as JSON integers, as transformers writes them.
-                let v = match value.fract() == 0.0 && value >= 0.0 {
-                    true => Value::from(value as u64),
-                    false => Value::from(value),
+                let v = match value {
+                    ConfigDefault::Flag(b) => Value::from(b),
+                    ConfigDefault::Number(x) if x.fract() == 0.0 && x >= 0.0 => {
+                        Value::from(x as u64)
+                    }
+                    ConfigDefault::Number(x) => Value::from(x),
                 };
                 obj.insert(key.to_string(), v);
             }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod families;
 pub mod model_types;
 mod module_parts;
+mod projections;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -278,7 +279,8 @@ impl HfCheckpoint {
             .map(HfConfig::kv_heads)
             .transpose()?
             .flatten();
-        let (mut config, mut weights) = families::load(self, family, prefix, heads, kv_heads)?;
+        let (mut config, mut weights) =
+            families::load(self, family, model_type.name, prefix, heads, kv_heads)?;
         if let Some(kv) = kv_heads.filter(|&kv| kv != config.kv_heads) {
             return Err(Error::file(
                 &self.name,

@@ -84,6 +84,13 @@ impl NormTensors {
     }
 }
 
+/// A config key's value when absent, as transformers' config class sets it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ConfigDefault {
+    Number(f64),
+    Flag(bool),
+}
+
 /// Which projections transformers builds with a bias, for the model types whose modeling code
 /// decides it (the others build whatever their family's tensors hold).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +117,7 @@ impl ModelType {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo2" | "cohere" => Biases::ByKey("attention_bias", false),
             "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
-            "bloom" => Biases::Always,
+            "bloom" | "phi" | "albert" | "gpt_bigcode" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
             "mistral" | "mixtral" | "phi3" | "gptj" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
@@ -158,22 +165,25 @@ impl ModelType {
 
     /// transformers' defaults for the keys this model type reads, where they are not what an
     /// absent key means to the loader (checked against each config class of transformers 5.25).
-    pub fn defaults(&self) -> &'static [(&'static str, f64)] {
+    pub fn defaults(&self) -> &'static [(&'static str, ConfigDefault)] {
+        use ConfigDefault::{Flag, Number};
         match self.name {
-            "mistral" => &[("sliding_window", 4096.0)],
-            "mixtral" => &[("rope_theta", 1e6)],
-            "qwen2" | "qwen3" => &[("max_window_layers", 28.0)],
+            "mistral" => &[("sliding_window", Number(4096.0))],
+            "mixtral" => &[("rope_theta", Number(1e6))],
+            "qwen2" | "qwen3" => &[("max_window_layers", Number(28.0))],
             "gemma2" => &[
-                ("sliding_window", 4096.0),
-                ("query_pre_attn_scalar", 256.0),
-                ("attn_logit_softcapping", 50.0),
+                ("sliding_window", Number(4096.0)),
+                ("query_pre_attn_scalar", Number(256.0)),
+                ("attn_logit_softcapping", Number(50.0)),
             ],
-            "gemma3" | "gemma3_text" => {
-                &[("sliding_window", 4096.0), ("query_pre_attn_scalar", 256.0)]
-            }
-            "granite" => &[("attention_multiplier", 1.0)],
-            "gpt_oss" => &[("sliding_window", 128.0)],
-            "cohere" => &[("rope_theta", 5e5)],
+            "gemma3" | "gemma3_text" => &[
+                ("sliding_window", Number(4096.0)),
+                ("query_pre_attn_scalar", Number(256.0)),
+            ],
+            "granite" => &[("attention_multiplier", Number(1.0))],
+            "gpt_oss" => &[("sliding_window", Number(128.0))],
+            "gpt_bigcode" => &[("multi_query", Flag(true))],
+            "cohere" => &[("rope_theta", Number(5e5))],
             _ => &[],
         }
     }
@@ -218,6 +228,7 @@ impl ModelType {
     pub fn default_rotary_share(&self) -> f64 {
         match self.name {
             "gpt_neox" | "stablelm" => 0.25,
+            "phi" => 0.5,
             _ => 1.0,
         }
     }
@@ -419,6 +430,24 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["sliding_window", "partial_rotary_factor"],
     ),
+    // PhiAttention: biased q/k/v projections and `dense`, partial RoPE (default 0.5); its
+    // optional q/k LayerNorm (with biases) is refused by name (qk_layernorm).
+    reading(
+        "phi",
+        Family::Phi,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
+    // AlbertAttention: bert-like, an encoder.
+    mt("albert", Family::Albert, Causality::Never),
+    // GPTBigCodeAttention: a Linear c_attn, multi-query (`[E + 2d, E]`, the default) or per
+    // head packed (`[3E, E]`), causal, scale_attn_weights as GPT-2's.
+    reading(
+        "gpt_bigcode",
+        Family::Gpt2,
+        Causality::Always,
+        &["scale_attn_weights"],
+    ),
     // BloomAttention: gpt_neox's per-head packing in `query_key_value` with biases, no RoPE,
     // ALiBi (its slopes are AttentionConfig::with_alibi's); causal.
     mt("bloom", Family::GptNeox, Causality::Always),
@@ -442,7 +471,6 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
     ("deepseek_v2", "multi-head latent attention is not implemented"),
     ("deepseek_v3", "multi-head latent attention is not implemented"),
-    ("gpt_bigcode", "its Linear (not Conv1D) `c_attn` with multi-query packing is not implemented"),
     ("big_bird", "block-sparse attention is not implemented"),
     ("longformer", "sliding-window plus global attention is not implemented"),
     ("layoutlmv2", "1D and 2D relative position biases are not implemented"),
