@@ -1,0 +1,126 @@
+//! Decoding equals transformers for every decoder family: each causal self-attention case file
+//! of `tests/fixtures/hf` is decoded through a `KvCache` — a prefill of all but the last two
+//! real tokens of each sequence, then one token at a time, with the file's RoPE positions and
+//! the module's own mask (causal, or its sliding window) — and every decoded row is compared
+//! with transformers' float64 answer for that token (right padding: a real token sees only
+//! real keys), within the case's bound.
+
+mod common;
+
+use common::{file_name, fixtures, gpu};
+use wgpu_mha::io::hf::HfCheckpoint;
+use wgpu_mha::model::mask::AttnDims;
+use wgpu_mha::{KvCache, MultiHeadAttention, SafetensorsFile, StepOptions, Tensor};
+
+#[test]
+fn every_decoder_family_decodes_as_transformers_answers() {
+    let mut decoded = Vec::new();
+    for path in fixtures("hf") {
+        let file = SafetensorsFile::open(&path).expect("case");
+        let self_causal =
+            file.metadata("causal") == Some("true") && file.metadata("attention") == Some("self");
+        let prefix = file.metadata("prefix").expect("prefix").to_string();
+        let ckpt = HfCheckpoint::open(&path).expect("checkpoint");
+        let module = ckpt.attention(&prefix, None).expect("module");
+        if !self_causal || module.relative_bias.is_some() {
+            continue; // T5's decoder bias is not available in a KvCache (README)
+        }
+        let name = file_name(&path);
+        let x = file.tensor_f32("hidden_states").expect("hidden_states");
+        let [b, l, e] = x.shape()[..] else {
+            panic!("{name}: hidden_states rank")
+        };
+        let (_, want) = file.tensor_f64("out_f64").expect("out_f64");
+        let lengths: Vec<usize> = match file.contains("attention_mask") {
+            true => {
+                let m = file.mask_tensor("attention_mask").expect("mask");
+                (0..b)
+                    .map(|bi| {
+                        m.data()[bi * l..(bi + 1) * l]
+                            .iter()
+                            .filter(|&&v| v != 0)
+                            .count()
+                    })
+                    .collect()
+            }
+            false => vec![l; b],
+        };
+        let positions = file
+            .contains("position_ids")
+            .then(|| file.tensor_indices("position_ids").expect("position_ids").1);
+        let bound = file
+            .metadata("err_f32_vs_f64")
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(1e-4, |err| (10.0 * err).max(1e-5));
+        let mha = MultiHeadAttention::new(gpu(), module.config, &module.weights).expect("module");
+        let out = module.config.output_dim();
+        for (bi, &len) in lengths.iter().enumerate() {
+            let mut cache = KvCache::new(&mha, 1, len).expect("cache");
+            let mut at = 0;
+            for n in [len.saturating_sub(2), 1, 1].into_iter().filter(|&n| n > 0) {
+                let rows = x.data()[(bi * l + at) * e..(bi * l + at + n) * e].to_vec();
+                let step_x = Tensor::new([1, n, e], rows).expect("rows");
+                let dims = AttnDims {
+                    batch: 1,
+                    heads: module.config.heads,
+                    lq: n,
+                    lk: at + n,
+                };
+                let mask = module.mask(dims, None).expect("mask");
+                let pos: Option<Vec<usize>> = positions
+                    .as_ref()
+                    .map(|p| p[bi * l + at..bi * l + at + n].to_vec());
+                let options = StepOptions {
+                    mask: Some(&mask),
+                    positions: pos.as_deref(),
+                    ..Default::default()
+                };
+                let got = mha
+                    .forward_step_with(&mut cache, &step_x, &options)
+                    .unwrap_or_else(|err| panic!("{name}: step at {at}: {err}"));
+                let expected = &want[(bi * l + at) * out..(bi * l + at + n) * out];
+                let err = got
+                    .data()
+                    .iter()
+                    .zip(expected)
+                    .map(|(g, w)| (*g as f64 - w).abs())
+                    .fold(0.0, f64::max);
+                assert!(
+                    err <= bound,
+                    "{name}: sequence {bi}, step at {at} (+{n}): error {err:.3e} > bound {bound:.3e}"
+                );
+                at += n;
+            }
+        }
+        decoded.push(name);
+    }
+    // The decoder families, each at least once.
+    for family in [
+        "gpt2",
+        "gpt_neo",
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "granite",
+        "starcoder2",
+        "phi3",
+        "phi_",
+        "gpt_neox",
+        "olmo2",
+        "cohere",
+        "stablelm",
+        "gpt_oss",
+        "bloom",
+        "gptj",
+        "gpt_bigcode",
+    ] {
+        assert!(
+            decoded.iter().any(|n| n.starts_with(family)),
+            "no decoded case of {family}: {decoded:?}"
+        );
+    }
+}
