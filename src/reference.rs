@@ -65,6 +65,15 @@ pub fn forward_at(
     let (k_rows, v_rows) = weights.appended_kv(config);
     let mut q = linear(&widen(query.data()), b * lq, &weights.q); // [B, Lq, H·dk]
     let mut k = linear(&widen(key.data()), b * lk_in, &weights.k); // [B, Lk_in, H_kv·dk]
+                                                                   // OLMo's clip_qkv: the projections clamped before anything else.
+    let clip = |x: &mut Vec<f64>| {
+        if let Some(c) = config.clip_qkv {
+            x.iter_mut()
+                .for_each(|v| *v = v.clamp(-(c as f64), c as f64));
+        }
+    };
+    clip(&mut q);
+    clip(&mut k);
     if let (Some(norm), Some(w)) = (&config.qk_norm, &weights.qk_norm) {
         // Q, K = q_norm(Q), k_norm(K): each token's projection, before RoPE.
         for x in q.chunks_mut(h * dk) {
@@ -90,7 +99,8 @@ pub fn forward_at(
             }
         }
     }
-    let v = linear(&widen(value.data()), b * lk_in, &weights.v); // [B, Lk_in, H_kv·dv]
+    let mut v = linear(&widen(value.data()), b * lk_in, &weights.v); // [B, Lk_in, H_kv·dv]
+    clip(&mut v);
     let k = append_rows(&k, b, &k_rows); // [B, Lk, H_kv·dk]
     let v = append_rows(&v, b, &v_rows); // [B, Lk, H_kv·dv]
                                          // Query head hi reads key/value head hi / group (grouped-query attention).

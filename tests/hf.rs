@@ -40,6 +40,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "granite",
             "llama",
             "mistral",
+            "olmo",
             "olmo2",
             "phi",
             "phi3",
@@ -129,6 +130,10 @@ fn case_files_say_what_each_module_needs() {
             &["+rope", "causal"],
         ),
         ("roformer_self_layer1_padding_interleaved", &["+rope"]),
+        (
+            "olmo_self_layer1_causal_padding_clip_qkv",
+            &["+rope", "clip_qkv=0.5"],
+        ),
         (
             "phi_self_layer1_causal_padding_partial",
             &["+rope", "kv_heads=2", "causal"],

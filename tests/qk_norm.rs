@@ -2,7 +2,7 @@
 //! per-head LayerNorm with a weight per head (StableLM, Cohere), RMSNorm over the whole
 //! projection (OLMo 2) — on the fused path (prefill and decode), the multi-pass path and a KV
 //! cache's steps, each against the f64 reference; and the norm changes the answer, so an
-//! engine that skipped it would fail.
+//! engine that skipped it would fail. And OLMo's clip_qkv, the other pass on the projections.
 
 mod common;
 
@@ -129,4 +129,47 @@ fn norm_weights_of_the_wrong_length_are_refused() {
     assert!(err.contains("k_norm.weight"), "{err}");
     weights.qk_norm = None;
     assert!(weights.check(&config).is_err());
+}
+
+#[test]
+fn clip_qkv_clamps_the_projections_on_every_path() {
+    // OLMo's clip_qkv at 0.3: the random projections reach ±1, so the clamp binds.
+    let config = AttentionConfig::classic(64, 4)
+        .unwrap()
+        .with_kv_heads(2)
+        .unwrap()
+        .with_clip_qkv(0.3)
+        .unwrap();
+    let (b, lk) = (2, 9);
+    for lq in [9, 1] {
+        let q = Tensor::random([b, lq, 64], 40 + lq as u64);
+        let kv = Tensor::random([b, lk, 64], 41);
+        for path in BOTH_PATHS {
+            let label = format!("clip Lq {lq} {path:?}");
+            let probs = path == AttentionPath::MultiPass;
+            check_against_reference(
+                &label,
+                config,
+                &q,
+                &kv,
+                &kv,
+                &Mask::Causal,
+                &options(path, probs),
+            );
+        }
+    }
+    let weights = AttentionWeights::random(&config, 6);
+    let x = Tensor::random([2, 9, 64], 7);
+    assert_steps_match_causal_forward("clip", config, &weights, &x, &[5, 1, 3]);
+    let unclipped = AttentionConfig {
+        clip_qkv: None,
+        ..config
+    };
+    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let without = reference::forward(&unclipped, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+    assert!(AttentionConfig::classic(64, 4)
+        .unwrap()
+        .with_clip_qkv(0.0)
+        .is_err());
 }

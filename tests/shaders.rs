@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use naga::valid::{Capabilities, ValidationFlags};
+use wgpu_mha::kernels::clamp::{self, ClampParams};
 use wgpu_mha::kernels::decode::{self, DecodeParams, DecodeShape, ReduceParams};
 use wgpu_mha::kernels::flash_attention::{self, FlashShape};
 use wgpu_mha::kernels::kv_append::{self, AppendParams};
@@ -52,6 +53,8 @@ fn all_sources() -> Vec<(String, String)> {
         ("read_probe".to_string(), read_probe::WGSL.to_string()),
         ("rope f16".to_string(), rope::source(true)),
         ("qk_norm".to_string(), qk_norm::source(false)),
+        ("clamp".to_string(), clamp::source(false)),
+        ("clamp f16".to_string(), clamp::source(true)),
         ("qk_norm f16".to_string(), qk_norm::source(true)),
         ("kv_append".to_string(), kv_append::source(false)),
         ("kv_append f16".to_string(), kv_append::source(true)),
@@ -407,6 +410,13 @@ fn uniform_structs_match_their_wgsl_layout() {
                     _pad0,
                     _pad1
                 ]
+            ),
+        ),
+        (
+            clamp::source(false),
+            host_layout!(
+                ClampParams,
+                [elements, n, stride, first, head_dim, offset, groups_x, limit]
             ),
         ),
         (

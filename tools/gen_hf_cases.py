@@ -36,7 +36,7 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
 (`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
-(`--only interleaved`), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`);
+(`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -164,6 +164,8 @@ FAMILIES = {
     "roformer": (tf.RoFormerModel, tf.RoFormerConfig, dict(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=16, initializer_range=0.2)),
+    # OLMo: llama's with the projections clamped to ±0.5 (they reach ±2 here, so it binds).
+    "olmo": (tf.OlmoModel, tf.OlmoConfig, dict(LM, num_key_value_heads=2, clip_qkv=0.5)),
     # Phi: biased q/k/v and `dense`, partial RoPE (0.5 of each head), GQA 4/2.
     "phi": (tf.PhiModel, tf.PhiConfig, dict(LM, num_key_value_heads=2)),
     # ALBERT: one layer shared by the stack (one here, so that it runs once).
@@ -873,6 +875,8 @@ def interleaved_cases(out_dir):
 def layouts_cases(out_dir):
     """Phi's `dense`, ALBERT's shared layer, GPT-BigCode's Linear c_attn (MQA and MHA)."""
     arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    rope_case(out_dir, "olmo", "olmo_self_layer1_causal_padding_clip_qkv", [7, 5],
+              torch.stack([arange(0, 7), arange(0, 7)]))
     rope_case(out_dir, "phi", "phi_self_layer1_causal_padding_partial", [7, 5],
               torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
 

@@ -8,12 +8,12 @@ use crate::kernels::decode;
 use crate::kernels::kv_append::{self, NewRows};
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
-use crate::kernels::qk_norm;
 use crate::kernels::rope::{self, RopeRows};
 use crate::kernels::{
     av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, KvChunks, QkvBuffers,
     QkvLayout,
 };
+use crate::kernels::{clamp, qk_norm};
 
 use super::plan::{Shape, Sharing};
 use super::{MultiHeadAttention, Precision};
@@ -75,6 +75,20 @@ pub(crate) fn dispatches(
 
     // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
     chain.extend(projections(mha, g, b)?);
+
+    // Q, K, V = clamp(Q), clamp(K), clamp(V): OLMo's clip_qkv, on the new rows
+    if let Some(limit) = c.clip_qkv {
+        let [q_rows, k_rows] = new_rows(mha, g, b);
+        let v_rows = RopeRows {
+            head_dim: dv,
+            offset: g.layout.v_offset,
+            ..k_rows
+        };
+        let f16 = mha.qkv_elem_bytes() == 2;
+        for (rows, x) in [(q_rows, b.qkv.q), (k_rows, b.qkv.k), (v_rows, b.qkv.v)] {
+            chain.push(clamp::dispatch(gpu, limit, f16, rows, x)?);
+        }
+    }
 
     // Q, K = q_norm(Q), k_norm(K): normalised in place (the new keys only)
     if let (Some(norm), Some(weights)) = (&c.qk_norm, &mha.weights.qk_norm) {

@@ -72,6 +72,9 @@ fn describe(m: &HfAttention) -> String {
     if c.sinks {
         s.push_str(" sinks");
     }
+    if let Some(clip) = c.clip_qkv {
+        s.push_str(&format!(" clip_qkv={clip}"));
+    }
     if let Some(m) = c.alibi {
         s.push_str(&format!(" alibi(max_bias={m})"));
     }

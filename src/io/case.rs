@@ -339,6 +339,9 @@ impl Case {
         if c.sinks {
             options.push_str(" +sinks");
         }
+        if let Some(clip) = c.clip_qkv {
+            options.push_str(&format!(" clip_qkv={clip}"));
+        }
         if let Some(m) = c.alibi {
             options.push_str(&format!(" +alibi(max_bias={m})"));
         }

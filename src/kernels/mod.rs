@@ -8,6 +8,7 @@
 //! 6 = mask words, 7 = mask params.
 
 pub mod av_combine;
+pub mod clamp;
 pub mod decode;
 pub mod flash_attention;
 pub mod kv_append;

@@ -58,6 +58,8 @@ pub struct AttentionConfig {
     /// ([`crate::AttentionWeights::sinks`]) that joins each softmax's denominator only, as a
     /// key with value zero every query sees.
     pub sinks: bool,
+    /// OLMo's `clip_qkv`: the projected q, k and v clamped to `[-c, c]` before anything else.
+    pub clip_qkv: Option<f32>,
 }
 
 impl AttentionConfig {
@@ -91,6 +93,7 @@ impl AttentionConfig {
             rope: None,
             qk_norm: None,
             sinks: false,
+            clip_qkv: None,
         }
         .validated()
     }
@@ -115,6 +118,7 @@ impl AttentionConfig {
             rope: None,
             qk_norm: None,
             sinks: false,
+            clip_qkv: None,
         }
         .validated()
     }
@@ -162,6 +166,12 @@ impl AttentionConfig {
     /// [`crate::AttentionWeights::qk_norm`]).
     pub fn with_qk_norm(mut self, norm: QkNorm) -> Result<Self> {
         self.qk_norm = Some(norm);
+        self.validated()
+    }
+
+    /// Clamps the projected q, k and v to `[-limit, limit]` (OLMo's `clip_qkv`).
+    pub fn with_clip_qkv(mut self, limit: f32) -> Result<Self> {
+        self.clip_qkv = Some(limit);
         self.validated()
     }
 
@@ -267,6 +277,11 @@ impl AttentionConfig {
                     "RoPE with add_bias_kv/add_zero_attn: appended keys have no position".into(),
                 ));
             }
+        }
+        if let Some(c) = self.clip_qkv.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return Err(Error::Config(format!(
+                "clip_qkv {c} is not a finite positive number"
+            )));
         }
         if self.sinks && self.appended_keys() > 0 {
             return Err(Error::Config(

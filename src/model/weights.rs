@@ -173,6 +173,7 @@ impl AttentionWeights {
             rope: None,
             qk_norm: None,
             sinks: false,
+            clip_qkv: None,
         }
         .validated()
     }

@@ -300,6 +300,14 @@ impl HfConfig {
             .map(|c| c as f32))
     }
 
+    /// OLMo's `clip_qkv`, where the model type reads it; null is no clamp.
+    pub fn clip_qkv(&self, reads: &[&str]) -> Result<Option<f32>> {
+        if !reads.contains(&"clip_qkv") {
+            return Ok(None);
+        }
+        Ok(self.positive_f64("clip_qkv")?.map(|c| c as f32))
+    }
+
     /// A finite positive number under `key`; `Ok(None)` when absent or null.
     fn positive_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.json.get(key) {

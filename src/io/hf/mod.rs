@@ -331,6 +331,14 @@ impl HfCheckpoint {
         {
             config = config.with_softcap(cap)?;
         }
+        if let Some(clip) = module_config
+            .as_ref()
+            .map(|c| c.clip_qkv(model_type.reads))
+            .transpose()?
+            .flatten()
+        {
+            config = config.with_clip_qkv(clip)?;
+        }
         if model_type.unscaled {
             config = config.with_scale(1.0)?;
         }

@@ -115,7 +115,7 @@ impl ModelType {
     pub fn biases(&self) -> Biases {
         match self.name {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
-            | "olmo2" | "cohere" => Biases::ByKey("attention_bias", false),
+            | "olmo" | "olmo2" | "cohere" => Biases::ByKey("attention_bias", false),
             "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
             "bloom" | "phi" | "albert" | "gpt_bigcode" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
@@ -411,6 +411,8 @@ pub const MODEL_TYPES: &[ModelType] = &[
             "layer_types",
         ],
     ),
+    // OlmoAttention: llama's, the projections clamped to ±clip_qkv when it is set.
+    reading("olmo", Family::Llama, Causality::Always, &["clip_qkv"]),
     // Olmo2Attention: llama's with RMSNorm over the whole q and k projections before RoPE.
     mt("olmo2", Family::Llama, Causality::Always),
     // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
@@ -468,7 +470,6 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
     ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),
-    ("olmo", "`clip_qkv` clamping of q, k and v is not implemented"),
     ("deepseek_v2", "multi-head latent attention is not implemented"),
     ("deepseek_v3", "multi-head latent attention is not implemented"),
     ("big_bird", "block-sparse attention is not implemented"),
