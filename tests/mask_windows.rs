@@ -1,6 +1,7 @@
 //! A mask larger than one storage binding runs: each chunk of queries uploads only the window
 //! of the mask it reads, so an `[L, L]` f32 bias past the binding limit gives the reference's
-//! answer on both paths instead of a wgpu validation error.
+//! answer on both paths instead of a wgpu validation error. And a sliding window of any width
+//! (2^31 ± 1, usize::MAX) is a window, never a wrapped negative one.
 
 mod common;
 
@@ -30,5 +31,64 @@ fn a_bias_larger_than_one_binding_runs_in_query_chunks() {
             got.output.data(),
             &want.output,
         );
+    }
+}
+
+/// A sliding window of 2^31 ± 1 or usize::MAX keys is no window (a plain causal mask), on the
+/// fused path (prefill and decode), the multi-pass path and a KvCache's steps. Such windows
+/// used to wrap negative in the shaders' i32 arithmetic and in `Mask::hides`, hiding every key.
+#[test]
+fn windows_of_any_width_never_wrap() {
+    let config = AttentionConfig::classic(16, 2).expect("config");
+    let weights = AttentionWeights::random(&config, 4);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).expect("module");
+    let x = Tensor::random([2, 7, 16], 5);
+    let causal = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).expect("ref");
+    let half = 1usize << 31;
+    for w in [half - 1, half, half + 1, usize::MAX] {
+        let window = Mask::SlidingWindow(w);
+        let want = reference::forward(&config, &weights, &x, &x, &x, &window).expect("ref");
+        assert_eq!(want.output, causal.output, "the reference, window {w}");
+        for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
+            let got = mha
+                .forward_with(&x, &x, &x, &window, &options(path, false))
+                .unwrap_or_else(|e| panic!("window {w} {path:?}: {e}"));
+            assert_close(
+                &format!("window {w} {path:?}"),
+                got.output.data(),
+                &want.output,
+            );
+        }
+        // Decode: one query row over the whole sequence (bottom-right aligned).
+        let last: Vec<f32> = (0..2)
+            .flat_map(|b| x.data()[(b * 7 + 6) * 16..(b * 7 + 7) * 16].to_vec())
+            .collect();
+        let q = Tensor::new([2, 1, 16], last).expect("q");
+        let fused = options(AttentionPath::Fused, false);
+        let got = mha
+            .forward_with(&q, &x, &x, &window, &fused)
+            .expect("decode");
+        let rows: Vec<f64> = (0..2)
+            .flat_map(|b| causal.output[(b * 7 + 6) * 16..(b * 7 + 7) * 16].to_vec())
+            .collect();
+        assert_close(&format!("decode, window {w}"), got.output.data(), &rows);
+        // A KvCache step with the window as its mask.
+        let mut cache = wgpu_mha::KvCache::new(&mha, 2, 7).expect("cache");
+        let prefix: Vec<f32> = (0..2)
+            .flat_map(|b| x.data()[b * 7 * 16..(b * 7 + 6) * 16].to_vec())
+            .collect();
+        let step_mask = window.clone();
+        let opts = wgpu_mha::StepOptions {
+            mask: Some(&step_mask),
+            ..Default::default()
+        };
+        mha.forward_step_with(
+            &mut cache,
+            &Tensor::new([2, 6, 16], prefix).expect("x"),
+            &opts,
+        )
+        .expect("prefill");
+        let got = mha.forward_step_with(&mut cache, &q, &opts).expect("step");
+        assert_close(&format!("step, window {w}"), got.data(), &rows);
     }
 }

@@ -96,7 +96,9 @@ impl EncodedMask {
             Mask::None => (MaskKind::None, Vec::new()),
             Mask::Causal => (MaskKind::Causal, Vec::new()),
             Mask::SlidingWindow(w) => {
-                params.window = (*w).min(u32::MAX as usize) as u32;
+                // The shaders compare in i32: a window of Lk keys or more is no window, so it
+                // is passed as Lk (a window of 2^31 or usize::MAX would wrap negative).
+                params.window = (*w).min(dims.lk.max(1)).min(i32::MAX as usize) as u32;
                 (MaskKind::SlidingWindow, Vec::new())
             }
             Mask::KeyPadding(lengths) => {

@@ -247,8 +247,10 @@ impl Mask {
             Mask::None | Mask::Bias(_) => false,
             Mask::Causal => j as i64 > i as i64 + lk as i64 - lq as i64,
             Mask::SlidingWindow(w) => {
+                // A window of Lk keys or more hides nothing behind the diagonal; so bounded, it
+                // cannot wrap (a window of usize::MAX is no window, never a negative one).
                 let last = i as i64 + lk as i64 - lq as i64;
-                j as i64 > last || j as i64 <= last - *w as i64
+                j as i64 > last || j as i64 <= last - (*w).min(lk) as i64
             }
             Mask::KeyPadding(len) => j >= len[b],
             Mask::Attend(t) => t.data()[broadcast_index(t.shape(), at)] == 0,
