@@ -1,7 +1,8 @@
 //! Decoding equals transformers for every decoder family: each causal self-attention case file
-//! of `tests/fixtures/hf` is decoded through a `KvCache` — a prefill of all but the last two
-//! real tokens of each sequence, then one token at a time, with the file's RoPE positions and
-//! the module's own mask (causal, or its sliding window) — and every decoded row is compared
+//! of `tests/fixtures/hf` is decoded through the module's `HfDecoder` (a `KvCache` whose steps
+//! take the module's own mask: causal, its sliding window, T5's relative bias) — a prefill of
+//! all but the last two real tokens of each sequence, then one token at a time, with the
+//! file's RoPE positions — and every decoded row is compared
 //! with transformers' float64 answer for that token (right padding: a real token sees only
 //! real keys), within the case's bound.
 
@@ -9,8 +10,7 @@ mod common;
 
 use common::{file_name, fixtures, gpu};
 use wgpu_mha::io::hf::HfCheckpoint;
-use wgpu_mha::model::mask::AttnDims;
-use wgpu_mha::{KvCache, MultiHeadAttention, SafetensorsFile, StepOptions, Tensor};
+use wgpu_mha::{SafetensorsFile, Tensor};
 
 #[test]
 fn every_decoder_family_decodes_as_transformers_answers() {
@@ -22,8 +22,8 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         let prefix = file.metadata("prefix").expect("prefix").to_string();
         let ckpt = HfCheckpoint::open(&path).expect("checkpoint");
         let module = ckpt.attention(&prefix, None).expect("module");
-        if !self_causal || module.relative_bias.is_some() {
-            continue; // T5's decoder bias is not available in a KvCache (README)
+        if !self_causal {
+            continue;
         }
         let name = file_name(&path);
         let x = file.tensor_f32("hidden_states").expect("hidden_states");
@@ -52,31 +52,18 @@ fn every_decoder_family_decodes_as_transformers_answers() {
             .metadata("err_f32_vs_f64")
             .and_then(|v| v.parse::<f64>().ok())
             .map_or(1e-4, |err| (10.0 * err).max(1e-5));
-        let mha = MultiHeadAttention::new(gpu(), module.config, &module.weights).expect("module");
         let out = module.config.output_dim();
         for (bi, &len) in lengths.iter().enumerate() {
-            let mut cache = KvCache::new(&mha, 1, len).expect("cache");
+            let mut decoder = module.decoder(gpu(), 1, len).expect("decoder");
             let mut at = 0;
             for n in [len.saturating_sub(2), 1, 1].into_iter().filter(|&n| n > 0) {
                 let rows = x.data()[(bi * l + at) * e..(bi * l + at + n) * e].to_vec();
                 let step_x = Tensor::new([1, n, e], rows).expect("rows");
-                let dims = AttnDims {
-                    batch: 1,
-                    heads: module.config.heads,
-                    lq: n,
-                    lk: at + n,
-                };
-                let mask = module.mask(dims, None).expect("mask");
                 let pos: Option<Vec<usize>> = positions
                     .as_ref()
                     .map(|p| p[bi * l + at..bi * l + at + n].to_vec());
-                let options = StepOptions {
-                    mask: Some(&mask),
-                    positions: pos.as_deref(),
-                    ..Default::default()
-                };
-                let got = mha
-                    .forward_step_with(&mut cache, &step_x, &options)
+                let got = decoder
+                    .step(&step_x, pos.as_deref())
                     .unwrap_or_else(|err| panic!("{name}: step at {at}: {err}"));
                 let expected = &want[(bi * l + at) * out..(bi * l + at + n) * out];
                 let err = got

@@ -5,6 +5,7 @@
 
 pub mod case;
 pub mod config;
+pub mod decoder;
 pub mod families;
 pub mod model_types;
 mod module_parts;

@@ -1,0 +1,71 @@
+//! A Hugging Face self-attention module decoding through a `KvCache`, each step with the
+//! mask the module applies — causal, its sliding window, or T5's relative position bias for
+//! the step's queries — so that no step runs without what transformers would add.
+
+use super::HfAttention;
+use crate::attention::kv_cache::{KvCache, StepOptions};
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::model::mask::AttnDims;
+use crate::model::tensor::Tensor;
+use crate::MultiHeadAttention;
+
+/// A module and its cache (see [`HfAttention::decoder`]).
+pub struct HfDecoder {
+    module: HfAttention,
+    mha: MultiHeadAttention,
+    cache: KvCache,
+    batch: usize,
+}
+
+impl HfAttention {
+    /// A decoder of `batch` sequences of up to `capacity` tokens: a self-attention module only
+    /// (cross-attention decodes against fixed keys: use the module's forward).
+    pub fn decoder(&self, gpu: &Gpu, batch: usize, capacity: usize) -> Result<HfDecoder> {
+        if self.cross {
+            return Err(Error::Misuse(format!(
+                "`{}` is a cross-attention module; a decoder steps a self-attention",
+                self.prefix
+            )));
+        }
+        let mha = MultiHeadAttention::new(gpu, self.config, &self.weights)?;
+        let cache = KvCache::new(&mha, batch, capacity)?;
+        Ok(HfDecoder {
+            module: self.clone(),
+            mha,
+            cache,
+            batch,
+        })
+    }
+}
+
+impl HfDecoder {
+    /// The module's output for `x_new` (`[B, n, E]`, the next `n` tokens of each sequence),
+    /// with RoPE `positions` (`[B, n]`; default: the cache position on) and the module's own
+    /// mask over the step's keys.
+    pub fn step(&mut self, x_new: &Tensor, positions: Option<&[usize]>) -> Result<Tensor> {
+        let n = x_new.shape().get(1).copied().unwrap_or(0);
+        let dims = AttnDims {
+            batch: self.batch,
+            heads: self.module.config.heads,
+            lq: n,
+            lk: self.cache.len() + n,
+        };
+        let mask = self.module.mask(dims, None)?;
+        let options = StepOptions {
+            mask: Some(&mask),
+            positions,
+            ..Default::default()
+        };
+        self.mha.forward_step_with(&mut self.cache, x_new, &options)
+    }
+
+    /// Tokens decoded so far.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cache.len() == 0
+    }
+}
