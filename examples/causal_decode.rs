@@ -52,6 +52,12 @@ fn main() -> Result<ExitCode, wgpu_mha::Error> {
         );
         pos += n;
     }
+    // What it holds on the device, to budget a longer cache by.
+    let bytes = cache.bytes();
+    println!(
+        "cache bytes: {} of keys and values, {} of step buffers (sized for the longest step so far)",
+        bytes.keys_values, bytes.step
+    );
     // The cache is full now: one more token is a clear error, and the cache is unchanged.
     if let Err(e) = mha.forward_step(&mut cache, &tokens(&x, 0, 1)?) {
         println!("one more token: {e}");

@@ -37,7 +37,7 @@ pub mod model;
 pub mod reference;
 
 pub use attention::gpu_tensor::{GpuTensor, ReadFuture};
-pub use attention::kv_cache::{KvCache, StepOptions};
+pub use attention::kv_cache::{KvCache, KvCacheBytes, StepOptions};
 pub use attention::{
     AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention, Precision,
 };

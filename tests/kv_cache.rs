@@ -2,11 +2,11 @@
 
 mod common;
 
-use common::{assert_within, module, tolerance, BOTH_PATHS};
+use common::{assert_close, assert_within, gpu, module, tolerance, BOTH_PATHS};
 use wgpu_mha::model::mask::AttnDims;
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, Error, KvCache, Mask, MaskTensor, PaddingMask,
-    StepOptions, Tensor,
+    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask, MaskTensor,
+    MultiHeadAttention, PaddingMask, StepOptions, Tensor,
 };
 
 /// Rows `start..start + n` of every batch of a `[B, L, W]` tensor.
@@ -303,4 +303,54 @@ fn left_padded_prompts_decode_like_the_full_forward_with_their_padding() {
         assert!(matches!(err, Error::Mask(_)), "{err}");
         assert_eq!(fresh.len(), 0);
     }
+}
+
+/// A long cache holds its keys and values and step buffers for the steps actually asked for:
+/// at h32 / kv_heads 8 / d128 and 32k tokens (268 MB of K/V in f32) the step buffers used to
+/// be sized for the longest step one binding holds (about 670 MB more); now they start at a
+/// few tokens and grow with the steps, and `bytes()` says what is held.
+#[test]
+fn a_long_cache_holds_step_buffers_for_the_steps_asked_for() {
+    let config = AttentionConfig::classic(4096, 32)
+        .unwrap()
+        .with_kv_heads(8)
+        .unwrap();
+    let weights = AttentionWeights::random(&config, 1);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let cache = KvCache::new(&mha, 1, 32_768).unwrap();
+    let bytes = cache.bytes();
+    let kv = 2 * 8 * 32_768 * 128 * 4u64;
+    // Chunks round the capacity up to whole chunks, never by more than one chunk.
+    assert!(
+        bytes.keys_values >= kv && bytes.keys_values < kv + kv / 4,
+        "{bytes:?}"
+    );
+    assert!(bytes.step < kv / 8, "step buffers {bytes:?}");
+    eprintln!("32k h32/kvh8/d128 cache: {bytes:?}");
+    // A small module: a step longer than any before grows them, and the answer holds.
+    let small = AttentionConfig::classic(32, 4).unwrap();
+    let w = AttentionWeights::random(&small, 2);
+    let mha = MultiHeadAttention::new(gpu(), small, &w).unwrap();
+    let mut cache = KvCache::new(&mha, 1, 400).unwrap();
+    let before = cache.bytes().step;
+    let x = Tensor::random([1, 400, 32], 3);
+    let want = reference::forward(&small, &w, &x, &x, &x, &Mask::Causal).unwrap();
+    let prefill = mha.forward_step(&mut cache, &rows(&x, 0, 300)).unwrap();
+    assert!(
+        cache.bytes().step > before,
+        "{before} → {:?}",
+        cache.bytes()
+    );
+    assert_close(
+        "prefill of 300",
+        prefill.data(),
+        &rows_f64(&want.output, [1, 400, 32], 0, 300),
+    );
+    let next = mha.forward_step(&mut cache, &rows(&x, 300, 100)).unwrap();
+    assert_close(
+        "100 more",
+        next.data(),
+        &rows_f64(&want.output, [1, 400, 32], 300, 100),
+    );
+    assert!(cache.reserve(&mha, cache.max_step() + 1).is_err());
 }

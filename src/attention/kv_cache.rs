@@ -35,29 +35,137 @@ pub struct KvCache {
     fused: bool,
     /// The owning module's packed weight buffer, to recognise it.
     owner: wgpu::Buffer,
-    /// `[K: B·H·C·dk | V: B·H·C·dv | Q scratch: B·H·C·dk]`, laid out as `layout` says; in a
-    /// chunked cache the step's scratch `[Q | K | V]` of `max_step` tokens.
-    kv: wgpu::Buffer,
-    layout: QkvLayout,
-    /// Most tokens one step may bring.
+    /// `[K: B·H_kv·C·dk | V: B·H_kv·C·dv]`; none in a chunked cache (its chunks hold them).
+    kv: Option<wgpu::Buffer>,
+    /// Most tokens one step may bring (what one storage binding allows).
     max_step: usize,
+    /// The buffers a step writes, sized for the largest step so far (see [`StepBuffers`]).
+    step: StepBuffers,
     /// A chunked cache's keys and values, `chunk_keys` tokens per chunk (empty otherwise).
     k_chunks: Vec<wgpu::Buffer>,
     v_chunks: Vec<wgpu::Buffer>,
     chunk_keys: usize,
+    /// `[B, H, C, C]` for the multi-pass core.
+    scores: Option<wgpu::Buffer>,
+    mask: MaskBuffers,
+}
+
+/// What one step writes besides the cache, for steps of up to `tokens` new tokens: allocated
+/// for a few tokens and grown (doubling, up to `max_step`) when a longer step comes, so that a
+/// long cache does not hold buffers for a step as long as itself (a 32k-token cache used to
+/// allocate about 3.5 times its keys and values).
+struct StepBuffers {
+    tokens: usize,
+    /// The new queries `[B, H, n, dk]`; in a chunked cache the scratch `[Q | K | V]` of the new
+    /// tokens, whose keys and values are then appended to the chunks.
+    qkv: wgpu::Buffer,
     /// New tokens' query input `[B, n, model_dim]` and, for cross steps, key/value input.
     x_q: wgpu::Buffer,
     x_kv: wgpu::Buffer,
     combined: wgpu::Buffer,
     output: Option<wgpu::Buffer>,
     staging: wgpu::Buffer,
-    /// `[B, H, C, C]` for the multi-pass core.
-    scores: Option<wgpu::Buffer>,
+    /// The fused passes' state for a step of `tokens` over the whole capacity.
     carry: wgpu::Buffer,
-    mask: MaskBuffers,
-    /// cos/sin of the new tokens' positions (`len..len + n`), for a module with RoPE: new
-    /// queries and keys are rotated before attention, so the cache holds rotated keys.
+    /// cos/sin of the new tokens' positions, for a module with RoPE: new queries and keys are
+    /// rotated before attention, so the cache holds rotated keys.
     rope: Option<wgpu::Buffer>,
+}
+
+/// The bytes a cache holds on the device ([`KvCache::bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheBytes {
+    /// Keys and values at the full capacity (in chunks or not).
+    pub keys_values: u64,
+    /// Everything a step writes besides them, at the largest step so far.
+    pub step: u64,
+    /// A multi-pass cache's `[B, H, C, C]` scores.
+    pub scores: u64,
+}
+
+impl KvCacheBytes {
+    pub fn total(&self) -> u64 {
+        self.keys_values + self.step + self.scores
+    }
+}
+
+/// Tokens a new cache's step buffers hold before a longer step grows them: a decode step and
+/// a short prompt, without a reallocation.
+const FIRST_STEP_TOKENS: usize = 64;
+
+/// Floats of fused-pass state a step of up to `tokens` new tokens over up to `capacity` keys
+/// needs: the decode pass's partials for its small steps, the flash pass's carry per token.
+fn carry_len(mha: &MultiHeadAttention, b: usize, cap: usize, tokens: usize, fused: bool) -> usize {
+    if !fused {
+        return 0;
+    }
+    let c = &mha.config;
+    let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
+    let decode = (1..=tokens.min(MAX_ROWS))
+        .filter(|&n| mha.decodes(n))
+        .map(|n| partials_for(&mha.gpu, c.kv_group(), n, b * h * n, cap, dk, dv))
+        .max()
+        .unwrap_or(0);
+    let per_token = b * h * carry_stride(dv);
+    let fits = (mha.gpu.binding_limit() / 4) as usize / per_token;
+    decode.max(per_token * tokens.min(fits))
+}
+
+impl StepBuffers {
+    fn new(
+        mha: &MultiHeadAttention,
+        b: usize,
+        cap: usize,
+        tokens: usize,
+        fused: bool,
+        chunked: bool,
+    ) -> Self {
+        let c = &mha.config;
+        let gpu = &mha.gpu;
+        let (h, dk, dv, t) = (c.heads, c.qk_head_dim, c.v_head_dim, tokens);
+        let elem = mha.qkv_elem_bytes();
+        let none = wgpu::BufferUsages::empty();
+        let copy = wgpu::BufferUsages::COPY_SRC;
+        let f32s = |elems: usize| 4 * elems as u64;
+        let qkv = match chunked {
+            false => gpu.storage("step queries", elem * (b * h * t * dk) as u64, none),
+            true => {
+                let rows = b * (h * dk + c.kv_heads * (dk + dv)) * t;
+                gpu.storage("step scratch Q|K|V", elem * rows as u64, none)
+            }
+        };
+        StepBuffers {
+            tokens,
+            qkv,
+            x_q: gpu.storage("step query input", f32s(b * t * c.model_dim), none),
+            x_kv: gpu.storage("step key/value input", f32s(b * t * c.key_dim), none),
+            combined: gpu.storage("step combined heads", f32s(b * t * c.v_width()), copy),
+            output: c
+                .output_projection
+                .then(|| gpu.storage("step output", f32s(b * t * c.output_dim()), copy)),
+            staging: gpu.staging("step readback", f32s(b * t * c.output_dim())),
+            carry: gpu.storage("step carry", f32s(carry_len(mha, b, cap, t, fused)), none),
+            rope: c
+                .rope
+                .map(|r| gpu.storage("step RoPE table", f32s(b * t * r.rotary_dims), none)),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        [
+            &self.qkv,
+            &self.x_q,
+            &self.x_kv,
+            &self.combined,
+            &self.staging,
+            &self.carry,
+        ]
+        .into_iter()
+        .chain(self.output.as_ref())
+        .chain(self.rope.as_ref())
+        .map(wgpu::Buffer::size)
+        .sum()
+    }
 }
 
 impl std::fmt::Debug for KvCache {
@@ -180,28 +288,14 @@ impl KvCache {
                 limit,
             });
         }
-        // The decode pass's state for its largest step over the full capacity, and the flash
-        // pass's carry for a step of as many tokens as one binding holds (a longer prefill is
-        // `Err(TooLarge)`: split it into steps).
-        let carry_len = match fused {
-            false => 0,
-            true => {
-                let decode = (1..=max_step.min(MAX_ROWS))
-                    .filter(|&n| mha.decodes(n))
-                    .map(|n| partials_for(gpu, c.kv_group(), n, b * h * n, cap, dk, dv))
-                    .max()
-                    .unwrap_or(0);
-                let per_token = b * h * carry_stride(dv);
-                let fits = (limit / 4) as usize / per_token;
-                decode.max(per_token * max_step.min(fits))
-            }
-        };
         let m = max_step;
+        // What the largest step would need must fit a binding now, so that a cache that is
+        // made can take every step up to `max_step` (its step buffers grow to it on demand).
         let sizes = [
             (
-                "the KV cache with its query scratch",
+                "the KV cache's keys and values",
                 match chunk_keys {
-                    None => k_elems + v_elems + b * h * cap * dk,
+                    None => k_elems + v_elems,
                     Some(_) => b * (h * dk + c.kv_heads * (dk + dv)) * m,
                 },
             ),
@@ -212,7 +306,10 @@ impl KvCache {
                 "the cache's attention scores",
                 if fused { 0 } else { b * h * cap * cap },
             ),
-            ("the cache's fused-pass state", carry_len),
+            (
+                "the cache's fused-pass state",
+                carry_len(mha, b, cap, m, fused),
+            ),
         ];
         for (what, elems) in sizes {
             gpu.check_fits(what, 4 * elems as u64)?;
@@ -231,31 +328,13 @@ impl KvCache {
         )?;
         gpu.scoped("allocating a KV cache", || {
             let none = wgpu::BufferUsages::empty();
-            let copy = wgpu::BufferUsages::COPY_SRC;
-            let f32s = |elems: usize| 4 * elems as u64;
-            // Unchunked: `[K | V | Q scratch]` at the capacity. Chunked: the step's scratch
-            // `[Q | K | V]` of `m` tokens, and K and V in chunks of `keys` tokens.
-            let (kv, layout, k_chunks, v_chunks) = match chunk_keys {
+            let (kv, k_chunks, v_chunks) = match chunk_keys {
                 None => (
-                    gpu.storage(
-                        "KV cache",
-                        elem * (k_elems + v_elems + b * h * cap * dk) as u64,
-                        none,
-                    ),
-                    QkvLayout {
-                        k_offset: 0,
-                        v_offset: k_elems as u32,
-                        q_offset: (k_elems + v_elems) as u32,
-                        kv_stride: cap as u32,
-                        kv_group: c.kv_group() as u32,
-                    },
+                    Some(gpu.storage("KV cache", elem * (k_elems + v_elems) as u64, none)),
                     Vec::new(),
                     Vec::new(),
                 ),
                 Some(keys) => {
-                    let (q_len, k_len) = (b * h * m * dk, b * c.kv_heads * m * dk);
-                    let v_len = b * c.kv_heads * m * dv;
-                    let scratch = elem * (q_len + k_len + v_len) as u64;
                     let chunk = |d: usize, label: &str| -> Vec<wgpu::Buffer> {
                         (0..cap.div_ceil(keys))
                             .map(|_| {
@@ -264,19 +343,13 @@ impl KvCache {
                             .collect()
                     };
                     (
-                        gpu.storage("KV cache step scratch", scratch, none),
-                        QkvLayout {
-                            q_offset: 0,
-                            k_offset: q_len as u32,
-                            v_offset: (q_len + k_len) as u32,
-                            kv_stride: m as u32,
-                            kv_group: c.kv_group() as u32,
-                        },
+                        None,
                         chunk(dk, "KV cache key chunk"),
                         chunk(dv, "KV cache value chunk"),
                     )
                 }
             };
+            let chunked = chunk_keys.is_some();
             KvCache {
                 batch: b,
                 capacity: cap,
@@ -285,23 +358,13 @@ impl KvCache {
                 max_step: m,
                 owner: mha.weights.w_qkv.clone(),
                 kv,
-                layout,
+                step: StepBuffers::new(mha, b, cap, m.min(FIRST_STEP_TOKENS), fused, chunked),
                 k_chunks,
                 v_chunks,
                 chunk_keys: chunk_keys.unwrap_or(cap),
-                x_q: gpu.storage("step query input", f32s(b * m * c.model_dim), none),
-                x_kv: gpu.storage("step key/value input", f32s(b * m * c.key_dim), none),
-                combined: gpu.storage("step combined heads", f32s(b * m * c.v_width()), copy),
-                output: c
-                    .output_projection
-                    .then(|| gpu.storage("step output", f32s(b * m * c.output_dim()), copy)),
-                staging: gpu.staging("step readback", f32s(b * m * c.output_dim())),
-                scores: (!fused).then(|| gpu.storage("step scores", f32s(b * h * cap * cap), none)),
-                carry: gpu.storage("step carry", f32s(carry_len), none),
+                scores: (!fused)
+                    .then(|| gpu.storage("step scores", 4 * (b * h * cap * cap) as u64, none)),
                 mask: MaskBuffers::new(gpu, 0),
-                rope: c
-                    .rope
-                    .map(|r| gpu.storage("step RoPE table", f32s(b * m * r.rotary_dims), none)),
             }
         })
     }
@@ -344,6 +407,72 @@ impl KvCache {
     /// Most tokens one step may bring (the capacity, unless the cache is chunked).
     pub fn max_step(&self) -> usize {
         self.max_step
+    }
+
+    /// Sizes the step buffers for steps of up to `tokens` new tokens now (they otherwise grow
+    /// when a longer step comes), e.g. before timing. `Err(Misuse)` past [`max_step`](Self::max_step).
+    pub fn reserve(&mut self, mha: &MultiHeadAttention, tokens: usize) -> Result<()> {
+        if tokens > self.max_step {
+            return Err(Error::Misuse(format!(
+                "a step of {tokens} tokens: this KV cache takes at most {} per step (its step \
+                 buffers fill one storage binding); step in fewer tokens",
+                self.max_step
+            )));
+        }
+        if tokens > self.step.tokens {
+            let grown = tokens.max(2 * self.step.tokens).min(self.max_step);
+            let chunked = self.kv.is_none();
+            let (b, cap, fused) = (self.batch, self.capacity, self.fused);
+            self.step = mha.gpu.scoped("growing a KV cache's step buffers", || {
+                StepBuffers::new(mha, b, cap, grown, fused, chunked)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The bytes it holds on the device: keys and values at the full capacity, the step
+    /// buffers at the largest step so far (see [`reserve`](Self::reserve)), and a multi-pass
+    /// cache's scores.
+    pub fn bytes(&self) -> KvCacheBytes {
+        let kv: u64 = self
+            .kv
+            .iter()
+            .chain(&self.k_chunks)
+            .chain(&self.v_chunks)
+            .map(wgpu::Buffer::size)
+            .sum();
+        KvCacheBytes {
+            keys_values: kv,
+            step: self.step.bytes() + self.mask.words.size() + self.mask.params.size(),
+            scores: self.scores.as_ref().map_or(0, wgpu::Buffer::size),
+        }
+    }
+
+    /// The head-split layout of a step: queries in the step buffer; keys and values in the
+    /// cache at its capacity, or (chunked) in the step's scratch before they are appended.
+    fn layout(&self, c: &crate::AttentionConfig) -> QkvLayout {
+        let (b, t) = (self.batch, self.step.tokens);
+        let kv_group = c.kv_group() as u32;
+        match self.kv {
+            Some(_) => QkvLayout {
+                q_offset: 0,
+                k_offset: 0,
+                v_offset: (b * c.kv_heads * self.capacity * c.qk_head_dim) as u32,
+                kv_stride: self.capacity as u32,
+                kv_group,
+            },
+            None => {
+                let q_len = b * c.heads * t * c.qk_head_dim;
+                let k_len = b * c.kv_heads * t * c.qk_head_dim;
+                QkvLayout {
+                    q_offset: 0,
+                    k_offset: q_len as u32,
+                    v_offset: (q_len + k_len) as u32,
+                    kv_stride: t as u32,
+                    kv_group,
+                }
+            }
+        }
     }
 
     /// Tokens cached so far (per sequence).
@@ -484,13 +613,8 @@ impl MultiHeadAttention {
         if n == 0 {
             return Ok(Tensor::zeros([b, 0, c.output_dim()]));
         }
-        if n > cache.max_step {
-            return Err(Error::Misuse(format!(
-                "a step of {n} tokens: this chunked KV cache takes at most {} per step (its step \
-                 buffers fill one storage binding); step in fewer tokens",
-                cache.max_step
-            )));
-        }
+        // Grows the step buffers when this step is longer than any before.
+        cache.reserve(self, n)?;
         let (len0, lk) = (cache.len, cache.len + n);
         let out_len = b * n * c.output_dim();
         // The fused pass's state for this step must fit the cache's (see `with_path`).
@@ -509,14 +633,14 @@ impl MultiHeadAttention {
             }
             _ => 0,
         };
-        if 4 * state as u64 > cache.carry.size() {
+        if 4 * state as u64 > cache.step.carry.size() {
             return Err(Error::TooLarge {
                 what: format!(
                     "the fused-pass state of a KV cache step of {n} tokens over {lk} keys (step \
                      in fewer tokens)"
                 ),
                 needed: 4 * state as u64,
-                limit: cache.carry.size(),
+                limit: cache.step.carry.size(),
             });
         }
         // Checked (and, for the causal mask, bottom-right aligned: new token i sees cached keys
@@ -549,12 +673,13 @@ impl MultiHeadAttention {
         }
         let values = self.gpu.scoped("forward_step", || -> Result<Vec<f32>> {
             let queue = self.gpu.queue();
-            queue.write_buffer(&cache.x_q, 0, bytemuck::cast_slice(x_q.data()));
+            let step = &cache.step;
+            queue.write_buffer(&step.x_q, 0, bytemuck::cast_slice(x_q.data()));
             if let Some(kv) = x_kv {
-                queue.write_buffer(&cache.x_kv, 0, bytemuck::cast_slice(kv.data()));
+                queue.write_buffer(&step.x_kv, 0, bytemuck::cast_slice(kv.data()));
             }
             cache.mask.write(queue, &mask.words, &mask.params);
-            if let (Some(rope), Some(table)) = (&c.rope, &cache.rope) {
+            if let (Some(rope), Some(table)) = (&c.rope, &step.rope) {
                 queue.write_buffer(table, 0, bytemuck::cast_slice(&rope.table(&positions)));
             }
             let geometry = Geometry {
@@ -563,25 +688,33 @@ impl MultiHeadAttention {
                 lk,
                 kv_pos: len0,
                 appended: 0,
-                layout: cache.layout,
+                layout: cache.layout(c),
                 fused: cache.fused,
             };
             let kv_input = if x_kv.is_some() {
-                &cache.x_kv
+                &step.x_kv
             } else {
-                &cache.x_q
+                &step.x_q
+            };
+            let qkv = match &cache.kv {
+                Some(kv) => QkvBuffers {
+                    q: &step.qkv,
+                    k: kv,
+                    v: kv,
+                },
+                None => QkvBuffers::packed(&step.qkv),
             };
             let bound = Bound {
-                query: &cache.x_q,
+                query: &step.x_q,
                 key: kv_input,
                 value: kv_input,
-                qkv: QkvBuffers::packed(&cache.kv),
+                qkv,
                 scores: cache.scores.as_ref(),
-                combined: &cache.combined,
-                output: cache.output.as_ref(),
-                carry: &cache.carry,
+                combined: &step.combined,
+                output: step.output.as_ref(),
+                carry: &step.carry,
                 mask: &cache.mask,
-                rope: cache.rope.as_ref().map(|t| RopeTables { q: t, k: t }),
+                rope: step.rope.as_ref().map(|t| RopeTables { q: t, k: t }),
                 chunks: (!cache.k_chunks.is_empty()).then_some(KvChunks {
                     k: &cache.k_chunks,
                     v: &cache.v_chunks,
@@ -593,10 +726,10 @@ impl MultiHeadAttention {
             for d in &chain {
                 d.record(&mut encoder, None);
             }
-            let result = cache.output.as_ref().unwrap_or(&cache.combined);
-            encoder.copy_buffer_to_buffer(result, 0, &cache.staging, 0, 4 * out_len as u64);
+            let result = step.output.as_ref().unwrap_or(&step.combined);
+            encoder.copy_buffer_to_buffer(result, 0, &step.staging, 0, 4 * out_len as u64);
             queue.submit([encoder.finish()]);
-            self.gpu.read_f32(&cache.staging, out_len)
+            self.gpu.read_f32(&step.staging, out_len)
         })??;
         // Only now do the appended rows count; after any error the cache is as it was.
         cache.len = lk;

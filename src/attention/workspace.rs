@@ -284,7 +284,8 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
             vec![q_seg, k_seg, v_seg],
             b.qkv.q,
         )]
-    } else if packed && sharing != Sharing::Distinct {
+    } else if b.qkv.k == b.qkv.v && sharing != Sharing::Distinct {
+        // K and V in one buffer (a KV cache keeps its queries apart): one GEMM writes both.
         let (x, seq, width, w_off, b_off) = key;
         vec![
             query,
