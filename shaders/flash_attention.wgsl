@@ -90,7 +90,7 @@ var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
 fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     let all_tiles = (p.lk + KV_TILE - 1u) / KV_TILE;
     // A sliding window is causal too: no key past the diagonal.
-    if (mask.kind == MASK_CAUSAL || mask.kind == MASK_SLIDING_WINDOW) {
+    if (mask.kind == MASK_CAUSAL || mask.kind == MASK_SLIDING_WINDOW || mask.kind == MASK_CAUSAL_KEEP) {
         // Every row sees a key iff the first row does (i0 + offset >= 0).
         if (i32(i0) + mask.causal_offset >= 0) {
             let last_key = u32(i32(i1 - 1u) + mask.causal_offset);
@@ -131,6 +131,23 @@ fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
         }
         case MASK_KEY_PADDING: {
             return j + KEY_GROUP > mask_words[mask.batch_base + b];
+        }
+        case MASK_CAUSAL_KEEP: {
+            // Causal (or windowed) as above, and then only a padded key of the group masks.
+            if (last_key > i32(i0) + mask.causal_offset) {
+                return true;
+            }
+            if (mask.window > 0u && first_key <= i32(i1 - 1u) + mask.causal_offset - i32(mask.window)) {
+                return true;
+            }
+            // Called for whole groups only (a partial one is masked anyway): keys in range.
+            for (var k = 0u; k < KEY_GROUP; k++) {
+                let e = mask_element(b, 0u, 0u, j + k);
+                if (((mask_words[e / 4u] >> ((e % 4u) * 8u)) & 0xffu) == 0u) {
+                    return true;
+                }
+            }
+            return false;
         }
         default: {
             return true;

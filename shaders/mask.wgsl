@@ -7,6 +7,7 @@
 //   MASK_KEY_PADDING  mask_words[b] = number of valid keys
 //   MASK_KEEP         one keep byte per element, 4 per word
 //   MASK_BIAS         f32 bits, added to the score
+//   MASK_CAUSAL_KEEP  causal (window > 0: sliding) and one keep byte per (b, j): a padded batch
 // Before any of them a soft-cap (Gemma 2's attn_logit_softcapping), when `softcap` > 0, turns
 // the scaled score s into softcap · tanh(s / softcap), and ALiBi, when `alibi_heads` > 0, adds
 // slope(h) · (j − i′), i′ = i + causal_offset the query's position (≤ 0 on the keys a causal
@@ -74,6 +75,15 @@ fn apply_mask(scaled: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
         case MASK_KEEP: {
             let e = mask_element(b, h, i, j);
             if (((mask_words[e / 4u] >> ((e % 4u) * 8u)) & 0xffu) == 0u) {
+                return MASKED_SCORE;
+            }
+        }
+        case MASK_CAUSAL_KEEP: {
+            let last = i32(i) + mask.causal_offset;
+            let too_old = mask.window > 0u && i32(j) <= last - i32(mask.window);
+            let e = mask_element(b, h, i, j);
+            let keep = (mask_words[e / 4u] >> ((e % 4u) * 8u)) & 0xffu;
+            if (i32(j) > last || too_old || keep == 0u) {
                 return MASKED_SCORE;
             }
         }

@@ -92,3 +92,55 @@ fn windows_of_any_width_never_wrap() {
         assert_close(&format!("step, window {w}"), got.data(), &rows);
     }
 }
+
+/// A decoder's padded batch as the compact mask (the causal or windowed rule in the shader,
+/// one keep byte per key): equal to the f64 reference and to the materialised `[B, 1, Lq, Lk]`
+/// mask it replaces, with left and right padding, on the fused (prefill and decode) and
+/// multi-pass paths.
+#[test]
+fn padded_causal_masks_match_their_materialised_form() {
+    use wgpu_mha::model::mask::AttnDims;
+    use wgpu_mha::{MaskTensor, PaddingMask};
+    let config = AttentionConfig::classic(32, 4).expect("config");
+    let weights = AttentionWeights::random(&config, 7);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).expect("module");
+    let (b, lk) = (2, 9);
+    // Sequence 0 right-padded (6 real), sequence 1 left-padded (3 pads).
+    let keep: Vec<u8> = (0..b * lk)
+        .map(|e| match e / lk {
+            0 => (e % lk < 6) as u8,
+            _ => (e % lk >= 3) as u8,
+        })
+        .collect();
+    let attention_mask = MaskTensor::new([b, lk], keep).expect("mask");
+    for lq in [9, 1, 2] {
+        let x = Tensor::random([b, lk, 32], 8);
+        let q = Tensor::random([b, lq, 32], 9 + lq as u64);
+        let dims = AttnDims {
+            batch: b,
+            heads: 4,
+            lq,
+            lk,
+        };
+        for window in [None, Some(3)] {
+            let compact = Mask::causal_with_padding(window, &attention_mask);
+            let base = window.map_or(Mask::Causal, Mask::SlidingWindow);
+            let materialised = base
+                .with_key_padding(&PaddingMask::HfAttention(attention_mask.clone()), dims)
+                .expect("materialised");
+            let want = reference::forward(&config, &weights, &q, &x, &x, &compact).expect("ref");
+            let old = reference::forward(&config, &weights, &q, &x, &x, &materialised).unwrap();
+            assert_eq!(
+                want.output, old.output,
+                "Lq {lq} window {window:?}: the reference"
+            );
+            for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
+                let label = format!("Lq {lq} window {window:?} {path:?}");
+                let got = mha
+                    .forward_with(&q, &x, &x, &compact, &options(path, false))
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert_close(&label, got.output.data(), &want.output);
+            }
+        }
+    }
+}

@@ -26,17 +26,20 @@ pub enum MaskKind {
     Keep = 3,
     Bias = 4,
     SlidingWindow = 5,
+    /// Causal or windowed, and a keep byte per (batch, key).
+    CausalKeep = 6,
 }
 
 impl MaskKind {
     /// Every kind with its WGSL constant name.
-    pub const ALL: [(MaskKind, &'static str); 6] = [
+    pub const ALL: [(MaskKind, &'static str); 7] = [
         (MaskKind::None, "MASK_NONE"),
         (MaskKind::Causal, "MASK_CAUSAL"),
         (MaskKind::KeyPadding, "MASK_KEY_PADDING"),
         (MaskKind::Keep, "MASK_KEEP"),
         (MaskKind::Bias, "MASK_BIAS"),
         (MaskKind::SlidingWindow, "MASK_SLIDING_WINDOW"),
+        (MaskKind::CausalKeep, "MASK_CAUSAL_KEEP"),
     ];
 }
 
@@ -115,6 +118,15 @@ impl EncodedMask {
                 let keep = t.data().iter().map(|&v| ((v != 0) == attend) as u8);
                 (MaskKind::Keep, pack_bytes(keep, t.data().len()))
             }
+            Mask::CausalKeep { window, keep } => {
+                // Keep bytes over (b, j) only; window 0 stands for plain causal (Lk or more
+                // keys back is the same mask, and the shaders compare in i32).
+                params.strides = [dims.lk as u32, 0, 0, 1];
+                params.window =
+                    window.map_or(0, |w| w.min(dims.lk.max(1)).min(i32::MAX as usize)) as u32;
+                let bytes = keep.data().iter().map(|&v| (v != 0) as u8);
+                (MaskKind::CausalKeep, pack_bytes(bytes, keep.data().len()))
+            }
             Mask::Bias(t) => {
                 params.strides = broadcast_strides("bias mask", t.shape(), dims)?;
                 let bits = t.data().iter().map(|v| v.to_bits()).collect();
@@ -156,11 +168,14 @@ impl EncodedMask {
         };
         let words = match self.kind() {
             k if k == MaskKind::KeyPadding as u32 => b0..b0 + nb,
-            k if k == MaskKind::Keep as u32 || k == MaskKind::Bias as u32 => {
+            k if k == MaskKind::Keep as u32
+                || k == MaskKind::Bias as u32
+                || k == MaskKind::CausalKeep as u32 =>
+            {
                 let first = b0 as u64 * p.strides[0] as u64 + i0 as u64 * p.strides[2] as u64;
                 let last = first + self.span(nb, nq) - 1;
                 // Keep bytes are four to a word; bias values one.
-                let per_word = if k == MaskKind::Keep as u32 { 4 } else { 1 };
+                let per_word = if k == MaskKind::Bias as u32 { 1 } else { 4 };
                 params.base = (first % per_word) as u32;
                 (first / per_word) as usize..(last / per_word) as usize + 1
             }
@@ -173,7 +188,9 @@ impl EncodedMask {
     pub fn window_len(&self, nb: usize, nq: usize) -> usize {
         match self.kind() {
             k if k == MaskKind::KeyPadding as u32 => nb,
-            k if k == MaskKind::Keep as u32 => (self.span(nb, nq) / 4) as usize + 2,
+            k if k == MaskKind::Keep as u32 || k == MaskKind::CausalKeep as u32 => {
+                (self.span(nb, nq) / 4) as usize + 2
+            }
             k if k == MaskKind::Bias as u32 => self.span(nb, nq) as usize,
             _ => 0,
         }

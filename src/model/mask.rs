@@ -58,6 +58,15 @@ pub enum Mask {
     Block(MaskTensor),
     /// Added to the scaled scores before the softmax (no replacement).
     Bias(Tensor),
+    /// Causal (bottom-right aligned), at most `window` keys back when one is given, and only the
+    /// keys `keep` marks (`[B, Lk]`, or `[Lk]` for a batch of one; nonzero = a real token): a
+    /// decoder's mask over a padded batch. The causal rule is generated in the shader and the
+    /// padding read per key, so it takes O(B·Lk) memory where the materialised
+    /// `[B, 1, Lq, Lk]` mask took O(B·Lq·Lk) (2.4 GB at 32k tokens).
+    CausalKeep {
+        window: Option<usize>,
+        keep: MaskTensor,
+    },
 }
 
 impl Mask {
@@ -84,6 +93,7 @@ impl Mask {
             Mask::Attend(_) => "attend",
             Mask::Block(_) => "block",
             Mask::Bias(_) => "bias",
+            Mask::CausalKeep { .. } => "causal_padded",
         }
     }
 
@@ -116,6 +126,30 @@ impl Mask {
                 broadcast_strides("mask", t.shape(), dims).map(drop)
             }
             Mask::Bias(t) => broadcast_strides("bias mask", t.shape(), dims).map(drop),
+            Mask::CausalKeep {
+                window: Some(0), ..
+            } => Err(Error::Mask(
+                "a sliding window of 0 keys hides every key; it must be at least 1".into(),
+            )),
+            Mask::CausalKeep { keep, .. } => {
+                let (b, lk) = (dims.batch, dims.lk);
+                if keep.shape() != [b, lk] && !(b == 1 && keep.shape() == [lk]) {
+                    return Err(Error::Mask(format!(
+                        "a key padding mask must be [B, Lk] = [{b}, {lk}], got {:?}",
+                        keep.shape()
+                    )));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The compact padded causal mask of a Hugging Face decoder: causal (or `window` keys
+    /// back), and the keys `attention_mask` marks real (`[B, Lk]`, 1 = a real token).
+    pub fn causal_with_padding(window: Option<usize>, attention_mask: &MaskTensor) -> Mask {
+        Mask::CausalKeep {
+            window,
+            keep: attention_mask.clone(),
         }
     }
 }
@@ -212,6 +246,7 @@ impl Mask {
             Mask::KeyPadding(_) => [dims.batch, 1, 1],
             Mask::Attend(t) | Mask::Block(t) => lead(t.shape()),
             Mask::Bias(t) => lead(t.shape()),
+            Mask::CausalKeep { .. } => [dims.batch, 1, dims.lq],
         };
         let (lk, wide) = (dims.lk, dims.lk + appended);
         let len = b * h * rows * wide;
@@ -253,6 +288,13 @@ impl Mask {
                 j as i64 > last || j as i64 <= last - (*w).min(lk) as i64
             }
             Mask::KeyPadding(len) => j >= len[b],
+            Mask::CausalKeep { window, keep } => {
+                let hidden_by_rule = match window {
+                    Some(w) => Mask::SlidingWindow(*w).hides(at, lq, lk),
+                    None => Mask::Causal.hides(at, lq, lk),
+                };
+                hidden_by_rule || keep.data()[b * lk + j] == 0
+            }
             Mask::Attend(t) => t.data()[broadcast_index(t.shape(), at)] == 0,
             Mask::Block(t) => t.data()[broadcast_index(t.shape(), at)] != 0,
         }

@@ -465,6 +465,12 @@ impl HfAttention {
     /// padding of `attention_mask` (`[B, Lk]`, 1 = real token), and T5's relative bias — all
     /// composed as `transformers` does.
     pub fn mask(&self, dims: AttnDims, attention_mask: Option<&MaskTensor>) -> Result<Mask> {
+        // A decoder's padded batch: the causal rule in the shader, the padding per key.
+        if let (None, true, Some(m)) = (&self.relative_bias, self.causal, attention_mask) {
+            let mask = Mask::causal_with_padding(self.window, m);
+            mask.check(dims)?;
+            return Ok(mask);
+        }
         let base = match (&self.relative_bias, self.causal, self.window) {
             (Some(bias), causal, _) => bias.mask(dims, causal)?,
             (None, true, Some(w)) => Mask::SlidingWindow(w),
