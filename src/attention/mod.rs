@@ -11,7 +11,9 @@ pub mod gpu_tensor;
 mod gpu_weights;
 pub mod kv_cache;
 mod kv_chunks;
+mod kv_step_buffers;
 mod plan;
+mod row_passes;
 mod run;
 mod workspace;
 

@@ -8,14 +8,13 @@ use crate::kernels::decode;
 use crate::kernels::kv_append::{self, NewRows};
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
-use crate::kernels::rope::{self, RopeRows};
 use crate::kernels::{
     av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, KvChunks, QkvBuffers,
     QkvLayout,
 };
-use crate::kernels::{clamp, qk_norm};
 
 use super::plan::{Shape, Sharing};
+use super::row_passes;
 use super::{MultiHeadAttention, Precision};
 
 /// The rows of one chain of passes: `batch` sequences of `lq` queries attending to `lk` keys.
@@ -77,46 +76,15 @@ pub(crate) fn dispatches(
     chain.extend(projections(mha, g, b)?);
 
     // Q, K, V = clamp(Q), clamp(K), clamp(V): OLMo's clip_qkv, on the new rows
-    if let Some(limit) = c.clip_qkv {
-        let [q_rows, k_rows] = new_rows(mha, g, b);
-        let v_rows = RopeRows {
-            head_dim: dv,
-            offset: g.layout.v_offset,
-            ..k_rows
-        };
-        let f16 = mha.qkv_elem_bytes() == 2;
-        for (rows, x) in [(q_rows, b.qkv.q), (k_rows, b.qkv.k), (v_rows, b.qkv.v)] {
-            chain.push(clamp::dispatch(gpu, limit, f16, rows, x)?);
-        }
-    }
+    chain.extend(row_passes::clamps(mha, g, b)?);
 
     // Q, K = q_norm(Q), k_norm(K): normalised in place (the new keys only)
-    if let (Some(norm), Some(weights)) = (&c.qk_norm, &mha.weights.qk_norm) {
-        let [q_rows, k_rows] = new_rows(mha, g, b);
-        let f16 = mha.qkv_elem_bytes() == 2;
-        let [(wq, nq), (wk, nk)] = weights;
-        chain.push(qk_norm::dispatch(
-            gpu,
-            norm,
-            f16,
-            q_rows,
-            b.qkv.q,
-            (wq, *nq),
-        )?);
-        chain.push(qk_norm::dispatch(
-            gpu,
-            norm,
-            f16,
-            k_rows,
-            b.qkv.k,
-            (wk, *nk),
-        )?);
-    }
+    chain.extend(row_passes::norms(mha, g, b)?);
 
     // Q, K = rope(Q), rope(K): rotated by position in place (the new keys only: a KV cache
     // holds its keys rotated)
     if let (Some(rope), Some(tables)) = (&c.rope, b.rope) {
-        chain.extend(rotations(mha, rope, g, b, tables)?);
+        chain.extend(row_passes::rotations(mha, rope, g, b, tables)?);
     }
 
     // cache.append(K, V): into a chunked KV cache, from the scratch they were projected to
@@ -337,7 +305,7 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
 
 /// The row of `qkv`'s K/V layout the projections write the first new key to: `kv_pos`, or 0
 /// in a chunked cache's scratch.
-fn new_kv_row(g: &Geometry, b: &Bound) -> usize {
+pub(crate) fn new_kv_row(g: &Geometry, b: &Bound) -> usize {
     if b.chunks.is_some() {
         0
     } else {
@@ -373,46 +341,6 @@ fn appends(
     let mut chain = kv_append::dispatches(&mha.gpu, f16, keys, chunks, true)?;
     chain.extend(kv_append::dispatches(&mha.gpu, f16, values, chunks, false)?);
     Ok(chain)
-}
-
-/// The rows position-wise passes touch: Q rows `0..lq`, and K rows `kv_pos..` of the new keys.
-fn new_rows(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> [RopeRows; 2] {
-    let c = &mha.config;
-    let l = g.layout;
-    let q_rows = RopeRows {
-        batch: g.batch,
-        heads: c.heads,
-        n: g.lq,
-        stride: g.lq,
-        first: 0,
-        head_dim: c.qk_head_dim,
-        offset: l.q_offset,
-    };
-    let k_rows = RopeRows {
-        heads: c.kv_heads,
-        n: g.lk - g.kv_pos - g.appended,
-        stride: l.kv_stride as usize,
-        first: new_kv_row(g, b),
-        offset: l.k_offset,
-        ..q_rows
-    };
-    [q_rows, k_rows]
-}
-
-/// The two RoPE dispatches, over [`new_rows`].
-fn rotations(
-    mha: &MultiHeadAttention,
-    rope: &crate::model::rope::Rope,
-    g: &Geometry,
-    b: &Bound,
-    tables: RopeTables,
-) -> Result<Vec<Dispatch>> {
-    let f16 = mha.qkv_elem_bytes() == 2;
-    let [q_rows, k_rows] = new_rows(mha, g, b);
-    Ok(vec![
-        rope::dispatch(&mha.gpu, rope, f16, q_rows, b.qkv.q, tables.q)?,
-        rope::dispatch(&mha.gpu, rope, f16, k_rows, b.qkv.k, tables.k)?,
-    ])
 }
 
 impl MultiHeadAttention {
