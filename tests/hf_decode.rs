@@ -10,7 +10,7 @@ mod common;
 
 use common::{file_name, fixtures, gpu};
 use wgpu_mha::io::hf::HfCheckpoint;
-use wgpu_mha::{SafetensorsFile, Tensor};
+use wgpu_mha::{Error, SafetensorsFile, Tensor};
 
 #[test]
 fn every_decoder_family_decodes_as_transformers_answers() {
@@ -104,10 +104,50 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "bloom",
         "gptj",
         "gpt_bigcode",
+        "t5_decoder_self",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),
             "no decoded case of {family}: {decoded:?}"
+        );
+    }
+}
+
+/// An encoder's self-attention (T5's, with its bidirectional relative bias; BERT's) sees the
+/// tokens after each one, so stepping it through a cache would answer each step with rows
+/// the module never gives: `decoder()` refuses it, naming the module and why, as it refuses
+/// a cross-attention.
+#[test]
+fn a_decoder_over_an_encoder_or_cross_attention_is_refused() {
+    let mut refused = Vec::new();
+    for path in fixtures("hf") {
+        let file = SafetensorsFile::open(&path).expect("case");
+        if file.metadata("causal") == Some("true") && file.metadata("attention") == Some("self") {
+            continue;
+        }
+        let prefix = file.metadata("prefix").expect("prefix").to_string();
+        let module = HfCheckpoint::open(&path)
+            .expect("checkpoint")
+            .attention(&prefix, None)
+            .expect("module");
+        let name = file_name(&path);
+        match module.decoder(gpu(), 1, 8) {
+            Err(Error::Misuse(m)) => {
+                let why = match module.cross {
+                    true => "cross-attention",
+                    false => "bidirectional (encoder) self-attention",
+                };
+                assert!(m.contains(&prefix) && m.contains(why), "{name}: {m}");
+            }
+            Err(other) => panic!("{name}: a decoder over `{prefix}`: {other}"),
+            Ok(_) => panic!("{name}: a decoder over `{prefix}` was made"),
+        }
+        refused.push(name);
+    }
+    for case in ["t5_encoder_self", "t5_decoder_cross", "bert"] {
+        assert!(
+            refused.iter().any(|n| n.starts_with(case)),
+            "no refused case {case}: {refused:?}"
         );
     }
 }

@@ -19,12 +19,23 @@ pub struct HfDecoder {
 }
 
 impl HfAttention {
-    /// A decoder of `batch` sequences of up to `capacity` tokens: a self-attention module only
-    /// (cross-attention decodes against fixed keys: use the module's forward).
+    /// A decoder of `batch` sequences of up to `capacity` tokens: a causal self-attention module
+    /// only (cross-attention decodes against fixed keys, and an encoder's tokens see the ones
+    /// after them: use the module's forward).
     pub fn decoder(&self, gpu: &Gpu, batch: usize, capacity: usize) -> Result<HfDecoder> {
         if self.cross {
             return Err(Error::Misuse(format!(
                 "`{}` is a cross-attention module; a decoder steps a self-attention",
+                self.prefix
+            )));
+        }
+        // An encoder's token attends to the tokens after it, which no step has seen yet: each
+        // step's rows would differ from the module's output, so none is computed.
+        if !self.causal {
+            return Err(Error::Misuse(format!(
+                "`{}` is a bidirectional (encoder) self-attention: each token attends to the \
+                 tokens after it, which a decoder has not seen yet; run the module's forward \
+                 over the whole sequence",
                 self.prefix
             )));
         }
