@@ -91,8 +91,10 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     let all_tiles = (p.lk + KV_TILE - 1u) / KV_TILE;
     // A sliding window is causal too: no key past the diagonal.
     if (mask.kind == MASK_CAUSAL || mask.kind == MASK_SLIDING_WINDOW || mask.kind == MASK_CAUSAL_KEEP) {
-        // Every row sees a key iff the first row does (i0 + offset >= 0).
-        if (i32(i0) + mask.causal_offset >= 0) {
+        // Every row sees a key iff the first row does (i0 + offset >= 0); with padding, iff
+        // each row's keys hold a real one.
+        let padded = mask.kind == MASK_CAUSAL_KEEP && !every_row_sees_a_real_key(b, i0, i1);
+        if (i32(i0) + mask.causal_offset >= 0 && !padded) {
             let last_key = u32(i32(i1 - 1u) + mask.causal_offset);
             return min(all_tiles, last_key / KV_TILE + 1u);
         }
@@ -104,6 +106,36 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
         }
     }
     return all_tiles;
+}
+
+// MASK_CAUSAL_KEEP: whether every row of [i0, i1) (with i0 + offset >= 0) sees a real key
+// among its keys (i + offset - window, i + offset]. A row that sees none averages V over all Lk
+// keys (every score -1e9), so its block must skip no tile. One sweep over the block's keys,
+// tracking the last real one; plain causal stops at the first real key.
+fn every_row_sees_a_real_key(b: u32, i0: u32, i1: u32) -> bool {
+    let first = i32(i0) + mask.causal_offset;
+    if (mask.window == 0u) {
+        // Each row sees every key the row before it sees: the first row decides.
+        for (var j = 0; j <= first; j++) {
+            if (key_kept(b, u32(j))) {
+                return true;
+            }
+        }
+        return false;
+    }
+    let w = i32(mask.window);
+    let last = i32(i1 - 1u) + mask.causal_offset;
+    var last_real = -2147483647;  // none yet: at most j - w for every j >= 0
+    for (var j = max(0, first - w + 1); j <= last; j++) {
+        if (key_kept(b, u32(j))) {
+            last_real = j;
+        }
+        // Row j - offset's newest key is j: it sees a real one iff the last is within w.
+        if (j >= first && last_real <= j - w) {
+            return false;
+        }
+    }
+    return true;
 }
 
 // Whether the mask can change any score of keys j .. j + KEY_GROUP - 1 for rows [i0, i1) (uniform over the
@@ -142,8 +174,7 @@ fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
             }
             // Called for whole groups only (a partial one is masked anyway): keys in range.
             for (var k = 0u; k < KEY_GROUP; k++) {
-                let e = mask_element(b, 0u, 0u, j + k);
-                if (((mask_words[e / 4u] >> ((e % 4u) * 8u)) & 0xffu) == 0u) {
+                if (!key_kept(b, j + k)) {
                     return true;
                 }
             }

@@ -32,6 +32,12 @@ fn mask_element(b: u32, h: u32, i: u32, j: u32) -> u32 {
     return mask.base + b * mask.strides.x + h * mask.strides.y + i * mask.strides.z + j * mask.strides.w;
 }
 
+// MASK_CAUSAL_KEEP: whether key j of batch b is a real token (its keep byte is nonzero).
+fn key_kept(b: u32, j: u32) -> bool {
+    let e = mask_element(b, 0u, 0u, j);
+    return ((mask_words[e / 4u] >> ((e % 4u) * 8u)) & 0xffu) != 0u;
+}
+
 // tanh's argument is clamped: tanh(±15) is ±1 in f32, and a driver's tanh of a huge value
 // may be NaN (exp overflow in (e^2x − 1) / (e^2x + 1)).
 fn soft_cap(s: f32) -> f32 {
@@ -81,9 +87,7 @@ fn apply_mask(scaled: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
         case MASK_CAUSAL_KEEP: {
             let last = i32(i) + mask.causal_offset;
             let too_old = mask.window > 0u && i32(j) <= last - i32(mask.window);
-            let e = mask_element(b, h, i, j);
-            let keep = (mask_words[e / 4u] >> ((e % 4u) * 8u)) & 0xffu;
-            if (i32(j) > last || too_old || keep == 0u) {
+            if (i32(j) > last || too_old || !key_kept(b, j)) {
                 return MASKED_SCORE;
             }
         }

@@ -96,25 +96,21 @@ fn windows_of_any_width_never_wrap() {
 /// A decoder's padded batch as the compact mask (the causal or windowed rule in the shader,
 /// one keep byte per key): equal to the f64 reference and to the materialised `[B, 1, Lq, Lk]`
 /// mask it replaces, with left and right padding, on the fused (prefill and decode) and
-/// multi-pass paths.
+/// multi-pass paths. Lk spans several key tiles and query blocks, so the fused pass's causal
+/// tile skipping meets rows that see no real key: a padded query of a left-padded sequence,
+/// or a window over right padding. Such a row keeps the −1e9 answer, the mean of V over all
+/// Lk keys, which only holds if no tile is skipped for it.
 #[test]
 fn padded_causal_masks_match_their_materialised_form() {
     use wgpu_mha::model::mask::AttnDims;
-    use wgpu_mha::{MaskTensor, PaddingMask};
+    use wgpu_mha::PaddingMask;
     let config = AttentionConfig::classic(32, 4).expect("config");
     let weights = AttentionWeights::random(&config, 7);
     let mha = MultiHeadAttention::new(gpu(), config, &weights).expect("module");
-    let (b, lk) = (2, 9);
-    // Sequence 0 right-padded (6 real), sequence 1 left-padded (3 pads).
-    let keep: Vec<u8> = (0..b * lk)
-        .map(|e| match e / lk {
-            0 => (e % lk < 6) as u8,
-            _ => (e % lk >= 3) as u8,
-        })
-        .collect();
-    let attention_mask = MaskTensor::new([b, lk], keep).expect("mask");
-    for lq in [9, 1, 2] {
-        let x = Tensor::random([b, lk, 32], 8);
+    let (b, lk) = (2, 100);
+    let attention_mask = padded_batch(lk);
+    let x = Tensor::random([b, lk, 32], 8);
+    for lq in [lk, 1, 2, 37] {
         let q = Tensor::random([b, lq, 32], 9 + lq as u64);
         let dims = AttnDims {
             batch: b,
@@ -122,7 +118,7 @@ fn padded_causal_masks_match_their_materialised_form() {
             lq,
             lk,
         };
-        for window in [None, Some(3)] {
+        for window in [None, Some(3), Some(40)] {
             let compact = Mask::causal_with_padding(window, &attention_mask);
             let base = window.map_or(Mask::Causal, Mask::SlidingWindow);
             let materialised = base
@@ -136,11 +132,78 @@ fn padded_causal_masks_match_their_materialised_form() {
             );
             for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
                 let label = format!("Lq {lq} window {window:?} {path:?}");
-                let got = mha
-                    .forward_with(&q, &x, &x, &compact, &options(path, false))
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-                assert_close(&label, got.output.data(), &want.output);
+                for mask in [&compact, &materialised] {
+                    let got = mha
+                        .forward_with(&q, &x, &x, mask, &options(path, false))
+                        .unwrap_or_else(|e| panic!("{label} {}: {e}", mask.kind_name()));
+                    assert_close(
+                        &format!("{label} {}", mask.kind_name()),
+                        got.output.data(),
+                        &want.output,
+                    );
+                }
             }
+        }
+    }
+}
+
+/// `[2, lk]` Hugging Face attention mask (1 = a real token): sequence 0 right-padded (57 real
+/// tokens), sequence 1 left-padded (41 pads), both past one key tile and one query block.
+fn padded_batch(lk: usize) -> wgpu_mha::MaskTensor {
+    let keep: Vec<u8> = (0..2 * lk)
+        .map(|e| match e / lk {
+            0 => (e % lk < 57) as u8,
+            _ => (e % lk >= 41) as u8,
+        })
+        .collect();
+    wgpu_mha::MaskTensor::new([2, lk], keep).expect("mask")
+}
+
+/// The compact padded mask through a KvCache: a prefill of 100 tokens (past one query block and
+/// several key tiles), then single tokens, each step with the attention mask cut to the keys it
+/// has, equal to the f64 reference of that step's queries over the keys so far (a padded query
+/// sees no real key and averages all of them, so its row depends on how many there are), plain
+/// causal and windowed.
+#[test]
+fn padded_causal_masks_decode_through_a_kv_cache() {
+    let config = AttentionConfig::classic(32, 4).expect("config");
+    let weights = AttentionWeights::random(&config, 11);
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).expect("module");
+    let (b, lk, d) = (2, 104, 32);
+    let attention_mask = padded_batch(lk);
+    let x = Tensor::random([b, lk, d], 12);
+    // Positions [from, to) of each sequence, from a [2, lk, width] tensor's data.
+    let cut = |data: &[f32], width: usize, from: usize, to: usize| -> Vec<f32> {
+        (0..b)
+            .flat_map(|s| data[(s * lk + from) * width..(s * lk + to) * width].to_vec())
+            .collect()
+    };
+    for window in [None, Some(5)] {
+        let mut cache = wgpu_mha::KvCache::new(&mha, b, lk).expect("cache");
+        let mut at = 0;
+        for n in [100, 1, 1, 1, 1] {
+            let keep = (0..b)
+                .flat_map(|s| attention_mask.data()[s * lk..s * lk + at + n].to_vec())
+                .collect();
+            let keep = wgpu_mha::MaskTensor::new([b, at + n], keep).expect("keep");
+            let mask = Mask::causal_with_padding(window, &keep);
+            let x_new = Tensor::new([b, n, d], cut(x.data(), d, at, at + n)).expect("x");
+            let x_all = Tensor::new([b, at + n, d], cut(x.data(), d, 0, at + n)).expect("x");
+            let want = reference::forward(&config, &weights, &x_new, &x_all, &x_all, &mask)
+                .expect("reference");
+            let opts = wgpu_mha::StepOptions {
+                mask: Some(&mask),
+                ..Default::default()
+            };
+            let got = mha
+                .forward_step_with(&mut cache, &x_new, &opts)
+                .unwrap_or_else(|e| panic!("window {window:?} step at {at}: {e}"));
+            assert_close(
+                &format!("window {window:?} step at {at} (+{n})"),
+                got.data(),
+                &want.output,
+            );
+            at += n;
         }
     }
 }

@@ -119,11 +119,14 @@ impl EncodedMask {
                 (MaskKind::Keep, pack_bytes(keep, t.data().len()))
             }
             Mask::CausalKeep { window, keep } => {
-                // Keep bytes over (b, j) only; window 0 stands for plain causal (Lk or more
-                // keys back is the same mask, and the shaders compare in i32).
+                // Keep bytes over (b, j) only; window 0 stands for plain causal, and so does a
+                // window of Lk keys or more (the same mask; the shaders compare in i32, and
+                // the fused pass's padded-row check then stops at the first real key).
                 params.strides = [dims.lk as u32, 0, 0, 1];
-                params.window =
-                    window.map_or(0, |w| w.min(dims.lk.max(1)).min(i32::MAX as usize)) as u32;
+                params.window = match window {
+                    Some(w) if *w < dims.lk.min(i32::MAX as usize) => *w as u32,
+                    _ => 0,
+                };
                 let bytes = keep.data().iter().map(|&v| (v != 0) as u8);
                 (MaskKind::CausalKeep, pack_bytes(bytes, keep.data().len()))
             }
@@ -315,6 +318,28 @@ mod tests {
         // Little-endian keep bytes, four to a word.
         assert_eq!(attend.words, vec![0x0101_0001, 0x0000_0000]);
         assert_eq!(block.words, vec![0x0000_0100, 0x0000_0001]);
+    }
+
+    #[test]
+    fn a_padded_causal_window_of_lk_keys_or_more_is_plain_causal() {
+        let keep = MaskTensor::new([2, 5], vec![0, 1, 1, 1, 1, 1, 1, 1, 0, 0]).unwrap();
+        let window = |w| {
+            let m = Mask::causal_with_padding(w, &keep);
+            EncodedMask::new(&m, dims(2, 3, 5)).unwrap().params.window
+        };
+        // 0 stands for plain causal in the shader: Lk keys back or more is the same mask.
+        assert_eq!(window(None), 0);
+        assert_eq!(window(Some(4)), 4);
+        for w in [5, 1 << 31, (1 << 32) + 4, usize::MAX] {
+            assert_eq!(window(Some(w)), 0, "window {w}");
+        }
+        // One keep byte per (b, j), shared by every head and query.
+        let m = EncodedMask::new(&Mask::causal_with_padding(None, &keep), dims(2, 3, 5)).unwrap();
+        assert_eq!(m.params.strides, [5, 0, 0, 1]);
+        assert_eq!(m.words, vec![0x0101_0100, 0x0101_0101, 0]);
+        // A keep mask of another shape is an error.
+        let short = Mask::causal_with_padding(None, &MaskTensor::new([2, 4], vec![1; 8]).unwrap());
+        assert!(EncodedMask::new(&short, dims(2, 3, 5)).is_err());
     }
 
     #[test]

@@ -139,6 +139,12 @@ impl Mask {
                         keep.shape()
                     )));
                 }
+                // The shaders index the keep bytes in u32.
+                if b.saturating_mul(lk) > u32::MAX as usize {
+                    return Err(Error::Mask(format!(
+                        "a key padding mask of [{b}, {lk}] has more than 2^32 elements"
+                    )));
+                }
                 Ok(())
             }
         }
