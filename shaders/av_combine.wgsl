@@ -1,21 +1,24 @@
 // av_combine: O[b, i, h·dv + d] = Σ_j P[b, h, i, j] · V[b, h, j, d].
-// P is [B, H, Lq, Lk]; V is head-split [B, H, Lk, dv] at an element offset; the result goes
-// straight into the combined layout [B, Lq, H·dv], so combine_heads costs nothing.
+// P is [B, H, Lq, Lk]; V and the output are read and written at their row strides (rows.wgsl):
+// in a module, V head-split [B, H, Lk, dv] and the output straight into the combined layout
+// [B, Lq, H·dv], so combine_heads costs nothing.
 // Dispatch: (ceil(dv / 64), ceil(Lq / 64), B·H) workgroups of 16×16 (z offset as in scores).
 
 struct AvParams {
+    v: RowStrides, // where V's rows (value heads) and the output's rows lie (rows.wgsl)
+    o: RowStrides,
     lq: u32,
     lk: u32,
     head_dim: u32,   // dv
     heads: u32,
-    v_offset: u32,
     z_offset: u32,
-    kv_stride: u32,   // rows of V per (batch, head): Lk, or a KV cache's capacity
     k_begin: u32,     // the keys of this dispatch: [k_begin, k_end); a range not starting
     k_end: u32,       // at 0 adds to the stored output
     kv_group: u32,    // query heads per value head (1, or H / H_kv for GQA/MQA)
+    _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: AvParams;
@@ -28,7 +31,7 @@ fn load_a(z: u32, i: u32, j: u32) -> f32 {
 }
 
 fn load_b(z: u32, j: u32, d: u32) -> f32 {
-    return v[p.v_offset + ((z / p.kv_group) * p.kv_stride + j) * p.head_dim + d];
+    return v[row_start(p.v, z / p.heads, (z % p.heads) / p.kv_group, j) + d];
 }
 
 @compute @workgroup_size(16, 16, 1)
@@ -39,13 +42,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let acc = gemm_tile(lid, z, row0, col0, p.lq, p.head_dim, p.k_begin, p.k_end);
     let b = z / p.heads;
     let h = z % p.heads;
-    let row_stride = p.heads * p.head_dim;
     for (var r = 0u; r < 4u; r++) {
         let i = row0 + lid.y * 4u + r;
         for (var c = 0u; c < 4u; c++) {
             let d = col0 + lid.x * 4u + c;
             if (i < p.lq && d < p.head_dim) {
-                let at = (b * p.lq + i) * row_stride + h * p.head_dim + d;
+                let at = row_start(p.o, b, h, i) + d;
                 if (p.k_begin != 0u) {
                     out[at] += acc[r][c];
                 } else {

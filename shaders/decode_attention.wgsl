@@ -65,7 +65,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var r = 0u; r < ROWS; r++) {
         if (r < rows) {
             let h = g * p.kv_group + r / p.lq;
-            let base = p.q_offset + ((b * p.heads + h) * p.lq + r % p.lq) * p.head_dim_qk;
+            let base = row_start(p.q, b, h, r % p.lq);
             for (var v = 0u; v < QK_VECS; v++) {
                 q[r * QK_VECS + v] = query4(base, qk_lane + QK_LANES * v);
             }
@@ -89,7 +89,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // 1. Partial dot products over this lane's share of each of its keys.
         if (qk_part < QK_PARTS) {
             for (var kk = qk_part; kk < keys; kk += QK_PARTS) {
-                let base = p.k_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * p.head_dim_qk;
+                let base = row_start(p.k, zkv / p.kv_heads, zkv % p.kv_heads, j0 + kk - p.key_base);
                 var dots: array<vec4<f32>, ROW_VECS>;
                 for (var v = 0u; v < QK_VECS; v++) {
                     let k = key4(base, qk_lane + QK_LANES * v);
@@ -157,7 +157,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         workgroupBarrier();
         // 4. weight · V over this lane's part of the tile; every V vec4 read feeds every row.
         for (var kk = v_part; kk < keys; kk += V_PARTS) {
-            let base = p.v_offset + (zkv * p.kv_stride + j0 + kk - p.key_base) * p.head_dim_v;
+            let base = row_start(p.v, zkv / p.kv_heads, zkv % p.kv_heads, j0 + kk - p.key_base);
             var w: array<vec4<f32>, ROW_VECS>;
             for (var n = 0u; n < ROW_VECS; n++) {
                 w[n] = weight_sh[n * TILE + kk];

@@ -75,7 +75,7 @@ fn query_chunk(base: u32, r: u32, c0: u32) {
 // Row r's q (zero for the rows past `rows` that pad ROWS to a power of two).
 fn load_query(w: Work, r: u32) {
     if (r < w.rows) {
-        let base = p.q_offset + ((w.b * p.heads + head_of(w, r)) * p.lq + r % p.lq) * p.head_dim_qk;
+        let base = row_start(p.q, w.b, head_of(w, r), r % p.lq);
         query_chunk(base, r, 0u);
         if (CHUNK < DK4) { query_chunk(base, r, CHUNK); }
         if (2u * CHUNK < DK4) { query_chunk(base, r, 2u * CHUNK); }
@@ -191,11 +191,11 @@ fn write_row(w: Work, r: u32) {
     }
 }
 
-// Key `j`'s row start for the loads at `offset` and `dim` (K or V); a step past the range's end
-// reads its last key again (its score then counts as -f32::MAX and its weight as 0).
-fn row_base(w: Work, j: u32, offset: u32, dim: u32) -> u32 {
+// Key `j`'s row start in K or V (`rows`); a step past the range's end reads its last key again
+// (its score then counts as -f32::MAX and its weight as 0).
+fn row_base(w: Work, j: u32, rows: RowStrides) -> u32 {
     let key = min(j, w.end - 1u);
-    return offset + (w.zkv * p.kv_stride + key - p.key_base) * dim;
+    return row_start(rows, w.zkv / p.kv_heads, w.zkv % p.kv_heads, key - p.key_base);
 }
 
 // 1. The scores of this lane's keys, to workgroup memory, and the lane's max per row.
@@ -205,7 +205,7 @@ fn score_keys(w: Work) {
     }
     for (var step = 0u; step < w.per_lane; step++) {
         let j = w.lane_first + step;
-        let base = row_base(w, j, p.k_offset, p.head_dim_qk);
+        let base = row_base(w, j, p.k);
         for (var n = 0u; n < ROW_VECS; n++) {
             key_dots[n] = vec4<f32>(0.0);
         }
@@ -227,7 +227,7 @@ fn score_keys(w: Work) {
 fn add_values(w: Work) {
     for (var step = 0u; step < w.per_lane; step++) {
         let j = w.lane_first + step;
-        let base = row_base(w, j, p.v_offset, p.head_dim_v);
+        let base = row_base(w, j, p.v);
         for (var n = 0u; n < ROW_VECS; n++) {
             let s = score_sh[(step * THREADS + w.t) * ROW_VECS + n];
             weights[n] = select(vec4<f32>(0.0), exp(s - lane_max[n]), j < w.end);

@@ -10,16 +10,15 @@ const ROW_VECS: u32 = (ROWS + 3u) / 4u;  // vec4s of per-row values, rows 4n..4n
 const LOWEST: f32 = -3.402823e38;        // the running max's start: -f32::MAX
 
 struct DecodeParams {
+    q: RowStrides, // where each tensor's rows lie (rows.wgsl): K's and V's heads are
+    k: RowStrides, // key/value heads, their rows counted from key_base
+    v: RowStrides,
     lq: u32,              // query rows per (batch, head)
     lk: u32,
     heads: u32,
     kv_heads: u32,
     kv_group: u32,        // query heads per key/value head
     scale: f32,
-    q_offset: u32,
-    k_offset: u32,
-    v_offset: u32,
-    kv_stride: u32,       // rows of K/V per (batch, kv head)
     keys_per_split: u32,  // a multiple of TILE
     splits: u32,          // of the whole key range (the layout of `partials`)
     split_base: u32,      // the first split of this dispatch

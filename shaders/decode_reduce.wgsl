@@ -1,12 +1,13 @@
 // decode_reduce: combines decode_attention's per-split (max, sum, accumulator) of each query
 // row, in split order: M = max m_s, L = Σ l_s·exp(m_s − M), O = Σ acc_s·exp(m_s − M) / L,
-// written straight into the combined layout [B, Lq, H·dv]. A row whose every score was -inf
+// written at the output's row strides (the combined layout [B, Lq, H·dv] in a module). A row whose every score was -inf
 // (an additive mask) never raised its max above -f32::MAX: its softmax is 0/0, NaN, as
 // PyTorch returns.
 // Dispatch: one workgroup of 64 per query row, spread over x then y.
 // Nothing is specialised: the head size comes with the parameters, so one pipeline serves all.
 
 struct ReduceParams {
+    o: RowStrides, // where the output rows lie (rows.wgsl)
     rows: u32,      // B · H · Lq
     lq: u32,
     heads: u32,
@@ -55,7 +56,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let inv = select(1.0 / l, nan(), m <= -3.402823e38);
     let i = row % p.lq;
     let b = row / p.lq / p.heads;
-    let out_base = (b * p.lq + i) * (p.heads * p.head_dim_v) + h * p.head_dim_v;
+    let out_base = row_start(p.o, b, h, i);
     for (var d = lid.x; d < p.head_dim_v; d += 64u) {
         var o = 0.0;
         for (var s = 0u; s < p.splits; s++) {

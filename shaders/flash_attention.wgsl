@@ -46,15 +46,15 @@ alias GroupScores = array<array<vec4<f32>, 4>, ROWS>;
 alias GroupRows = array<vec4<f32>, 16>;
 
 struct FlashParams {
+    q: RowStrides, // where each tensor's rows lie (rows.wgsl); K's and V's heads are
+    k: RowStrides, // key/value heads, and their rows are counted from key_base
+    v: RowStrides,
+    o: RowStrides,
     lq: u32,
     lk: u32,
     heads: u32,
     scale: f32,
-    q_offset: u32,
-    k_offset: u32,
-    v_offset: u32,
     z_offset: u32,
-    kv_stride: u32,   // rows of K/V per (batch, head): Lk, or a KV cache's capacity
     tile_begin: u32,  // key tiles this dispatch covers: [tile_begin, tile_end)
     tile_end: u32,
     carry_flags: u32, // CARRY_IN: resume from `carry`; CARRY_OUT: store to `carry`, not `out`
@@ -237,7 +237,7 @@ fn mark_skipped_non_finite(z: u32, t0: u32, t1: u32, thread: u32) {
     workgroupBarrier();
     let exponent = vec4<u32>(0x7f800000u);
     for (var j = t0 * KV_TILE + thread; j < min(t1 * KV_TILE, p.lk); j += THREADS) {
-        let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j - p.key_base) * p.head_dim_v;
+        let base = row_start(p.v, z / p.heads, (z % p.heads) / p.kv_group, j - p.key_base);
         for (var c = 0u; c < (p.head_dim_v + 3u) / 4u; c++) {
             let bits = bitcast<vec4<u32>>(staged_vec4(V_ROW, base, 4u * c, p.head_dim_v, true));
             let bad = (bits & exponent) == exponent;
@@ -394,7 +394,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var r = 0u; r < ROWS; r++) {
         let i = i0 + lid.x + THREADS * r;
         if (i < p.lq) {
-            let q_base = p.q_offset + (z * p.lq + i) * p.head_dim_qk;
+            let q_base = row_start(p.q, z / p.heads, z % p.heads, i);
             for (var c = 0u; c < DK4; c++) {
                 q[r][c] = p.scale * staged_vec4(Q_ROW, q_base, 4u * c, p.head_dim_qk, true);
             }
@@ -431,12 +431,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // key are zeroed so a padded key's P·V term is exactly 0 even if stale data were NaN.
         for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
             let key = e / DK4;
-            let base = p.k_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * p.head_dim_qk;
+            let base = row_start(p.k, z / p.heads, (z % p.heads) / p.kv_group, j0 + key - p.key_base);
             k_tile[e] = staged_vec4(K_ROW, base, 4u * (e % DK4), p.head_dim_qk, key < keys);
         }
         for (var e = lid.x; e < KV_TILE * DV4; e += THREADS) {
             let key = e / DV4;
-            let base = p.v_offset + ((z / p.kv_group) * p.kv_stride + j0 + key - p.key_base) * p.head_dim_v;
+            let base = row_start(p.v, z / p.heads, (z % p.heads) / p.kv_group, j0 + key - p.key_base);
             v_tile[e] = staged_vec4(V_ROW, base, 4u * (e % DV4), p.head_dim_v, key < keys);
         }
         workgroupBarrier();
@@ -522,7 +522,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             // the start value, -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN. Tested on the
             // max, since fast math need not keep exp(-inf) = 0 exact.
             let inv = select(1.0 / final_sum[r], nan(), final_max[r] <= -3.402823e38);
-            let out_base = (b * p.lq + i) * (p.heads * p.head_dim_v) + h * p.head_dim_v;
+            let out_base = row_start(p.o, b, h, i);
             for (var c = 0u; c < DV4; c++) {
                 let o = poison(acc[r][c] * inv, c, poisoned);
                 for (var e = 0u; e < 4u; e++) {

@@ -258,6 +258,7 @@ fn uniform_structs_match_their_wgsl_layout() {
     use wgpu_mha::kernels::rope::RopeParams;
     use wgpu_mha::kernels::scores::ScoresParams;
     use wgpu_mha::kernels::softmax::SoftmaxParams;
+    use wgpu_mha::kernels::RowStrides;
     let flash = flash_attention::source(flash_shape(64, 64, 4, false));
     let lin = linear::source(LinearVariant::Scalar, LinearElems::F32);
     let structs = [
@@ -266,15 +267,15 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(
                 FlashParams,
                 [
+                    q,
+                    k,
+                    v,
+                    o,
                     lq,
                     lk,
                     heads,
                     scale,
-                    q_offset,
-                    k_offset,
-                    v_offset,
                     z_offset,
-                    kv_stride,
                     tile_begin,
                     tile_end,
                     carry_flags,
@@ -335,8 +336,8 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(
                 ScoresParams,
                 [
-                    lq, lk, head_dim, heads, q_offset, k_offset, scale, z_offset, kv_stride,
-                    k_begin, k_end, kv_group
+                    q, k, lq, lk, head_dim, heads, scale, z_offset, k_begin, k_end, kv_group,
+                    _pad0, _pad1, _pad2
                 ]
             ),
         ),
@@ -345,8 +346,8 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(
                 AvParams,
                 [
-                    lq, lk, head_dim, heads, v_offset, z_offset, kv_stride, k_begin, k_end,
-                    kv_group, _pad1, _pad2
+                    v, o, lq, lk, head_dim, heads, z_offset, k_begin, k_end, kv_group, _pad0,
+                    _pad1, _pad2, _pad3
                 ]
             ),
         ),
@@ -362,16 +363,15 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(
                 DecodeParams,
                 [
+                    q,
+                    k,
+                    v,
                     lq,
                     lk,
                     heads,
                     kv_heads,
                     kv_group,
                     scale,
-                    q_offset,
-                    k_offset,
-                    v_offset,
-                    kv_stride,
                     keys_per_split,
                     splits,
                     split_base,
@@ -385,8 +385,12 @@ fn uniform_structs_match_their_wgsl_layout() {
             decode::reduce_source(),
             host_layout!(
                 ReduceParams,
-                [rows, lq, heads, splits, groups_x, head_dim_v, sinks, _pad2]
+                [o, rows, lq, heads, splits, groups_x, head_dim_v, sinks, _pad2]
             ),
+        ),
+        (
+            decode::reduce_source(),
+            host_layout!(RowStrides, [offset, batch, head, row]),
         ),
         (
             read_probe::WGSL.to_string(),

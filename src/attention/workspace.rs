@@ -99,18 +99,15 @@ pub(crate) fn dispatches(
         };
     }
 
-    let core = CoreProblem {
-        dims: CoreDims {
-            batch: g.batch,
-            heads: h,
-            lq: g.lq,
-            lk: g.lk,
-            qk_head_dim: dk,
-            v_head_dim: dv,
-        },
-        scale: c.scale(),
-        layout,
+    let dims = CoreDims {
+        batch: g.batch,
+        heads: h,
+        lq: g.lq,
+        lk: g.lk,
+        qk_head_dim: dk,
+        v_head_dim: dv,
     };
+    let core = CoreProblem::head_split(dims, c.scale(), layout);
     match (&mha.flash, b.scores) {
         (Some(_), _) if g.fused && mha.decodes(g.lq) => {
             // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V) for a few query rows: key

@@ -5,7 +5,7 @@ use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::source::Prelude;
-use super::{gemm_prelude, CoreProblem, GEMM_TILE, GEMM_TILE_WGSL};
+use super::{gemm_prelude, CoreProblem, RowStrides, GEMM_TILE, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/av_combine.wgsl");
 
@@ -13,19 +13,22 @@ pub const WGSL: &str = include_str!("../../shaders/av_combine.wgsl");
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct AvParams {
+    /// Where V's and the output's rows lie.
+    pub v: RowStrides,
+    pub o: RowStrides,
     pub lq: u32,
     pub lk: u32,
     pub head_dim: u32,
     pub heads: u32,
-    pub v_offset: u32,
     pub z_offset: u32,
-    pub kv_stride: u32,
     pub k_begin: u32,
     pub k_end: u32,
     /// Query heads per value head (see [`crate::kernels::QkvLayout::kv_group`]).
     pub kv_group: u32,
+    pub _pad0: u32,
     pub _pad1: u32,
     pub _pad2: u32,
+    pub _pad3: u32,
 }
 
 impl AvParams {
@@ -35,8 +38,8 @@ impl AvParams {
             lk: c.lk as u32,
             head_dim: c.v_head_dim as u32,
             heads: c.heads as u32,
-            v_offset: c.layout.v_offset,
-            kv_stride: c.layout.kv_stride,
+            v: c.layout.v,
+            o: c.layout.out,
             k_end: c.lk as u32,
             kv_group: c.layout.kv_group,
             ..Default::default()
@@ -56,7 +59,7 @@ pub struct AvBuffers<'a> {
 
 /// The full source: prelude, shared GEMM tile, body.
 pub fn source() -> String {
-    gemm_prelude(Prelude::new()).source(&[GEMM_TILE_WGSL, WGSL])
+    gemm_prelude(Prelude::new()).source(&[super::ROWS_WGSL, GEMM_TILE_WGSL, WGSL])
 }
 
 /// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head); one dispatch per range of keys

@@ -15,7 +15,7 @@ use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::mask::MaskBuffers;
 use crate::kernels::source::Prelude;
-use crate::kernels::{head_cap, kv_spans, CoreProblem, KvChunks, QkvBuffers};
+use crate::kernels::{head_cap, kv_spans, CoreProblem, KvChunks, QkvBuffers, RowStrides};
 
 pub const WGSL: &str = include_str!("../../shaders/decode_attention.wgsl");
 pub const LANE_KEYS_WGSL: &str = include_str!("../../shaders/decode_lane_keys.wgsl");
@@ -251,16 +251,16 @@ pub fn partials_len(gpu: &Gpu, c: &CoreProblem) -> usize {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct DecodeParams {
+    /// Where Q, K and V rows lie.
+    pub q: RowStrides,
+    pub k: RowStrides,
+    pub v: RowStrides,
     pub lq: u32,
     pub lk: u32,
     pub heads: u32,
     pub kv_heads: u32,
     pub kv_group: u32,
     pub scale: f32,
-    pub q_offset: u32,
-    pub k_offset: u32,
-    pub v_offset: u32,
-    pub kv_stride: u32,
     pub keys_per_split: u32,
     pub splits: u32,
     pub split_base: u32,
@@ -274,6 +274,8 @@ pub struct DecodeParams {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct ReduceParams {
+    /// Where the output rows lie.
+    pub o: RowStrides,
     pub rows: u32,
     pub lq: u32,
     pub heads: u32,
@@ -300,7 +302,13 @@ pub fn source(s: DecodeShape) -> String {
             .u32("THREADS", s.threads as u32)
             .u32("KEYS", s.keys_per_split() as u32)
             .elem("QkvElem", s.f16);
-        let parts = [super::mask::WGSL, PARAMS_WGSL, rows, LANE_KEYS_WGSL];
+        let parts = [
+            super::ROWS_WGSL,
+            super::mask::WGSL,
+            PARAMS_WGSL,
+            rows,
+            LANE_KEYS_WGSL,
+        ];
         return super::mask::prelude(prelude).source(&parts);
     }
     let (qk_lanes, qk_vecs) = s.lanes(s.qk_cap);
@@ -317,12 +325,18 @@ pub fn source(s: DecodeShape) -> String {
         .u32("V_VECS", v_vecs as u32)
         .u32("ACC_SHARED", s.acc_shared() as u32)
         .elem("QkvElem", s.f16);
-    super::mask::prelude(prelude).source(&[super::mask::WGSL, PARAMS_WGSL, rows, WGSL])
+    super::mask::prelude(prelude).source(&[
+        super::ROWS_WGSL,
+        super::mask::WGSL,
+        PARAMS_WGSL,
+        rows,
+        WGSL,
+    ])
 }
 
 /// The reduce pass's source: one for every head size (it comes with the parameters).
 pub fn reduce_source() -> String {
-    Prelude::new().source(&[REDUCE_WGSL])
+    Prelude::new().source(&[super::ROWS_WGSL, REDUCE_WGSL])
 }
 
 const SLOTS: &[Slot] = &[
@@ -366,15 +380,11 @@ pub fn dispatches(
     let kv_group = c.layout.kv_group as usize;
     let kv_heads = c.heads / kv_group.max(1);
     let mut shape = shape(gpu, kv_group, c.lq, c.qk_head_dim, c.v_head_dim, f16);
-    shape.vec4_rows = [
-        c.qk_head_dim as u32,
-        c.v_head_dim as u32,
-        c.layout.q_offset,
-        c.layout.k_offset,
-        c.layout.v_offset,
-    ]
-    .iter()
-    .all(|n| n % 4 == 0);
+    let l = &c.layout;
+    shape.vec4_rows = l.whole_vec4s
+        && c.qk_head_dim % 4 == 0
+        && c.v_head_dim % 4 == 0
+        && [l.q, l.k, l.v].iter().all(RowStrides::vec4_aligned);
     let splits = shape.splits(c.lk);
     let per_split = shape.keys_per_split();
     let key = format!("decode_attention {shape:?}");
@@ -393,10 +403,9 @@ pub fn dispatches(
             kv_heads: kv_heads as u32,
             kv_group: kv_group as u32,
             scale: c.scale,
-            q_offset: c.layout.q_offset,
-            k_offset: c.layout.k_offset,
-            v_offset: c.layout.v_offset,
-            kv_stride: c.layout.kv_stride,
+            q: c.layout.q,
+            k: c.layout.k,
+            v: c.layout.v,
             keys_per_split: per_split as u32,
             splits: splits as u32,
             split_base: split_base as u32,
@@ -421,6 +430,7 @@ pub fn dispatches(
     let max = gpu.limits().max_compute_workgroups_per_dimension;
     let groups_x = rows.clamp(1, max);
     let r = ReduceParams {
+        o: c.layout.out,
         rows,
         lq: c.lq as u32,
         heads: c.heads as u32,

@@ -52,7 +52,7 @@ use crate::gpu::{Gpu, KernelClass};
 
 use super::mask::MaskBuffers;
 use super::source::Prelude;
-use super::{head_cap, kv_spans, CoreProblem, KvChunks, QkvBuffers};
+use super::{head_cap, kv_spans, CoreProblem, KvChunks, QkvBuffers, RowStrides};
 
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 /// Every lane reads a key group's K/V vec4s from the staged tiles itself.
@@ -123,15 +123,16 @@ const MAX_KV_TILE: usize = 32;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct FlashParams {
+    /// Where Q, K, V and the output rows lie.
+    pub q: RowStrides,
+    pub k: RowStrides,
+    pub v: RowStrides,
+    pub o: RowStrides,
     pub lq: u32,
     pub lk: u32,
     pub heads: u32,
     pub scale: f32,
-    pub q_offset: u32,
-    pub k_offset: u32,
-    pub v_offset: u32,
     pub z_offset: u32,
-    pub kv_stride: u32,
     /// Key tiles of this dispatch: `[tile_begin, tile_end)`.
     pub tile_begin: u32,
     pub tile_end: u32,
@@ -292,7 +293,7 @@ pub fn source(s: FlashShape) -> String {
     } else {
         KV_SHARED_WGSL
     };
-    super::mask::prelude(prelude).source(&[super::mask::WGSL, kv, WGSL])
+    super::mask::prelude(prelude).source(&[super::ROWS_WGSL, super::mask::WGSL, kv, WGSL])
 }
 
 /// Bindings: params, Q, K, V, output, carried state, mask words, mask params, sinks.
@@ -442,11 +443,11 @@ impl Flash {
                     lk: c.lk as u32,
                     heads: c.heads as u32,
                     scale: c.scale,
-                    q_offset: c.layout.q_offset,
-                    k_offset: c.layout.k_offset,
-                    v_offset: c.layout.v_offset,
+                    q: c.layout.q,
+                    k: c.layout.k,
+                    v: c.layout.v,
+                    o: c.layout.out,
                     z_offset: 0,
-                    kv_stride: c.layout.kv_stride,
                     tile_begin,
                     tile_end,
                     carry_flags,

@@ -231,6 +231,15 @@ impl MaskBuffers {
         }
     }
 
+    /// Buffers holding `words` and `params` from the start: a call's own, which no later
+    /// write changes (what a call recorded into a caller's encoder needs).
+    pub fn with_contents(gpu: &Gpu, words: &[u32], params: &MaskParams) -> Self {
+        MaskBuffers {
+            words: gpu.upload("mask words", words, wgpu::BufferUsages::empty()),
+            params: gpu.uniform("mask params", params),
+        }
+    }
+
     /// Whether `words` fit the current words buffer (else the caller rebuilds its bindings
     /// around a new, larger `MaskBuffers`).
     pub fn holds(&self, words: usize) -> bool {

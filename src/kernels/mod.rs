@@ -29,6 +29,8 @@ use source::Prelude;
 /// The shared 64×64 GEMM tile loop of `linear`, `scores` and `av_combine` (prepended by the
 /// host; WGSL has no `#include`).
 pub const GEMM_TILE_WGSL: &str = include_str!("../../shaders/gemm_tile.wgsl");
+/// `RowStrides` and `row_start`: where the attention passes find a tensor's rows ([`RowStrides`]).
+pub const ROWS_WGSL: &str = include_str!("../../shaders/rows.wgsl");
 
 /// Output rows and columns of one workgroup of the shared GEMM tile (`TILE_M`, `TILE_N`).
 pub const GEMM_TILE: u32 = 64;
@@ -219,12 +221,90 @@ pub fn head_cap(d: usize) -> usize {
     }
 }
 
-/// One attention-core problem: its sizes, its score scale and where Q, K, V lie.
+/// Where the rows of one tensor of the attention core lie in its buffer: row `l` of head `h`
+/// of batch `b` starts at element `offset + b·batch + h·head + l·row`, and its elements are
+/// contiguous (mirrors `RowStrides` in `shaders/rows.wgsl`). K's and V's heads are key/value heads.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RowStrides {
+    pub offset: u32,
+    pub batch: u32,
+    pub head: u32,
+    pub row: u32,
+}
+
+impl RowStrides {
+    /// `[B, H, L, d]` from element `offset`, `rows` rows per (batch, head) (L, or more: a
+    /// KV cache's capacity).
+    pub fn head_split(offset: u32, heads: usize, rows: usize, d: usize) -> Self {
+        RowStrides {
+            offset,
+            batch: (heads * rows * d) as u32,
+            head: (rows * d) as u32,
+            row: d as u32,
+        }
+    }
+
+    /// `[B, L, H, d]` from element `offset`: the combined-heads layout a projection writes.
+    pub fn sequence_major(offset: u32, heads: usize, len: usize, d: usize) -> Self {
+        RowStrides {
+            offset,
+            batch: (len * heads * d) as u32,
+            head: d as u32,
+            row: (heads * d) as u32,
+        }
+    }
+
+    /// Whether every row starts on a vec4 boundary (the vec4 decode loads need it).
+    pub fn vec4_aligned(&self) -> bool {
+        [self.offset, self.batch, self.head, self.row]
+            .iter()
+            .all(|n| n % 4 == 0)
+    }
+}
+
+/// Where an attention core reads Q, K, V and writes its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoreLayout {
+    pub q: RowStrides,
+    pub k: RowStrides,
+    pub v: RowStrides,
+    pub out: RowStrides,
+    /// Query heads per key/value head (see [`QkvLayout::kv_group`]).
+    pub kv_group: u32,
+    /// Whether the Q, K and V buffers hold whole vec4s (the crate's own do, see
+    /// [`crate::gpu::buffers::padded_size`]): with aligned rows, the decode pass then loads them
+    /// as vec4s, whose last one must lie inside the binding.
+    pub whole_vec4s: bool,
+}
+
+/// One attention-core problem: its sizes, its score scale and where Q, K, V and the output lie.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CoreProblem {
     pub dims: CoreDims,
     pub scale: f32,
-    pub layout: QkvLayout,
+    pub layout: CoreLayout,
+}
+
+impl CoreProblem {
+    /// A module's problem: head-split Q, K, V at `qkv`, the output in the combined-heads
+    /// layout `[B, Lq, H·dv]` (what `W_o` reads).
+    pub fn head_split(dims: CoreDims, scale: f32, qkv: QkvLayout) -> Self {
+        let kv_heads = dims.heads / (qkv.kv_group as usize).max(1);
+        let rows = qkv.kv_stride as usize;
+        CoreProblem {
+            dims,
+            scale,
+            layout: CoreLayout {
+                q: RowStrides::head_split(qkv.q_offset, dims.heads, dims.lq, dims.qk_head_dim),
+                k: RowStrides::head_split(qkv.k_offset, kv_heads, rows, dims.qk_head_dim),
+                v: RowStrides::head_split(qkv.v_offset, kv_heads, rows, dims.v_head_dim),
+                out: RowStrides::sequence_major(0, dims.heads, dims.lq, dims.v_head_dim),
+                kv_group: qkv.kv_group,
+                whole_vec4s: true,
+            },
+        }
+    }
 }
 
 impl std::ops::Deref for CoreProblem {

@@ -100,9 +100,9 @@ pub fn attention(gpu: &Gpu, c: &CoreProblem, b: NaiveAttentionBuffers) -> Result
         dv: c.v_head_dim as u32,
         heads: c.heads as u32,
         rows: rows as u32,
-        q_offset: c.layout.q_offset,
-        k_offset: c.layout.k_offset,
-        v_offset: c.layout.v_offset,
+        q_offset: c.layout.q.offset,
+        k_offset: c.layout.k.offset,
+        v_offset: c.layout.v.offset,
         scale: c.scale,
         ..Default::default()
     };

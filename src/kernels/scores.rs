@@ -7,7 +7,7 @@ use crate::gpu::Gpu;
 
 use super::mask::MaskBuffers;
 use super::source::Prelude;
-use super::{gemm_prelude, CoreProblem, QkvBuffers, GEMM_TILE, GEMM_TILE_WGSL};
+use super::{gemm_prelude, CoreProblem, QkvBuffers, RowStrides, GEMM_TILE, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/scores.wgsl");
 
@@ -15,19 +15,22 @@ pub const WGSL: &str = include_str!("../../shaders/scores.wgsl");
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct ScoresParams {
+    /// Where Q's and K's rows lie.
+    pub q: RowStrides,
+    pub k: RowStrides,
     pub lq: u32,
     pub lk: u32,
     pub head_dim: u32,
     pub heads: u32,
-    pub q_offset: u32,
-    pub k_offset: u32,
     pub scale: f32,
     pub z_offset: u32,
-    pub kv_stride: u32,
     pub k_begin: u32,
     pub k_end: u32,
     /// Query heads per key head (see [`crate::kernels::QkvLayout::kv_group`]).
     pub kv_group: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 impl ScoresParams {
@@ -37,10 +40,9 @@ impl ScoresParams {
             lk: c.lk as u32,
             head_dim: c.qk_head_dim as u32,
             heads: c.heads as u32,
-            q_offset: c.layout.q_offset,
-            k_offset: c.layout.k_offset,
+            q: c.layout.q,
+            k: c.layout.k,
             scale: c.scale,
-            kv_stride: c.layout.kv_stride,
             k_end: c.qk_head_dim as u32,
             kv_group: c.layout.kv_group,
             ..Default::default()
@@ -60,7 +62,7 @@ pub struct ScoresBuffers<'a> {
 /// The full source: prelude, shared GEMM tile and mask rule, body.
 pub fn source() -> String {
     let prelude = super::mask::prelude(gemm_prelude(Prelude::new()));
-    prelude.source(&[GEMM_TILE_WGSL, super::mask::WGSL, WGSL])
+    prelude.source(&[super::ROWS_WGSL, GEMM_TILE_WGSL, super::mask::WGSL, WGSL])
 }
 
 /// Bindings: params, Q, K, scores, mask words, mask params.

@@ -47,17 +47,17 @@ impl CoreDims {
     }
     /// The kernels' problem, with `[q | k | v]` packed in one buffer.
     fn problem(&self, scale: f32) -> CoreProblem {
-        CoreProblem {
-            dims: *self,
+        CoreProblem::head_split(
+            *self,
             scale,
-            layout: QkvLayout {
+            QkvLayout {
                 q_offset: 0,
                 k_offset: self.q_len() as u32,
                 v_offset: (self.q_len() + self.k_len()) as u32,
                 kv_stride: self.lk as u32,
                 kv_group: 1,
             },
-        }
+        )
     }
     fn check(&self) -> Result<()> {
         let all = [
@@ -439,11 +439,9 @@ impl Job {
             let (steps, result, len) = match core {
                 Core::Scores => (scores_step()?, &scores_buf, scores_len),
                 Core::AvCombine => {
-                    let layout = QkvLayout {
-                        v_offset: scores_len as u32,
-                        ..c.layout
-                    };
-                    let steps = av_step(&qkv, &CoreProblem { layout, ..c })?;
+                    let mut c = c;
+                    c.layout.v.offset = scores_len as u32;
+                    let steps = av_step(&qkv, &c)?;
                     (steps, &out, c.combined_len())
                 }
                 Core::Fused => {
@@ -512,16 +510,17 @@ impl Job {
         expect_len("q", q.len(), dims.q_len())?;
         expect_len("k", k.len(), kv_rows * dims.qk_head_dim)?;
         expect_len("v", v.len(), kv_rows * dims.v_head_dim)?;
-        let c = CoreProblem {
-            layout: QkvLayout {
+        let c = CoreProblem::head_split(
+            dims,
+            scale,
+            QkvLayout {
                 q_offset: 0,
                 k_offset: 0,
                 v_offset: 0,
                 kv_stride: dims.lk as u32,
                 kv_group: group as u32,
             },
-            ..dims.problem(scale)
-        };
+        );
         if !decode::serves(group, dims.lq, dims.qk_head_dim, dims.v_head_dim) {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
