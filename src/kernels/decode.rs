@@ -382,8 +382,8 @@ pub fn dispatches(
     let mut shape = shape(gpu, kv_group, c.lq, c.qk_head_dim, c.v_head_dim, f16);
     let l = &c.layout;
     shape.vec4_rows = l.whole_vec4s
-        && c.qk_head_dim % 4 == 0
-        && c.v_head_dim % 4 == 0
+        && c.qk_head_dim.is_multiple_of(4)
+        && c.v_head_dim.is_multiple_of(4)
         && [l.q, l.k, l.v].iter().all(RowStrides::vec4_aligned);
     let splits = shape.splits(c.lk);
     let per_split = shape.keys_per_split();
