@@ -35,6 +35,7 @@ pub mod io;
 pub mod kernels;
 pub mod model;
 pub mod reference;
+pub mod sdpa;
 
 pub use attention::gpu_tensor::{GpuTensor, ReadFuture};
 pub use attention::kv_cache::{KvCache, KvCacheBytes, StepOptions};
@@ -54,6 +55,10 @@ pub use model::mask::{Mask, MaskTensor, PaddingMask};
 pub use model::qk_norm::{NormKind, NormScope, QkNorm, QkNormWeights};
 pub use model::tensor::{max_abs_diff, max_abs_error, Tensor};
 pub use model::weights::{AttentionWeights, BiasKv, Linear};
+pub use sdpa::{
+    record_scaled_dot_product_attention, scaled_dot_product_attention, CausalAlignment,
+    DeviceTensor, Elem, Layout, SdpaOptions, SdpaOutput,
+};
 
 /// The README's examples compile as doctests.
 #[cfg(doctest)]

@@ -103,58 +103,22 @@ pub fn forward_at(
     clip(&mut v);
     let k = append_rows(&k, b, &k_rows); // [B, Lk, H_kv·dk]
     let v = append_rows(&v, b, &v_rows); // [B, Lk, H_kv·dv]
-                                         // Query head hi reads key/value head hi / group (grouped-query attention).
-    let (kv_h, group) = (config.kv_heads, config.kv_group());
-    let scale = config.scale() as f64;
-    // Gemma 2: c·tanh(s / c) of the scaled score, before the mask.
-    let cap = |s: f64| match config.softcap {
-        Some(c) => c as f64 * (s / c as f64).tanh(),
-        None => s,
+    let core = Core {
+        batch: b,
+        heads: h,
+        kv_heads: config.kv_heads,
+        lq,
+        lk,
+        dk,
+        dv,
+        scale: config.scale() as f64,
+        softcap: config.softcap,
+        alibi_max_bias: config.alibi,
+        sinks: weights.sinks.as_deref(),
+        mask,
+        top_left: false,
     };
-    let mut probs = vec![0.0f64; b * h * lq * lk];
-    let mut combined = vec![0.0f64; b * lq * h * dv]; // [B, Lq, H·dv]
-    let mut row = vec![0.0f64; lk];
-    for bi in 0..b {
-        for hi in 0..h {
-            for i in 0..lq {
-                for (j, s) in row.iter_mut().enumerate() {
-                    let mut dot = 0.0;
-                    for d in 0..dk {
-                        dot += q[(bi * lq + i) * h * dk + hi * dk + d]
-                            * k[(bi * lk + j) * kv_h * dk + (hi / group) * dk + d];
-                    }
-                    let alibi = config.alibi.map_or(0.0, |m| {
-                        let position = i as f64 + lk as f64 - lq as f64;
-                        alibi_slope(hi, h, m as f64) * (j as f64 - position)
-                    });
-                    *s = mask_score(mask, cap(dot * scale) + alibi, lq, lk, (bi, hi, i, j));
-                }
-                // A sink joins the denominator only: a key of value zero every query sees.
-                let sink = weights.sinks.as_ref().map(|s| s[hi] as f64);
-                let max = row
-                    .iter()
-                    .cloned()
-                    .chain(sink)
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = row
-                    .iter()
-                    .chain(sink.as_ref())
-                    .map(|s| (s - max).exp())
-                    .sum();
-                let p = &mut probs[((bi * h + hi) * lq + i) * lk..][..lk];
-                for (pj, s) in p.iter_mut().zip(&row) {
-                    *pj = (s - max).exp() / sum;
-                }
-                for d in 0..dv {
-                    let mut acc = 0.0;
-                    for (j, pj) in p.iter().enumerate() {
-                        acc += pj * v[(bi * lk + j) * kv_h * dv + (hi / group) * dv + d];
-                    }
-                    combined[(bi * lq + i) * h * dv + hi * dv + d] = acc;
-                }
-            }
-        }
-    }
+    let (combined, probs) = core.run(&q, &k, &v);
     let output = match &weights.o {
         Some(o) => linear(&combined, b * lq, o),
         None => combined,
@@ -164,6 +128,105 @@ pub fn forward_at(
         output,
         probs,
     })
+}
+
+/// One attention core in f64: `softmax(mask(cap(scale·q·kᵀ) + alibi), sinks)·v` per (batch,
+/// query head), what [`crate::scaled_dot_product_attention`] computes. Tensors are in the
+/// combined-heads layouts: q `[B, Lq, H·dk]`, k `[B, Lk, H_kv·dk]`, v `[B, Lk, H_kv·dv]`; query
+/// head `h` reads key/value head `h / (H / H_kv)`.
+pub struct Core<'a> {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub scale: f64,
+    pub softcap: Option<f32>,
+    pub alibi_max_bias: Option<f32>,
+    /// One logit per query head, in each softmax's denominator only.
+    pub sinks: Option<&'a [f32]>,
+    pub mask: &'a Mask,
+    /// The causal diagonal through key 0 of query 0 (PyTorch's `is_causal`), instead of
+    /// through key `Lk − Lq` of it.
+    pub top_left: bool,
+}
+
+impl Core<'_> {
+    /// `(combined [B, Lq, H·dv], probs [B, H, Lq, Lk])`.
+    pub fn run(&self, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let Core {
+            batch: b,
+            heads: h,
+            kv_heads: kv_h,
+            lq,
+            lk,
+            dk,
+            dv,
+            ..
+        } = *self;
+        let group = h / kv_h.max(1);
+        // The rows the causal rules are aligned by: Lq, or Lk to put the diagonal through 0.
+        let diagonal_rows = if self.top_left { lk } else { lq };
+        // Gemma 2: c·tanh(s / c) of the scaled score, before the mask.
+        let cap = |s: f64| match self.softcap {
+            Some(c) => c as f64 * (s / c as f64).tanh(),
+            None => s,
+        };
+        let mut probs = vec![0.0f64; b * h * lq * lk];
+        let mut combined = vec![0.0f64; b * lq * h * dv];
+        let mut row = vec![0.0f64; lk];
+        for bi in 0..b {
+            for hi in 0..h {
+                for i in 0..lq {
+                    for (j, s) in row.iter_mut().enumerate() {
+                        let mut dot = 0.0;
+                        for d in 0..dk {
+                            dot += q[(bi * lq + i) * h * dk + hi * dk + d]
+                                * k[(bi * lk + j) * kv_h * dk + (hi / group) * dk + d];
+                        }
+                        let alibi = self.alibi_max_bias.map_or(0.0, |m| {
+                            let position = i as f64 + lk as f64 - diagonal_rows as f64;
+                            alibi_slope(hi, h, m as f64) * (j as f64 - position)
+                        });
+                        let at = (bi, hi, i, j);
+                        *s = mask_score(
+                            self.mask,
+                            cap(dot * self.scale) + alibi,
+                            diagonal_rows,
+                            lk,
+                            at,
+                        );
+                    }
+                    // A sink joins the denominator only: a key of value zero every query sees.
+                    let sink = self.sinks.map(|s| s[hi] as f64);
+                    let max = row
+                        .iter()
+                        .cloned()
+                        .chain(sink)
+                        .fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = row
+                        .iter()
+                        .chain(sink.as_ref())
+                        .map(|s| (s - max).exp())
+                        .sum();
+                    let p = &mut probs[((bi * h + hi) * lq + i) * lk..][..lk];
+                    for (pj, s) in p.iter_mut().zip(&row) {
+                        *pj = (s - max).exp() / sum;
+                    }
+                    for d in 0..dv {
+                        let mut acc = 0.0;
+                        for (j, pj) in p.iter().enumerate() {
+                            acc += pj * v[(bi * lk + j) * kv_h * dv + (hi / group) * dv + d];
+                        }
+                        combined[(bi * lq + i) * h * dv + hi * dv + d] = acc;
+                    }
+                }
+            }
+        }
+        (combined, probs)
+    }
 }
 
 /// Each of the `batch` equal blocks of `x`, followed by `rows`.

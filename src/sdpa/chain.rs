@@ -1,0 +1,344 @@
+//! One `scaled_dot_product_attention` call: its arguments checked into a [`Problem`] (nothing
+//! touches the device), then its passes recorded — the same kernels as the module's core,
+//! pointed at the caller's buffers through their row strides.
+
+use crate::attention::gpu_tensor::GpuTensor;
+use crate::attention::AttentionPath;
+use crate::error::{Error, Result};
+use crate::gpu::pass::Dispatch;
+use crate::gpu::Gpu;
+use crate::kernels::flash_attention::{self, Flash, FlashBuffers};
+use crate::kernels::mask::{EncodedMask, MaskBuffers};
+use crate::kernels::{
+    av_combine, decode, head_cap, scores, softmax, CoreDims, CoreLayout, CoreProblem, QkvBuffers,
+};
+use crate::model::mask::AttnDims;
+
+use super::{misuse, CausalAlignment, DeviceTensor, Elem, SdpaOptions, SdpaOutput};
+
+/// Which core runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Nothing to compute (no batch, head or query).
+    Empty,
+    /// Few query rows: key ranges in parallel, then their reduce.
+    Decode,
+    Flash,
+    /// Scores, softmax, `P·V` (keeps the probabilities).
+    MultiPass,
+}
+
+/// A checked call.
+pub(super) struct Problem<'a> {
+    q: DeviceTensor<'a>,
+    k: DeviceTensor<'a>,
+    v: DeviceTensor<'a>,
+    out: DeviceTensor<'a>,
+    core: CoreProblem,
+    mask: EncodedMask,
+    sinks: Option<Vec<f32>>,
+    route: Route,
+}
+
+fn shape_error(what: &str, expected: String, got: [usize; 4]) -> Error {
+    Error::Shape {
+        what: what.into(),
+        expected,
+        got: got.to_vec(),
+    }
+}
+
+impl<'a> Problem<'a> {
+    /// Every check of the call, before anything is recorded.
+    pub fn check(
+        gpu: &Gpu,
+        [q, k, v, out]: [&DeviceTensor<'a>; 4],
+        o: &SdpaOptions,
+    ) -> Result<Self> {
+        let [batch, heads, lq, d] = q.shape;
+        let [_, kv_heads, lk, _] = k.shape;
+        let dv = v.shape[3];
+        if k.shape[0] != batch || k.shape[3] != d || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(shape_error(
+                "k",
+                format!("[{batch}, H_kv, Lk, {d}] with H_kv dividing the {heads} query heads"),
+                k.shape,
+            ));
+        }
+        if v.shape[..3] != k.shape[..3] {
+            return Err(shape_error(
+                "v",
+                format!("[{batch}, {kv_heads}, {lk}, Dv] (k's batch, heads and length)"),
+                v.shape,
+            ));
+        }
+        if out.shape != [batch, heads, lq, dv] {
+            return Err(shape_error(
+                "out",
+                format!("[{batch}, {heads}, {lq}, {dv}]"),
+                out.shape,
+            ));
+        }
+        let empty = batch * heads * lq == 0;
+        if !empty && (d == 0 || dv == 0 || lk == 0) {
+            return Err(misuse(format!(
+                "q/k head size {d}, v head size {dv} and key length {lk} must all be positive"
+            )));
+        }
+        if k.elem != q.elem || v.elem != q.elem {
+            return Err(misuse(format!(
+                "q, k and v must share one element type, got {:?}, {:?}, {:?}",
+                q.elem, k.elem, v.elem
+            )));
+        }
+        if out.elem != Elem::F32 {
+            return Err(misuse(
+                "out must be f32 (accumulation and output are f32)".into(),
+            ));
+        }
+        let f16 = q.elem == Elem::F16;
+        if f16 && !gpu.has_f16() {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: "f16 q, k and v (the device has no SHADER_F16)".into(),
+            });
+        }
+        for (name, input) in [("q", q), ("k", k), ("v", v)] {
+            if input.buffer == out.buffer {
+                return Err(misuse(format!(
+                    "out shares its buffer with {name}: a pass cannot bind one buffer for reading and writing"
+                )));
+            }
+        }
+        for (name, t) in [("q", q), ("k", k), ("v", v), ("out", out)] {
+            t.check(gpu, name)?;
+        }
+
+        let dims = AttnDims {
+            batch,
+            heads,
+            lq,
+            lk,
+        };
+        let mut mask = EncodedMask::new(&o.mask, dims)?;
+        if o.causal_alignment == CausalAlignment::TopLeft {
+            mask.params.causal_offset = 0;
+        }
+        if let Some(c) = o.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(misuse(format!(
+                    "softcap must be positive and finite, got {c}"
+                )));
+            }
+            mask.params.softcap = c;
+        }
+        if let Some(max_bias) = o.alibi_max_bias {
+            if !max_bias.is_finite() {
+                return Err(misuse(format!(
+                    "alibi_max_bias must be finite, got {max_bias}"
+                )));
+            }
+            mask.params.alibi_max_bias = max_bias;
+            mask.params.alibi_heads = heads as u32;
+        }
+        gpu.check_fits("the mask", 4 * mask.words.len() as u64)?;
+        if let Some(sinks) = &o.sinks {
+            if sinks.len() != heads {
+                return Err(misuse(format!(
+                    "sinks: {} logits for {heads} query heads",
+                    sinks.len()
+                )));
+            }
+        }
+        let scale = o.scale.unwrap_or(1.0 / (d.max(1) as f32).sqrt());
+        if !scale.is_finite() {
+            return Err(misuse(format!("scale must be finite, got {scale}")));
+        }
+
+        let kv_group = heads / kv_heads.max(1);
+        let route = route(gpu, o, empty, f16, (kv_group, lq, d, dv))?;
+        if route == Route::MultiPass {
+            let scores = (batch * heads * lq) as u64 * lk as u64 * 4;
+            gpu.check_fits("the [B, H, Lq, Lk] probabilities", scores)?;
+        }
+        let core = CoreProblem {
+            dims: CoreDims {
+                batch,
+                heads,
+                lq,
+                lk,
+                qk_head_dim: d,
+                v_head_dim: dv,
+            },
+            scale,
+            layout: CoreLayout {
+                q: q.strides(),
+                k: k.strides(),
+                v: v.strides(),
+                out: out.strides(),
+                kv_group: kv_group as u32,
+                whole_vec4s: [q, k, v].iter().all(|t| t.whole_vec4s()),
+            },
+        };
+        Ok(Problem {
+            q: *q,
+            k: *k,
+            v: *v,
+            out: *out,
+            core,
+            mask,
+            sinks: o.sinks.clone(),
+            route,
+        })
+    }
+
+    /// Records the passes into `encoder` (inside the caller's error scope).
+    pub fn record(&self, gpu: &Gpu, encoder: &mut wgpu::CommandEncoder) -> Result<SdpaOutput> {
+        let c = &self.core;
+        let probs = match self.route {
+            Route::MultiPass => Some(GpuTensor::zeros(gpu, &[c.batch, c.heads, c.lq, c.lk])?),
+            _ => None,
+        };
+        let path = match self.route {
+            Route::MultiPass => AttentionPath::MultiPass,
+            _ => AttentionPath::Fused,
+        };
+        if self.route == Route::Empty {
+            return Ok(SdpaOutput { path, probs });
+        }
+        // This call's own mask, sinks and scratch: nothing another recorded call writes.
+        let mask = MaskBuffers::with_contents(gpu, &self.mask.words, &self.mask.params);
+        let sinks = match &self.sinks {
+            Some(logits) => gpu.upload("sdpa sinks", logits, wgpu::BufferUsages::empty()),
+            None => softmax::no_sinks(gpu),
+        };
+        let sinks = (&sinks, self.sinks.is_some());
+        let qkv = QkvBuffers {
+            q: self.q.buffer,
+            k: self.k.buffer,
+            v: self.v.buffer,
+        };
+        let f16 = self.q.elem == Elem::F16;
+        let none = wgpu::BufferUsages::empty();
+        let chain: Vec<Dispatch> = match self.route {
+            Route::Decode => {
+                let partials = gpu.storage(
+                    "sdpa partials",
+                    4 * decode::partials_len(gpu, c) as u64,
+                    none,
+                );
+                let buffers = decode::DecodeBuffers {
+                    qkv,
+                    partials: &partials,
+                    out: self.out.buffer,
+                    mask: &mask,
+                    chunks: None,
+                    sinks,
+                };
+                decode::dispatches(gpu, c, f16, &buffers)?
+            }
+            Route::Flash => {
+                let flash = Flash::new(gpu, c.qk_head_dim, c.v_head_dim, f16)
+                    .ok_or_else(|| no_fused_kernel(gpu, c.qk_head_dim, c.v_head_dim))?;
+                let carry = gpu.storage("sdpa carry", 4 * flash.carry_len(c) as u64, none);
+                let buffers = FlashBuffers {
+                    qkv,
+                    out: self.out.buffer,
+                    carry: &carry,
+                    mask: &mask,
+                    chunks: None,
+                    sinks,
+                };
+                gpu.check_workgroups("flash attention", [1, c.batch_heads(), 1])?;
+                flash.dispatches(gpu, c, &buffers)?
+            }
+            Route::MultiPass => {
+                let scores_buf = probs
+                    .as_ref()
+                    .map(GpuTensor::buffer)
+                    .ok_or_else(|| misuse("the multi-pass core lost its scores buffer".into()))?;
+                let mut chain = scores::dispatches(
+                    gpu,
+                    c,
+                    scores::ScoresBuffers {
+                        qkv,
+                        scores: scores_buf,
+                        mask: &mask,
+                    },
+                )?;
+                let sinks = softmax::Sinks {
+                    logits: sinks.0,
+                    on: sinks.1,
+                    heads: c.heads,
+                    lq: c.lq,
+                };
+                let rows = c.batch * c.heads * c.lq;
+                chain.push(softmax::dispatch(gpu, rows, c.lk, scores_buf, sinks)?);
+                let buffers = av_combine::AvBuffers {
+                    probs: scores_buf,
+                    v: self.v.buffer,
+                    out: self.out.buffer,
+                };
+                chain.extend(av_combine::dispatches(gpu, c, buffers)?);
+                chain
+            }
+            Route::Empty => Vec::new(),
+        };
+        for d in &chain {
+            d.record(encoder, None);
+        }
+        Ok(SdpaOutput { path, probs })
+    }
+}
+
+/// The core a call runs, as the module picks it: fused unless probabilities (or the
+/// multi-pass path) are asked for; decode for a few query rows; multi-pass where no fused tile
+/// fits (f32 only).
+fn route(
+    gpu: &Gpu,
+    o: &SdpaOptions,
+    empty: bool,
+    f16: bool,
+    (kv_group, lq, d, dv): (usize, usize, usize, usize),
+) -> Result<Route> {
+    if empty {
+        return Ok(Route::Empty);
+    }
+    let multi_pass = o.return_probs || o.path == AttentionPath::MultiPass;
+    if multi_pass && f16 {
+        return Err(Error::Unsupported {
+            adapter: gpu.describe(),
+            what: "the multi-pass core (probabilities) on f16 tensors; it runs on f32 ones".into(),
+        });
+    }
+    if o.return_probs && o.path == AttentionPath::Fused {
+        return Err(misuse(
+            "return_probs with path Fused: the fused core never forms the probabilities".into(),
+        ));
+    }
+    if multi_pass {
+        return Ok(Route::MultiPass);
+    }
+    if decode::serves(kv_group, lq, d, dv) {
+        return Ok(Route::Decode);
+    }
+    let workgroup_bytes = gpu.limits().max_compute_workgroup_storage_size;
+    if flash_attention::kv_tile(head_cap(d), head_cap(dv), workgroup_bytes).is_some() {
+        return Ok(Route::Flash);
+    }
+    match (o.path, f16) {
+        (AttentionPath::Auto, false) => Ok(Route::MultiPass),
+        _ => Err(no_fused_kernel(gpu, d, dv)),
+    }
+}
+
+fn no_fused_kernel(gpu: &Gpu, d: usize, dv: usize) -> Error {
+    Error::Unsupported {
+        adapter: gpu.describe(),
+        what: format!(
+            "fused attention with head sizes q/k {d} + v {dv} (a tile of {} K/V rows must fit the {} bytes of workgroup memory)",
+            flash_attention::KEY_GROUP,
+            gpu.limits().max_compute_workgroup_storage_size
+        ),
+    }
+}

@@ -1,0 +1,171 @@
+//! [`DeviceTensor`]: a `[B, H, L, D]` view into a caller's buffer, and the checks of one.
+
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::RowStrides;
+
+use super::misuse;
+
+/// How a `[B, H, L, D]` tensor's elements lie in memory (D always innermost, contiguous).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `[B, H, L, D]`: PyTorch's `scaled_dot_product_attention` layout, and a head-split KV
+    /// cache's.
+    Bhld,
+    /// `[B, L, H, D]`: what a projection `[B, L, H·D]` writes, read without a copy.
+    Blhd,
+}
+
+/// Element type of a device tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Elem {
+    #[default]
+    F32,
+    /// Needs the device's `SHADER_F16`; q, k and v only (the output is f32), fused path only.
+    F16,
+}
+
+impl Elem {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Elem::F32 => 4,
+            Elem::F16 => 2,
+        }
+    }
+}
+
+/// A `[B, H, L, D]` tensor in a caller's storage buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceTensor<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    /// `[B, H, L, D]` whatever the layout.
+    pub shape: [usize; 4],
+    pub layout: Layout,
+    /// Elements before element `(0, 0, 0, 0)`.
+    pub offset: usize,
+    /// Rows each (batch, head) — or each batch, in `Blhd` — has room for (≥ L): a KV cache slab
+    /// of this capacity whose first L rows are attended. Default L.
+    pub capacity: usize,
+    pub elem: Elem,
+}
+
+impl<'a> DeviceTensor<'a> {
+    /// A dense f32 tensor of `shape` at the start of `buffer`.
+    pub fn new(buffer: &'a wgpu::Buffer, shape: [usize; 4], layout: Layout) -> Self {
+        DeviceTensor {
+            buffer,
+            shape,
+            layout,
+            offset: 0,
+            capacity: shape[2],
+            elem: Elem::F32,
+        }
+    }
+
+    /// The same tensor starting `elements` into the buffer.
+    pub fn at_offset(self, elements: usize) -> Self {
+        DeviceTensor {
+            offset: elements,
+            ..self
+        }
+    }
+
+    /// The same tensor in a slab of `rows` rows per sequence (see [`capacity`](Self::capacity)).
+    pub fn with_capacity(self, rows: usize) -> Self {
+        DeviceTensor {
+            capacity: rows,
+            ..self
+        }
+    }
+
+    /// The same tensor stored as f16.
+    pub fn f16(self) -> Self {
+        DeviceTensor {
+            elem: Elem::F16,
+            ..self
+        }
+    }
+
+    /// Element strides in the kernels' terms (checked to fit u32 by [`check`](Self::check)).
+    pub(crate) fn strides(&self) -> RowStrides {
+        let [_, h, _, d] = self.shape;
+        let s = match self.layout {
+            Layout::Bhld => [h * self.capacity * d, self.capacity * d, d],
+            Layout::Blhd => [self.capacity * h * d, d, h * d],
+        };
+        RowStrides {
+            offset: self.offset as u32,
+            batch: s[0] as u32,
+            head: s[1] as u32,
+            row: s[2] as u32,
+        }
+    }
+
+    /// One past the last element read or written (u64: no overflow for any usize sizes).
+    fn end(&self) -> Option<u64> {
+        let [b, h, l, d] = self.shape.map(|n| n as u64);
+        if b * h * l * d == 0 {
+            return Some(self.offset as u64);
+        }
+        let cap = self.capacity as u64;
+        let [sb, sh, sl] = match self.layout {
+            Layout::Bhld => [h.checked_mul(cap)?.checked_mul(d)?, cap * d, d],
+            Layout::Blhd => [cap.checked_mul(h)?.checked_mul(d)?, d, h * d],
+        };
+        let last = (b - 1)
+            .checked_mul(sb)?
+            .checked_add((h - 1) * sh)?
+            .checked_add((l - 1) * sl)?
+            .checked_add(d - 1)?;
+        (self.offset as u64).checked_add(last + 1)
+    }
+
+    /// `Err` naming `name` when the tensor does not fit its buffer, the kernels' u32 indices,
+    /// one storage binding, or lacks `STORAGE` usage.
+    pub(crate) fn check(&self, gpu: &Gpu, name: &str) -> Result<()> {
+        if !self.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(misuse(format!(
+                "{name}: its buffer has usage {:?}, without STORAGE (the passes bind it as a storage buffer)",
+                self.buffer.usage()
+            )));
+        }
+        if self.capacity < self.shape[2] {
+            return Err(misuse(format!(
+                "{name}: capacity {} rows is less than its length L = {}",
+                self.capacity, self.shape[2]
+            )));
+        }
+        let end = self
+            .end()
+            .ok_or_else(|| misuse(format!("{name}: shape {:?} overflows", self.shape)))?;
+        let bytes = end.saturating_mul(self.elem.bytes());
+        if bytes > self.buffer.size() {
+            return Err(misuse(format!(
+                "{name}: shape {:?} ({:?}, offset {}, capacity {}) reaches byte {bytes}, past its buffer's {} bytes",
+                self.shape,
+                self.layout,
+                self.offset,
+                self.capacity,
+                self.buffer.size()
+            )));
+        }
+        if end > u32::MAX as u64 {
+            return Err(Error::TooLarge {
+                what: format!("{name} (element indices past u32)"),
+                needed: bytes,
+                limit: u32::MAX as u64 * self.elem.bytes(),
+            });
+        }
+        // The passes bind whole buffers.
+        gpu.check_fits(
+            &format!("{name}'s buffer (bound whole)"),
+            self.buffer.size(),
+        )
+    }
+
+    /// Whether the buffer holds whole vec4s of this element type (see
+    /// [`crate::kernels::CoreLayout::whole_vec4s`]).
+    pub(crate) fn whole_vec4s(&self) -> bool {
+        self.buffer.size().is_multiple_of(4 * self.elem.bytes())
+    }
+}
