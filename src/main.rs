@@ -62,7 +62,8 @@ enum Command {
     /// classic-b1-l128, classic-b8-l512, classic-b1-l2048-d1024-h16, per_head-b16-l128.
     Bench {
         /// Run only this named configuration (`decode`: the decode configurations; `compile`:
-        /// the cold compile time of each kernel family at the named configurations' shapes).
+        /// the cold compile time of each kernel family at the named configurations' shapes;
+        /// `sdpa`: the attention core on device tensors next to the module forward).
         #[arg(long)]
         only: Option<String>,
         /// A custom shape instead of the named ones: `classic:b=1,l=128,d=512,h=8`,
@@ -173,6 +174,9 @@ fn bench(
             .transpose()?;
         return bench_compile(options, custom, json);
     }
+    if only.as_deref() == Some("sdpa") {
+        return bench_sdpa(options, iters, json);
+    }
     // Decode configurations are their own kind of row (see cli::bench_decode).
     let decode_spec = config.as_deref().filter(|c| c.starts_with("decode:"));
     let decode_configs = match (decode_spec, only.as_deref(), &config) {
@@ -222,6 +226,34 @@ fn bench(
     if let (Some(path), Some(pending)) = (json, pending_json) {
         let mut list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         list.extend(decodes.iter().map(|r| r.json(&gpu)));
+        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
+        pending.commit(text.as_bytes())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --only sdpa`: the attention core on device tensors next to the module forward (see
+/// cli::bench_sdpa).
+fn bench_sdpa(
+    options: &GpuOptions,
+    iters: usize,
+    json: Option<std::path::PathBuf>,
+) -> Result<ExitCode, wgpu_mha::Error> {
+    let pending_json = json
+        .as_deref()
+        .map(|p| wgpu_mha::io::files::PendingOutput::create(p, &[]))
+        .transpose()?;
+    let gpu = Gpu::with_options(options)?;
+    println!("adapter: {}", gpu.describe());
+    let mut results = Vec::new();
+    for shape in &cli::bench_sdpa::SHAPES {
+        let r = cli::bench_sdpa::run(&gpu, shape, iters)?;
+        print!("{}", r.format());
+        results.push(r);
+    }
+    if let (Some(path), Some(pending)) = (json, pending_json) {
+        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         let text = serde_json::to_string_pretty(&list).unwrap_or_default();
         pending.commit(text.as_bytes())?;
         println!("wrote {}", path.display());

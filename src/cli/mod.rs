@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_compile;
 pub mod bench_config;
 pub mod bench_decode;
+pub mod bench_sdpa;
 pub mod hf;
 pub mod interop;
 pub mod progress;
