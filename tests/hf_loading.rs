@@ -357,7 +357,7 @@ fn falcon_packings_follow_the_config_and_mpt_refuses_what_it_ignores() {
     let qkv = format!("{p}query_key_value.weight");
     let dense = format!("{p}dense.weight");
     let (qkv, dense) = (qkv.as_str(), dense.as_str());
-    let per_head = tensors(&[(&qkv, &[48, 16]), (&dense, &[16, 16])]);
+    let per_head = tensors(&[(qkv, &[48, 16]), (dense, &[16, 16])]);
     let config = r#"{"model_type": "falcon", "num_attention_heads": 4, "multi_query": false}"#;
     let dir = model_dir("falconmha", config, &per_head, false);
     let m = HfCheckpoint::open(dir.path())
@@ -375,7 +375,7 @@ fn falcon_packings_follow_the_config_and_mpt_refuses_what_it_ignores() {
     }
     // Groups of [2 queries, k, v]: num_kv_heads 2 with new_decoder_architecture, no
     // num_key_value_heads (transformers recomputes it from these keys anyway).
-    let grouped = tensors(&[(&qkv, &[32, 16]), (&dense, &[16, 16])]);
+    let grouped = tensors(&[(qkv, &[32, 16]), (dense, &[16, 16])]);
     let config = r#"{"model_type": "falcon", "n_head": 4, "num_kv_heads": 2,
         "num_key_value_heads": 1, "new_decoder_architecture": true}"#;
     let dir = model_dir("falcongqa", config, &grouped, false);

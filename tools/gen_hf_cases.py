@@ -36,8 +36,10 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
 (`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
-(`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`);
-the others by 5.24.
+(`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`),
+`falcon_*` (new_decoder_architecture GQA with biases, and multi-query; rotary) and `mpt_*` (ALiBi
+over 6 heads, attn_config clip_qkv and softmax_scale; MPT's `softmax(scores.float())` kept in
+float64 by the replay) (`--only falcon_mpt`); the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
         (needs torch, transformers 5)
