@@ -1,8 +1,8 @@
 //! ALiBi generated in the shader from per-head slopes: the slopes are BLOOM's and MPT's (values
 //! printed by transformers' `build_alibi_tensor` and `build_mpt_alibi_tensor`, for power-of-two
-//! and other head counts), and every path
-//! (fused prefill and decode, multi-pass with probabilities, a KV cache's steps) matches the
-//! f64 reference for each mask kind and for queries fewer than keys. Head size 8, which the
+//! and other head counts), and every path (fused prefill and decode, multi-pass with
+//! probabilities, a KV cache's steps) matches the f64 reference for each mask kind and for
+//! queries fewer than keys. Head size 8, which the
 //! rest of the suite compiles anyway.
 
 mod common;
