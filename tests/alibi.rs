@@ -1,7 +1,8 @@
-//! ALiBi generated in the shader from per-head slopes: the slopes are BLOOM's (values printed by
-//! transformers' `build_alibi_tensor`, for power-of-two and other head counts), and every path
-//! (fused prefill and decode, multi-pass with probabilities, a KV cache's steps) matches the
-//! f64 reference for each mask kind and for queries fewer than keys. Head size 8, which the
+//! ALiBi generated in the shader from per-head slopes: the slopes are BLOOM's and MPT's (values
+//! printed by transformers' `build_alibi_tensor` and `build_mpt_alibi_tensor`, for power-of-two
+//! and other head counts), and every path (fused prefill and decode, multi-pass with
+//! probabilities, a KV cache's steps) matches the f64 reference for each mask kind and for
+//! queries fewer than keys. Head size 8, which the
 //! rest of the suite compiles anyway.
 
 mod common;
@@ -37,7 +38,29 @@ fn slopes_are_blooms() {
             ],
         ),
     ];
-    for (heads, slopes) in bloom {
+    // MPT's build_mpt_alibi_tensor(n_head, 2)[:, 0, 0] negated (every other slope of the next
+    // power of two's series, odd ones first): the same slopes in the same head order.
+    let mpt: [(usize, &[f64]); 2] = [
+        (6, &[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]),
+        (
+            12,
+            &[
+                0.5,
+                0.25,
+                0.125,
+                0.0625,
+                0.03125,
+                0.015625,
+                0.0078125,
+                0.00390625,
+                0.7071067690849304,
+                0.3535533845424652,
+                0.1767766922712326,
+                0.0883883461356163,
+            ],
+        ),
+    ];
+    for (heads, slopes) in bloom.into_iter().chain(mpt) {
         for (h, want) in slopes.iter().enumerate() {
             let got = alibi_slope(h, heads, 8.0);
             assert!(

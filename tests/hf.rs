@@ -5,8 +5,9 @@
 //! scaling, gapped positions, configs in both spellings), mistral (sliding window), qwen2,
 //! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
 //! rotary), granite (attention_multiplier), starcoder2 (biases, window), gemma2 (soft-capped
-//! scores, query_pre_attn_scalar; a windowed and a full layer) — and gpt_neo (unscaled; a
-//! global and a local layer), all on both paths.
+//! scores, query_pre_attn_scalar; a windowed and a full layer), falcon (new-architecture GQA
+//! and multi-query packings of query_key_value, rotary) — mpt (ALiBi over 6 heads, clip_qkv,
+//! softmax_scale), and gpt_neo (unscaled; a global and a local layer), all on both paths.
 
 mod common;
 
@@ -31,6 +32,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "bloom",
             "cohere",
             "distilbert",
+            "falcon",
             "gemma",
             "gemma2",
             "gemma3",
@@ -40,6 +42,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "granite",
             "llama",
             "mistral",
+            "mpt",
             "olmo",
             "olmo2",
             "phi",
@@ -147,6 +150,18 @@ fn case_files_say_what_each_module_needs() {
         (
             "bloom_self_layer1_causal_padding_alibi",
             &["+alibi", "causal"],
+        ),
+        (
+            "falcon_self_layer1_causal_padding_gqa_newarch",
+            &["hf falcon", "+rope", "kv_heads=2", "causal"],
+        ),
+        (
+            "falcon_self_layer1_causal_padding_mqa",
+            &["+rope", "kv_heads=1", "causal"],
+        ),
+        (
+            "mpt_self_layer1_causal_padding_alibi6_clip_scale",
+            &["heads=6", "scale=0.5", "clip_qkv=0.8", "+alibi", "causal"],
         ),
         (
             "stablelm_self_layer1_causal_padding_partial_qknorm",

@@ -102,6 +102,8 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "stablelm",
         "gpt_oss",
         "bloom",
+        "falcon",
+        "mpt",
         "gptj",
         "gpt_bigcode",
         "t5_decoder_self",

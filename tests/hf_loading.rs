@@ -347,3 +347,68 @@ fn what_would_change_the_answer_unseen_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("attn_logit_softcapping"), "{err}");
 }
+
+/// Falcon's `query_key_value` in the packing no case file has (`multi_query: false`: per head
+/// `[q, k, v]`, as BLOOM's), a transformers 4.x config that gives new_decoder_architecture's
+/// groups by `num_kv_heads` alone, and MPT's `attn_config` keys that transformers ignores.
+#[test]
+fn falcon_packings_follow_the_config_and_mpt_refuses_what_it_ignores() {
+    let p = "transformer.h.0.self_attention.";
+    let qkv = format!("{p}query_key_value.weight");
+    let dense = format!("{p}dense.weight");
+    let (qkv, dense) = (qkv.as_str(), dense.as_str());
+    let per_head = tensors(&[(qkv, &[48, 16]), (dense, &[16, 16])]);
+    let config = r#"{"model_type": "falcon", "num_attention_heads": 4, "multi_query": false}"#;
+    let dir = model_dir("falconmha", config, &per_head, false);
+    let m = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap();
+    assert_eq!((m.config.kv_heads, m.causal), (4, true));
+    let w = per_head[0].1.data();
+    // Head 2's key (d = 4) is packed row (3·2 + 1)·4 + r.
+    for (r, c) in [(0, 0), (3, 15)] {
+        assert_eq!(
+            m.weights.k.weight[(2 * 4 + r) * 16 + c],
+            w[(7 * 4 + r) * 16 + c]
+        );
+    }
+    // Groups of [2 queries, k, v]: num_kv_heads 2 with new_decoder_architecture, no
+    // num_key_value_heads (transformers recomputes it from these keys anyway).
+    let grouped = tensors(&[(qkv, &[32, 16]), (dense, &[16, 16])]);
+    let config = r#"{"model_type": "falcon", "n_head": 4, "num_kv_heads": 2,
+        "num_key_value_heads": 1, "new_decoder_architecture": true}"#;
+    let dir = model_dir("falcongqa", config, &grouped, false);
+    let m = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap();
+    assert_eq!(m.config.kv_heads, 2);
+    let w = grouped[0].1.data();
+    // Query head 3 is group 1's second: row (1·4 + 1)·4; group 1's value: row (1·4 + 3)·4.
+    assert_eq!(m.weights.q.weight[3 * 4 * 16], w[5 * 4 * 16]);
+    assert_eq!(m.weights.v.weight[4 * 16], w[7 * 4 * 16]);
+    // Rows that do not hold the packing the config says are named.
+    let config = r#"{"model_type": "falcon", "num_attention_heads": 4}"#;
+    let dir = model_dir("falconbad", config, &grouped, false);
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(qkv) && err.to_string().contains("1 key/value"),
+        "{err}"
+    );
+    // MPT: an attn_config key transformers ignores is refused by name.
+    let p = "transformer.blocks.0.attn.";
+    let (wqkv, out) = (format!("{p}Wqkv.weight"), format!("{p}out_proj.weight"));
+    let mpt = tensors(&[(wqkv.as_str(), &[48, 16]), (out.as_str(), &[16, 16])]);
+    let config = r#"{"model_type": "mpt", "n_heads": 4, "attn_config": {"qk_ln": true}}"#;
+    let dir = model_dir("mptqkln", config, &mpt, false);
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(p, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::UnsupportedModule { .. }), "{err}");
+    assert!(err.to_string().contains("attn_config.qk_ln"), "{err}");
+}

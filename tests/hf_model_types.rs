@@ -3,8 +3,9 @@
 //! multimodal configs give each tower its own settings. The checkpoints are built here from
 //! seeded tensors under each model's saved names; the models that used to run silently wrong
 //! (GPT-J under bart's names, RoFormer under bert's, BLOOM and Falcon under gpt_neox's, Qwen3
-//! and Gemma3 under llama's) each have a case; GPT-Neo and Gemma2, which did too, now run as
-//! themselves (their transformers cases are `tests/fixtures/hf/gpt_neo_*` and `gemma2_*`).
+//! and Gemma3 under llama's) each have a case; GPT-Neo, Gemma2 and Falcon (but its `alibi`,
+//! refused here), which did too, now run as themselves (their transformers cases are
+//! `tests/fixtures/hf/gpt_neo_*`, `gemma2_*` and `falcon_*`).
 
 mod common;
 
@@ -198,8 +199,8 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             "falcon",
             "falcon",
             r#"{"model_type": "falcon", "num_attention_heads": 4, "hidden_size": 16,
-                "multi_query": true, "alibi": false, "new_decoder_architecture": false}"#,
-            &["\"falcon\"", "multi-query"],
+                "multi_query": true, "alibi": true, "new_decoder_architecture": false}"#,
+            &["`alibi` = true", "bfloat16", "√head_dim"],
         ),
         (
             "qwen3_moe",

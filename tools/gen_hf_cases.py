@@ -36,8 +36,10 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
 (`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
-(`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`);
-the others by 5.24.
+(`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`),
+`falcon_*` (new_decoder_architecture GQA with biases, and multi-query; rotary) and `mpt_*` (ALiBi
+over 6 heads, attn_config clip_qkv and softmax_scale; MPT's `softmax(scores.float())` kept in
+float64 by the replay) (`--only falcon_mpt`); the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
         (needs torch, transformers 5)
@@ -192,6 +194,21 @@ FAMILIES = {
     "t5_short_distance": (tf.T5Model, tf.T5Config, dict(
         vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=32, relative_attention_max_distance=4)),
+    # Falcon: `query_key_value` packed per key/value group ([q heads of the group, k, v]) with
+    # new_decoder_architecture (GQA 4/2, biases); multi_query: 4 query heads, then k, then v.
+    "falcon_gqa": (tf.FalconModel, tf.FalconConfig, dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+        new_decoder_architecture=True, bias=True, max_position_embeddings=64,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+    "falcon_mqa": (tf.FalconModel, tf.FalconConfig, dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        multi_query=True, new_decoder_architecture=False, bias=False,
+        max_position_embeddings=64, initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+    # MPT: `Wqkv` (q rows, k, v), ALiBi with 6 heads (not a power of two), q/k/v clamped to ±0.8,
+    # softmax_scale 0.5 instead of 1/√8.
+    "mpt": (tf.MptModel, tf.MptConfig, dict(
+        vocab_size=64, d_model=48, n_heads=6, n_layers=2, expansion_ratio=2, max_seq_len=16,
+        initializer_range=0.2, attn_config=dict(clip_qkv=0.8, softmax_scale=0.5))),
     # layer 0 global, layer 1 local with a window of 3; unscaled scores.
     "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -915,10 +932,70 @@ def layouts_cases(out_dir):
                     causal=True, pad=pad)
 
 
+@contextlib.contextmanager
+def float_method_keeps_float64():
+    """MPT's `softmax(scores.float())`: for the float64 replay `.float()` keeps float64."""
+    original = torch.Tensor.float
+
+    def keep(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else original(self, *args, **kwargs)
+
+    torch.Tensor.float = keep
+    try:
+        yield
+    finally:
+        torch.Tensor.float = original
+
+
+def falcon_mpt_cases(out_dir):
+    """Falcon's `query_key_value` packings (rotary) and MPT's `Wqkv` with ALiBi."""
+    position_ids = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    for variant, name in [("falcon_gqa", "falcon_self_layer1_causal_padding_gqa_newarch"),
+                          ("falcon_mqa", "falcon_self_layer1_causal_padding_mqa")]:
+        model = build(variant)
+        config_text, state = saved(model)
+        seeded(name)
+        input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+        cos64, sin64, inv64 = rope_tables(model.config, position_ids, torch.float64)
+        assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+        with torch.no_grad():
+            cos32, sin32 = model.rotary_emb(torch.zeros(1), position_ids)
+
+        def replay(mod, x, kv, mask, dtype, cos32=cos32, sin32=sin32, cos64=cos64, sin64=sin64):
+            tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+            return mod(x, attention_mask=mask, position_embeddings=tables)[0]
+
+        replay_case(out_dir, name, "falcon", model, config_text, state,
+                    module=model.h[1].self_attention, prefix="h.1.self_attention.",
+                    run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                      use_cache=False),
+                    replay=replay, causal=True, pad=pad, position_ids=position_ids)
+
+    model = build("mpt")
+    config_text, state = saved(model)
+    name = "mpt_self_layer1_causal_padding_alibi6_clip_scale"
+    seeded(name)
+    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+    cfg = model.config
+    alibi = tf.models.mpt.modeling_mpt.build_mpt_alibi_tensor(cfg.n_heads, cfg.max_seq_len)
+
+    def replay_m(mod, x, kv, mask, dtype):
+        masked = mask != 0  # MPT's boolean mask: True where a key is hidden
+        if dtype == torch.float64:
+            with float_method_keeps_float64():
+                return mod(x, position_bias=alibi.double(), attention_mask=masked)[0]
+        return mod(x, position_bias=alibi, attention_mask=masked)[0]
+
+    replay_case(out_dir, name, "mpt", model, config_text, state, module=model.blocks[1].attn,
+                prefix="blocks.1.attn.",
+                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                replay=replay_m, causal=True, pad=pad)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts"]
+          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts", "falcon_mpt"]
 
 
 def main():
@@ -945,6 +1022,7 @@ def main():
         "alibi": lambda: alibi_cases(args.out),
         "interleaved": lambda: interleaved_cases(args.out),
         "layouts": lambda: layouts_cases(args.out),
+        "falcon_mpt": lambda: falcon_mpt_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -13,6 +13,7 @@ use super::model_types::ConfigDefault;
 
 use crate::error::{Error, Result};
 
+mod falcon_mpt;
 mod layers;
 mod rope;
 mod settings;
@@ -327,7 +328,7 @@ impl HfConfig {
 
     /// The score scale the config asks of the module at `prefix`, when it is not 1/√head_dim:
     /// GPT-2's `scale_attn_weights = false` and `scale_attn_by_inverse_layer_idx`, Gemma 2's
-    /// 1/√`query_pre_attn_scalar`, Granite's `attention_multiplier`, where the model type reads them (`reads`; elsewhere
+    /// 1/√`query_pre_attn_scalar`, Granite's `attention_multiplier`, MPT's `softmax_scale`, where the model type reads them (`reads`; elsewhere
     /// [`HfConfig::check_settings`] refuses them).
     pub fn scale(&self, prefix: &str, head_dim: usize, reads: &[&str]) -> Result<Option<f32>> {
         let default = 1.0 / (head_dim as f64).sqrt();
@@ -335,6 +336,17 @@ impl HfConfig {
         if reads.contains(&"query_pre_attn_scalar") {
             if let Some(s) = self.positive_f64("query_pre_attn_scalar")? {
                 scale = 1.0 / s.sqrt();
+            }
+        }
+        if reads.contains(&"softmax_scale") {
+            // MPT's attn_config.softmax_scale (lifted by `with_own_rules`): the scale itself.
+            if let Some(m) = self.json.get("softmax_scale").filter(|v| !v.is_null()) {
+                scale = m.as_f64().filter(|m| m.is_finite()).ok_or_else(|| {
+                    Error::file(
+                        &self.source,
+                        format!("config.json `attn_config.softmax_scale` = {m} is not a number"),
+                    )
+                })?;
             }
         }
         if reads.contains(&"attention_multiplier") {

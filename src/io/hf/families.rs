@@ -34,10 +34,12 @@ pub enum Family {
     /// albert: `query`, `key`, `value`, `dense` (and the LayerNorm after it) under
     /// `….attention.`, one layer shared by every position in the stack.
     Albert,
+    /// mpt: packed `Wqkv` (q rows, then k, then v), `out_proj`, ALiBi.
+    Mpt,
 }
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
-const MARKERS: [(Family, &str, Option<&str>); 11] = [
+const MARKERS: [(Family, &str, Option<&str>); 12] = [
     (
         Family::Bert,
         "self.query.weight",
@@ -61,6 +63,7 @@ const MARKERS: [(Family, &str, Option<&str>); 11] = [
     (Family::T5, "q.weight", Some("o.weight")),
     (Family::Phi, "q_proj.weight", Some("dense.weight")),
     (Family::Albert, "query.weight", Some("dense.weight")),
+    (Family::Mpt, "Wqkv.weight", Some("out_proj.weight")),
 ];
 
 impl Family {
@@ -78,6 +81,7 @@ impl Family {
             Family::GptNeox => "gpt_neox",
             Family::Phi => "phi",
             Family::Albert => "albert",
+            Family::Mpt => "mpt",
         }
     }
 
@@ -158,7 +162,7 @@ impl Family {
             Family::Vit => "BEiT's relative position bias",
             Family::DistilBert => "XLM's and FlauBERT's causal mode",
             Family::Gpt2 => "GPT-BigCode's Linear c_attn with multi-query packing",
-            Family::Phi | Family::Albert => "none known",
+            Family::Phi | Family::Albert | Family::Mpt => "none known",
             Family::Bart => {
                 "GPT-J's interleaved rotary embeddings, GPT-Neo's unscaled local layers"
             }
@@ -167,9 +171,7 @@ impl Family {
                 "Cohere's interleaved RoPE, Granite's attention_multiplier, Gemma2's soft-capping"
             }
             Family::Phi3 => "other packings of qkv_proj",
-            Family::GptNeox => {
-                "BLOOM's ALiBi, Falcon's multi-query packing, Persimmon's q/k LayerNorm"
-            }
+            Family::GptNeox => "BLOOM's ALiBi, Falcon's grouped packing, Persimmon's q/k LayerNorm",
         }
     }
 
@@ -194,6 +196,7 @@ impl Family {
             Family::Phi => &["q_proj", "k_proj", "v_proj", "dense"],
             // ALBERT keeps the LayerNorm after its output projection under the prefix.
             Family::Albert => &["query", "key", "value", "dense", "LayerNorm"],
+            Family::Mpt => &["Wqkv", "out_proj"],
         };
         let harmless = [
             "output.LayerNorm.weight", // BERT: after the attention's output
@@ -298,6 +301,7 @@ pub fn projection_names(family: Family) -> [&'static str; 4] {
         ],
         Family::Phi => ["q_proj", "k_proj", "v_proj", "dense"],
         Family::Albert => ["query", "key", "value", "dense"],
+        Family::Mpt => ["Wqkv", "Wqkv", "Wqkv", "out_proj"],
     }
 }
 

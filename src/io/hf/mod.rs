@@ -246,6 +246,10 @@ impl HfCheckpoint {
             module_config.as_ref().and_then(HfConfig::model_type),
             prefix,
         )?;
+        // The model type's own rules first (Falcon's alibi, MPT's attn_config).
+        let module_config = module_config
+            .map(|c| c.with_own_rules(prefix, model_type.name))
+            .transpose()?;
         if let Some(c) = &module_config {
             c.check_settings(prefix, model_type.reads)?;
         }
@@ -277,7 +281,7 @@ impl HfCheckpoint {
         };
         let kv_heads = module_config
             .as_ref()
-            .map(HfConfig::kv_heads)
+            .map(|c| c.kv_heads_of(model_type.name, heads))
             .transpose()?
             .flatten();
         let (mut config, mut weights) =

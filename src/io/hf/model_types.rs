@@ -119,7 +119,8 @@ impl ModelType {
             "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
             "bloom" | "phi" | "albert" | "gpt_bigcode" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
-            "mistral" | "mixtral" | "phi3" | "gptj" => Biases::Never,
+            "falcon" => Biases::ByKey("bias", false),
+            "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -182,16 +183,18 @@ impl ModelType {
             ],
             "granite" => &[("attention_multiplier", Number(1.0))],
             "gpt_oss" => &[("sliding_window", Number(128.0))],
-            "gpt_bigcode" => &[("multi_query", Flag(true))],
+            "gpt_bigcode" | "falcon" => &[("multi_query", Flag(true))],
             "cohere" => &[("rope_theta", Number(5e5))],
             _ => &[],
         }
     }
 
     /// ALiBi's `max_bias` where the model type adds ALiBi instead of rotating q and k (BLOOM:
-    /// `build_alibi_tensor`'s slopes, 2^(−8·h/n)).
+    /// `build_alibi_tensor`'s slopes, 2^(−8·h/n); MPT: `build_mpt_alibi_tensor`'s, the same
+    /// slopes for every head count, in the same head order, and a bias relative to the last
+    /// key, a constant per row that softmax ignores).
     pub fn alibi(&self) -> Option<f32> {
-        (self.name == "bloom").then_some(8.0)
+        matches!(self.name, "bloom" | "mpt").then_some(8.0)
     }
 
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
@@ -453,6 +456,24 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // BloomAttention: gpt_neox's per-head packing in `query_key_value` with biases, no RoPE,
     // ALiBi (its slopes are AttentionConfig::with_alibi's); causal.
     mt("bloom", Family::GptNeox, Causality::Always),
+    // FalconAttention: `query_key_value` packed per key/value group (new_decoder_architecture:
+    // num_kv_heads; multi_query, the default: one; else one per head), biases by `bias`,
+    // rotary (half-split, θ from the config) and 1/√d, causal; `alibi` is refused (its own
+    // rules, see config::falcon_mpt).
+    reading(
+        "falcon",
+        Family::GptNeox,
+        Causality::Always,
+        &["new_decoder_architecture"],
+    ),
+    // MptAttention: `Wqkv` (q, k, v rows), no biases, ALiBi (max 8) always, q/k/v clamped by
+    // `attn_config.clip_qkv`, scale `attn_config.softmax_scale` (default 1/√d), causal.
+    reading(
+        "mpt",
+        Family::Mpt,
+        Causality::Always,
+        &["clip_qkv", "softmax_scale"],
+    ),
     reading(
         "gpt_neox",
         Family::GptNeox,
@@ -465,8 +486,6 @@ pub const MODEL_TYPES: &[ModelType] = &[
 /// compute, and what each would need.
 pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("codegen", "interleaved rotary embeddings (`rotary_dim`) and the 4-block `qkv_proj` packing are not implemented"),
-    ("falcon", "ALiBi or rotary attention with multi-query / grouped `query_key_value` packing is not implemented"),
-    ("mpt", "ALiBi position biases are not implemented"),
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
     ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),

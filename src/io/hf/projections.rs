@@ -1,6 +1,7 @@
 //! A module's four projections read from the checkpoint into the crate's `[out, in]`
 //! layout — split from the packed tensors some families store (GPT-2's Conv1D `c_attn`, phi3's
-//! `qkv_proj`, gpt_neox's per-head `query_key_value`, GPT-BigCode's Linear `c_attn`) — and
+//! `qkv_proj` and MPT's `Wqkv`, gpt_neox's per-head `query_key_value`, Falcon's grouped one,
+//! GPT-BigCode's Linear `c_attn`) — and
 //! checked, every error naming a tensor as the checkpoint stores it.
 
 use super::families::{projection_names, Family};
@@ -31,7 +32,10 @@ pub fn load(
             return gpt_bigcode(ckpt, prefix, heads, kv_heads == Some(1))
         }
         Family::Gpt2 => return gpt2(ckpt, prefix, heads),
-        Family::Phi3 => return phi3(ckpt, prefix, heads, kv_heads.unwrap_or(heads)),
+        Family::Phi3 | Family::Mpt => {
+            return stacked(ckpt, family, prefix, heads, kv_heads.unwrap_or(heads))
+        }
+        Family::GptNeox if model_type == "falcon" => return falcon(ckpt, prefix, heads, kv_heads),
         Family::GptNeox => return gpt_neox(ckpt, prefix, heads),
         _ => {}
     }
@@ -136,21 +140,23 @@ fn rows(layer: &Linear, parts: &[(usize, usize)]) -> Linear {
     }
 }
 
-/// phi3's `qkv_proj`: rows `[H·d queries | H_kv·d keys | H_kv·d values]`.
-fn phi3(
+/// phi3's `qkv_proj` and MPT's `Wqkv`: rows `[H·d queries | H_kv·d keys | H_kv·d values]`.
+fn stacked(
     ckpt: &HfCheckpoint,
+    family: Family,
     prefix: &str,
     heads: usize,
     kv_heads: usize,
 ) -> Result<(AttentionConfig, AttentionWeights)> {
-    let packed = linear(ckpt, prefix, "qkv_proj", false)?;
+    let [packed_name, _, _, out_name] = projection_names(family);
+    let packed = linear(ckpt, prefix, packed_name, false)?;
     let parts = kv_heads
         .checked_mul(2)
         .and_then(|kv| kv.checked_add(heads))
         .filter(|&p| p <= packed.out_features);
     let Some(parts) = parts.filter(|&p| packed.out_features.is_multiple_of(p)) else {
         return Err(Error::weight(
-            format!("{prefix}qkv_proj.weight"),
+            format!("{prefix}{packed_name}.weight"),
             format!(
                 "has {} rows, which are not (heads + 2·kv_heads) = ({heads} + 2·{kv_heads}) heads \
                  of one size",
@@ -160,14 +166,62 @@ fn phi3(
     };
     let d = packed.out_features / parts;
     let (q, kv) = (heads * d, kv_heads * d);
-    let o = linear(ckpt, prefix, "o_proj", false)?;
+    let o = linear(ckpt, prefix, out_name, false)?;
     let layers = [
         rows(&packed, &[(0, q)]),
         rows(&packed, &[(q, kv)]),
         rows(&packed, &[(q + kv, kv)]),
         o,
     ];
-    assembled(prefix, heads, projection_names(Family::Phi3), layers)
+    assembled(prefix, heads, projection_names(family), layers)
+}
+
+/// Falcon's `query_key_value`: per key/value group, the group's query heads then its key and
+/// its value (`[kv, H/kv + 2, d]`, d = E/H). One group is multi-query's `[H queries | k | v]`,
+/// one query head per group the old per-head `[q, k, v]` packing: the three layouts
+/// transformers reads by `new_decoder_architecture` and `multi_query` are this one with the
+/// key/value heads the config gives (`None`: from the rows).
+fn falcon(
+    ckpt: &HfCheckpoint,
+    prefix: &str,
+    heads: usize,
+    kv_heads: Option<usize>,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let packed = linear(ckpt, prefix, "query_key_value", false)?;
+    let (e, n) = (packed.in_features, packed.out_features);
+    let name = format!("{prefix}query_key_value.weight");
+    if heads > e || !e.is_multiple_of(heads) {
+        return Err(Error::weight(
+            name,
+            format!("has input width E = {e}, which does not split into {heads} heads"),
+        ));
+    }
+    let d = e / heads;
+    let kv = kv_heads.unwrap_or_else(|| (n / d).saturating_sub(heads) / 2);
+    let want = kv
+        .checked_mul(2)
+        .and_then(|k| k.checked_add(heads))
+        .map(|p| p * d);
+    if kv == 0 || !heads.is_multiple_of(kv) || want != Some(n) {
+        return Err(Error::weight(
+            name,
+            format!(
+                "has {n} rows; {heads} query heads of {d} with {kv} key/value heads dividing \
+                 them hold (heads + 2·kv_heads)·d = {}",
+                want.map_or("too many".to_string(), |w| w.to_string())
+            ),
+        ));
+    }
+    let group = heads / kv + 2;
+    let part = |g: usize, at: usize| ((g * group + at) * d, d);
+    let q: Vec<(usize, usize)> = (0..kv)
+        .flat_map(|g| (0..heads / kv).map(move |i| part(g, i)))
+        .collect();
+    let k: Vec<(usize, usize)> = (0..kv).map(|g| part(g, group - 2)).collect();
+    let v: Vec<(usize, usize)> = (0..kv).map(|g| part(g, group - 1)).collect();
+    let o = linear(ckpt, prefix, "dense", false)?;
+    let layers = [rows(&packed, &q), rows(&packed, &k), rows(&packed, &v), o];
+    assembled(prefix, heads, projection_names(Family::GptNeox), layers)
 }
 
 /// gpt_neox's `query_key_value`: packed per head, `[H, 3, d]` (q, k, v of head 0, then head 1…).
