@@ -1,8 +1,9 @@
 //! `wgpu-mha bench --only sdpa`: `scaled_dot_product_attention` on device tensors, recorded by
 //! the bench into its own encoder and submitted as a caller would (q in the `[B, L, H, D]`
 //! layout a projection writes, K/V in a `[B, H_kv, capacity, D]` cache slab with spare rows),
-//! next to the module forward on the same shapes and adapter (projections included: the
-//! difference is what the module adds around the core). The core's output is checked against
+//! next to the module on the same shapes and adapter: its forward for the prefill, its
+//! `KvCache` step for the decode (projections included: the difference is what the module adds
+//! around the core). The core's output is checked against
 //! the f64 reference on sampled heads before anything is timed. Times are wall clock from
 //! submit to idle, medians over runs taken in turn.
 
@@ -14,7 +15,7 @@ use wgpu_mha::gpu::Gpu;
 use wgpu_mha::model::tensor::Tensor;
 use wgpu_mha::{
     record_scaled_dot_product_attention, AttentionConfig, AttentionWeights, DeviceTensor,
-    GpuTensor, Layout, Mask, MultiHeadAttention, SdpaOptions,
+    GpuTensor, KvCache, Layout, Mask, MultiHeadAttention, SdpaOptions,
 };
 
 /// One timed shape: `lq` new queries per sequence against `lk` keys (causal).
@@ -57,19 +58,31 @@ pub struct SdpaResult {
     pub shape: SdpaShape,
     pub sdpa_ms: f64,
     pub module_ms: f64,
+    /// Counting every one of the `Lq·Lk` scores (a causal prefill computes about half).
     pub sdpa_gflops: f64,
+    /// K/V bytes read per second (every key and value once).
+    pub kv_gbps: f64,
 }
 
 impl SdpaResult {
     pub fn format(&self) -> String {
         format!(
-            "{}: sdpa {:.3} ms ({:.1} GFLOP/s of the core), module forward {:.3} ms (projections included); sdpa/module {:.2}\n",
+            "{}: sdpa {:.3} ms ({:.1} GFLOP/s over all Lq·Lk scores, K/V read {:.2} GB/s); module {} {:.3} ms (projections included); sdpa/module {:.3}\n",
             self.shape.name,
             self.sdpa_ms,
             self.sdpa_gflops,
+            self.kv_gbps,
+            self.module_label(),
             self.module_ms,
             self.sdpa_ms / self.module_ms
         )
+    }
+
+    fn module_label(&self) -> &'static str {
+        match self.shape.lq {
+            1 => "KvCache step",
+            _ => "forward",
+        }
     }
 
     pub fn json(&self, gpu: &Gpu) -> serde_json::Value {
@@ -78,7 +91,8 @@ impl SdpaResult {
             "name": s.name, "variant": "sdpa", "batch": s.batch, "heads": s.heads,
             "kv_heads": s.kv_heads, "head_dim": s.head_dim, "lq": s.lq, "lk": s.lk,
             "sdpa_ms": self.sdpa_ms, "module_ms": self.module_ms,
-            "sdpa_gflops": self.sdpa_gflops, "adapter": gpu.describe(),
+            "sdpa_gflops": self.sdpa_gflops, "kv_gbps": self.kv_gbps,
+            "module": self.module_label(), "adapter": gpu.describe(),
         })
     }
 }
@@ -145,15 +159,31 @@ pub fn run(gpu: &Gpu, s: &SdpaShape, iters: usize) -> Result<SdpaResult> {
 
     let config = AttentionConfig::classic(h * d, h)?.with_kv_heads(kvh)?;
     let mha = MultiHeadAttention::new(gpu, config, &AttentionWeights::random(&config, 4))?;
-    let x_new = GpuTensor::upload(gpu, &Tensor::random([b, s.lq, h * d], 5))?;
-    let x_all = GpuTensor::upload(gpu, &Tensor::random([b, s.lk, h * d], 6))?;
-    let module = || -> Result<()> {
-        mha.forward_gpu(&x_new, &x_all, &x_all, &Mask::Causal)?;
-        wait(gpu)
+    let runs = iters.max(3);
+    // Decode: the module's own decode, a KvCache step over a cache holding the context.
+    let mut cache = match s.lq {
+        1 => {
+            let mut cache = KvCache::new(&mha, b, s.lk + runs + 2)?;
+            mha.forward_step(&mut cache, &Tensor::random([b, s.lk - 1, h * d], 6))?;
+            Some(cache)
+        }
+        _ => None,
     };
-    module()?;
+    let x_new = Tensor::random([b, s.lq, h * d], 5);
+    let x_new_gpu = GpuTensor::upload(gpu, &x_new)?;
+    let x_all = GpuTensor::upload(gpu, &Tensor::random([b, s.lk, h * d], 6))?;
+    let mut module = || -> Result<()> {
+        match cache.as_mut() {
+            Some(cache) => mha.forward_step(cache, &x_new).map(|_| ()),
+            None => {
+                mha.forward_gpu(&x_new_gpu, &x_all, &x_all, &Mask::Causal)?;
+                wait(gpu)
+            }
+        }
+    };
     let (mut sdpa_ms, mut module_ms) = (Vec::new(), Vec::new());
-    for _ in 0..iters.max(3) {
+    sdpa()?;
+    for _ in 0..runs {
         let t = Instant::now();
         sdpa()?;
         sdpa_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -163,11 +193,13 @@ pub fn run(gpu: &Gpu, s: &SdpaShape, iters: usize) -> Result<SdpaResult> {
     }
     let sdpa_ms = median(sdpa_ms);
     let flops = 2.0 * (b * h * s.lq * s.lk) as f64 * (2 * d) as f64;
+    let kv_bytes = 2.0 * (b * kvh * s.lk * d * 4) as f64;
     Ok(SdpaResult {
         shape: *s,
         sdpa_ms,
         module_ms: median(module_ms),
         sdpa_gflops: flops / sdpa_ms / 1e6,
+        kv_gbps: kv_bytes / sdpa_ms / 1e6,
     })
 }
 
