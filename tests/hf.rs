@@ -5,8 +5,9 @@
 //! scaling, gapped positions, configs in both spellings), mistral (sliding window), qwen2,
 //! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
 //! rotary), granite (attention_multiplier), starcoder2 (biases, window), gemma2 (soft-capped
-//! scores, query_pre_attn_scalar; a windowed and a full layer) — and gpt_neo (unscaled; a
-//! global and a local layer), all on both paths.
+//! scores, query_pre_attn_scalar; a windowed and a full layer),
+//! phi3 with longrope and llama with dynamic RoPE (positions past the switch) — and gpt_neo
+//! (unscaled; a global and a local layer), all on both paths.
 
 mod common;
 
@@ -130,6 +131,14 @@ fn case_files_say_what_each_module_needs() {
             &["+rope", "causal"],
         ),
         ("roformer_self_layer1_padding_interleaved", &["+rope"]),
+        (
+            "phi3_self_layer1_causal_padding_longrope",
+            &["+rope", "kv_heads=2", "causal"],
+        ),
+        (
+            "llama_self_layer1_causal_padding_dynamic",
+            &["+rope", "kv_heads=2", "causal"],
+        ),
         (
             "olmo_self_layer1_causal_padding_clip_qkv",
             &["+rope", "clip_qkv=0.5"],

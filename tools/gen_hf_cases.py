@@ -36,7 +36,10 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 1 + w; a sliding layer and a full one, each with its own RoPE θ), and `llama_*_yarn*` (yarn RoPE, with
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
 (`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
-(`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`);
+(`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`),
+`phi3_*_longrope` and
+`llama_*_dynamic` (positions past the original / max length: the long factors and the grown θ,
+as a freshly loaded rotary module computes them for the call) (`--only scaled_rope`);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -156,6 +159,17 @@ FAMILIES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "beta_fast": 8.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 16})),
+    # longrope past original_max_position_embeddings 4: every frequency divided by its long
+    # factor, cos/sin × √(1 + ln(16/4) / ln 4) (phi3's top-level original max, no `factor`).
+    "phi3_longrope": (tf.Phi3Model, tf.Phi3Config, dict(
+        LM, num_key_value_heads=2, max_position_embeddings=16,
+        original_max_position_embeddings=4, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.5, 2.0, 0.5], "long_factor": [2.0, 4.0, 8.0, 16.0]})),
+    # dynamic NTK past max_position_embeddings 4: θ grows with the call's sequence length.
+    "llama_dynamic": (tf.LlamaModel, tf.LlamaConfig, dict(
+        LM, num_key_value_heads=2, max_position_embeddings=4,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})),
     # GPT-J: bart's names, interleaved RoPE on the first 4 of 8 dimensions of each head.
     "gptj": (tf.GPTJModel, tf.GPTJConfig, dict(
         vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
@@ -298,15 +312,31 @@ def first_arg(args, kwargs, name):
 
 
 def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
-    """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default and llama3);
-    `layer_type`: the layer's kind where the config has a RoPE per kind (Gemma 3)."""
+    """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default, llama3, yarn,
+    dynamic, longrope: the last two for the call's length, max(position_ids) + 1, as
+    `dynamic_rope_update` of a fresh module); `layer_type`: the layer's kind where the config
+    has a RoPE per kind (Gemma 3)."""
     rp = config.rope_parameters
     if layer_type is not None:
         rp = rp[layer_type]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
-    inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
-    if rp["rope_type"] == "llama3":
+    theta = rp["rope_theta"]
+    seq_len = int(position_ids.max()) + 1
+    attention = 1.0
+    if rp["rope_type"] == "dynamic" and seq_len > config.max_position_embeddings:
+        factor = rp["factor"]
+        theta = theta * (factor * seq_len / config.max_position_embeddings - (factor - 1)) ** (
+            dim / (dim - 2))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+    if rp["rope_type"] == "longrope":
+        old = rp["original_max_position_embeddings"]
+        factor = rp.get("factor") or config.max_position_embeddings / old
+        attention = rp.get("attention_factor") or (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old)))
+        ext = rp["long_factor"] if seq_len > old else rp["short_factor"]
+        inv_freq = inv_freq / torch.tensor(ext, dtype=dtype)
+    elif rp["rope_type"] == "llama3":
         factor, low, high = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
         old = rp["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv_freq
@@ -336,7 +366,7 @@ def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
         emb = freqs if halves else torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * attention, emb.sin() * attention, inv_freq
     else:
-        assert rp["rope_type"] == "default", rp
+        assert rp["rope_type"] in ("default", "dynamic", "longrope"), rp
     freqs = position_ids[..., None].to(dtype) * inv_freq
     if halves:  # gpt-oss's tables hold each angle once
         emb = freqs
@@ -344,7 +374,7 @@ def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
         emb = torch.repeat_interleave(freqs, 2, dim=-1)
     else:
         emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin(), inv_freq
+    return emb.cos() * attention, emb.sin() * attention, inv_freq
 
 
 def write_case(out_dir, name, family, config_text, state, prefix, attention, causal, inputs,
@@ -617,11 +647,12 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
     kind = cfg.layer_types[layer] if family == "gemma3" else None
     cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64, kind,
                                       halves=family == "gpt_oss")
-    inv32 = getattr(model.rotary_emb, f"{kind}_inv_freq" if kind else "inv_freq")
-    assert torch.allclose(inv64.float(), inv32, rtol=1e-6, atol=0)
-    with torch.no_grad():
+    with torch.no_grad():  # first: dynamic and longrope update inv_freq for the call
         at = (kind,) if kind else ()
         cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids, *at)
+    inv32 = getattr(model.rotary_emb, f"{kind}_inv_freq" if kind else "inv_freq")
+    assert torch.allclose(inv64.float(), inv32, rtol=1e-6, atol=0)
+    assert torch.allclose(cos64.float(), cos32, rtol=0, atol=1e-5)
 
     def replay(mod, x, kv, mask, dtype):
         tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
@@ -872,6 +903,18 @@ def interleaved_cases(out_dir):
                 replay=replay_r, pad=pad, hooked_out=att.output.dense)
 
 
+def scaled_rope_cases(out_dir):
+    """The dynamic and longrope scalings, with position_ids past the lengths where they switch
+    (so that the scaling applies to the whole call)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    # Each sequence's first 5 positions already pass 4, so that a decode whose prefill is all
+    # but the last two real tokens takes the long factors throughout, as the full forward.
+    rope_case(out_dir, "phi3", "phi3_self_layer1_causal_padding_longrope", [7, 5],
+              torch.stack([arange(0, 7), arange(2, 7)]), variant="phi3_longrope")
+    rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_dynamic", [7, 5],
+              torch.stack([arange(0, 7), arange(1, 7)]), variant="llama_dynamic")
+
+
 def layouts_cases(out_dir):
     """Phi's `dense`, ALBERT's shared layer, GPT-BigCode's Linear c_attn (MQA and MHA)."""
     arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
@@ -918,7 +961,8 @@ def layouts_cases(out_dir):
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts"]
+          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
+          "scaled_rope"]
 
 
 def main():
@@ -945,6 +989,7 @@ def main():
         "alibi": lambda: alibi_cases(args.out),
         "interleaved": lambda: interleaved_cases(args.out),
         "layouts": lambda: layouts_cases(args.out),
+        "scaled_rope": lambda: scaled_rope_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

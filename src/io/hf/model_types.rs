@@ -184,6 +184,8 @@ impl ModelType {
             "gpt_oss" => &[("sliding_window", Number(128.0))],
             "gpt_bigcode" => &[("multi_query", Flag(true))],
             "cohere" => &[("rope_theta", Number(5e5))],
+            // Phi3Config always has it, so it overrides the RoPE object's (longrope).
+            "phi3" => &[("original_max_position_embeddings", Number(4096.0))],
             _ => &[],
         }
     }
