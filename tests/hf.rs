@@ -5,7 +5,7 @@
 //! scaling, gapped positions, configs in both spellings), mistral (sliding window), qwen2,
 //! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
 //! rotary), granite (attention_multiplier), starcoder2 (biases, window), gemma2 (soft-capped
-//! scores, query_pre_attn_scalar; a windowed and a full layer),
+//! scores, query_pre_attn_scalar; a windowed and a full layer), codegen (4-block qkv_proj),
 //! phi3 with longrope and llama with dynamic RoPE (positions past the switch) — and gpt_neo
 //! (unscaled; a global and a local layer), all on both paths.
 
@@ -30,6 +30,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "bart",
             "bert",
             "bloom",
+            "codegen",
             "cohere",
             "distilbert",
             "gemma",
@@ -131,6 +132,10 @@ fn case_files_say_what_each_module_needs() {
             &["+rope", "causal"],
         ),
         ("roformer_self_layer1_padding_interleaved", &["+rope"]),
+        (
+            "codegen_self_layer1_causal_padding_interleaved_partial",
+            &["hf codegen", "+rope", "causal"],
+        ),
         (
             "phi3_self_layer1_causal_padding_longrope",
             &["+rope", "kv_heads=2", "causal"],

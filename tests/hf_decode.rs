@@ -106,6 +106,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "gpt_oss",
         "bloom",
         "gptj",
+        "codegen",
         "gpt_bigcode",
         "t5_decoder_self",
     ] {

@@ -37,10 +37,11 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
 (`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
 (`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`),
-`phi3_*_longrope` and
+`codegen_*` (4-block qkv_proj, interleaved partial RoPE), `phi3_*_longrope` and
 `llama_*_dynamic` (positions past the original / max length: the long factors and the grown θ,
 as a freshly loaded rotary module computes them for the call) (`--only scaled_rope`);
-the others by 5.24.
+the others by 5.24. CodeGen's scores cast to float32 are kept float64 in the float64 replay,
+as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
         (needs torch, transformers 5)
@@ -159,6 +160,10 @@ FAMILIES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "beta_fast": 8.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 16})),
+    # CodeGen: qkv_proj in 4 blocks of [q, v, k] (one head each here), GPT-J's RoPE.
+    "codegen": (tf.CodeGenModel, tf.CodeGenConfig, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
     # longrope past original_max_position_embeddings 4: every frequency divided by its long
     # factor, cos/sin × √(1 + ln(16/4) / ln 4) (phi3's top-level original max, no `factor`).
     "phi3_longrope": (tf.Phi3Model, tf.Phi3Config, dict(
@@ -904,8 +909,8 @@ def interleaved_cases(out_dir):
 
 
 def scaled_rope_cases(out_dir):
-    """The dynamic and longrope scalings, with position_ids past the lengths where they switch
-    (so that the scaling applies to the whole call)."""
+    """CodeGen's 4-block qkv_proj; the dynamic and longrope scalings, with position_ids past
+    the lengths where they switch (so that the scaling applies to the whole call)."""
     arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     # Each sequence's first 5 positions already pass 4, so that a decode whose prefill is all
     # but the last two real tokens takes the long factors throughout, as the full forward.
@@ -913,6 +918,31 @@ def scaled_rope_cases(out_dir):
               torch.stack([arange(0, 7), arange(2, 7)]), variant="phi3_longrope")
     rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_dynamic", [7, 5],
               torch.stack([arange(0, 7), arange(1, 7)]), variant="llama_dynamic")
+
+    model = build("codegen")
+    config_text, state = saved(model)
+    name = "codegen_self_layer1_causal_padding_interleaved_partial"
+    seeded(name)
+    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+    position_ids = torch.stack([arange(0, 7), arange(2, 7)])
+    rd = model.config.rotary_dim
+    inv64 = 1.0 / (10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    angles = position_ids[..., None].double() * inv64
+    with torch.no_grad():
+        sin32, cos32 = model.rotary_emb(torch.zeros(1), position_ids)
+
+    def replay(mod, x, kv, mask, dtype):
+        if dtype == torch.float32:
+            return mod(x, position_embeddings=(sin32, cos32), attention_mask=mask)[0]
+        with float32_means_float64():  # CodeGen's scores are cast to float32
+            return mod(x, position_embeddings=(angles.sin(), angles.cos()),
+                       attention_mask=mask)[0]
+
+    replay_case(out_dir, name, "codegen", model, config_text, state, module=model.h[1].attn,
+                prefix="h.1.attn.",
+                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                  use_cache=False),
+                replay=replay, causal=True, pad=pad, position_ids=position_ids)
 
 
 def layouts_cases(out_dir):

@@ -34,10 +34,12 @@ pub enum Family {
     /// albert: `query`, `key`, `value`, `dense` (and the LayerNorm after it) under
     /// `….attention.`, one layer shared by every position in the stack.
     Albert,
+    /// codegen: `qkv_proj` packed in 4 blocks of [q, v, k] slices, `out_proj`, no biases.
+    CodeGen,
 }
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
-const MARKERS: [(Family, &str, Option<&str>); 11] = [
+const MARKERS: [(Family, &str, Option<&str>); 12] = [
     (
         Family::Bert,
         "self.query.weight",
@@ -61,6 +63,7 @@ const MARKERS: [(Family, &str, Option<&str>); 11] = [
     (Family::T5, "q.weight", Some("o.weight")),
     (Family::Phi, "q_proj.weight", Some("dense.weight")),
     (Family::Albert, "query.weight", Some("dense.weight")),
+    (Family::CodeGen, "qkv_proj.weight", Some("out_proj.weight")),
 ];
 
 impl Family {
@@ -78,6 +81,7 @@ impl Family {
             Family::GptNeox => "gpt_neox",
             Family::Phi => "phi",
             Family::Albert => "albert",
+            Family::CodeGen => "codegen",
         }
     }
 
@@ -85,7 +89,7 @@ impl Family {
     pub fn uses_rope(self) -> bool {
         matches!(
             self,
-            Family::Llama | Family::Phi3 | Family::GptNeox | Family::Phi
+            Family::Llama | Family::Phi3 | Family::GptNeox | Family::Phi | Family::CodeGen
         )
     }
 
@@ -131,11 +135,17 @@ impl Family {
         let why = match REFUSED_TYPES.iter().find(|(n, _)| *n == name) {
             Some((_, why)) => format!("{name}: {why}"),
             None => match MODEL_TYPES.iter().find(|t| t.name == name) {
-                Some(t) => format!(
-                    "a {name} checkpoint holds {} attention tensors, not {} ones",
-                    t.family.name(),
-                    self.name()
-                ),
+                Some(t) => {
+                    let mut theirs = projection_names(t.family).to_vec();
+                    theirs.dedup();
+                    format!(
+                        "a {name} checkpoint holds {} attention tensors, not {} ones ({} under \
+                         the module)",
+                        t.family.name(),
+                        self.name(),
+                        theirs.join(", ")
+                    )
+                }
                 None => format!(
                     "{name}'s attention is not known to be what {} tensor names compute; the \
                      model types taken with these names: {}",
@@ -158,7 +168,7 @@ impl Family {
             Family::Vit => "BEiT's relative position bias",
             Family::DistilBert => "XLM's and FlauBERT's causal mode",
             Family::Gpt2 => "GPT-BigCode's Linear c_attn with multi-query packing",
-            Family::Phi | Family::Albert => "none known",
+            Family::Phi | Family::Albert | Family::CodeGen => "none known",
             Family::Bart => {
                 "GPT-J's interleaved rotary embeddings, GPT-Neo's unscaled local layers"
             }
@@ -194,6 +204,7 @@ impl Family {
             Family::Phi => &["q_proj", "k_proj", "v_proj", "dense"],
             // ALBERT keeps the LayerNorm after its output projection under the prefix.
             Family::Albert => &["query", "key", "value", "dense", "LayerNorm"],
+            Family::CodeGen => &["qkv_proj", "out_proj"],
         };
         let harmless = [
             "output.LayerNorm.weight", // BERT: after the attention's output
@@ -298,6 +309,7 @@ pub fn projection_names(family: Family) -> [&'static str; 4] {
         ],
         Family::Phi => ["q_proj", "k_proj", "v_proj", "dense"],
         Family::Albert => ["query", "key", "value", "dense"],
+        Family::CodeGen => ["qkv_proj", "qkv_proj", "qkv_proj", "out_proj"],
     }
 }
 
