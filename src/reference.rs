@@ -87,15 +87,16 @@ pub fn forward_at(
         // Rotate every head row of Q and K by its position.
         let default: Vec<usize> = (0..b).flat_map(|_| 0..lk_in).collect();
         let pos = positions.unwrap_or(&default);
+        let seq_len = crate::model::rope::seq_len(pos);
         for (row, x) in q.chunks_mut(h * dk).enumerate() {
             let (bi, i) = (row / lq, row % lq);
             for head in x.chunks_mut(dk) {
-                rope.rotate(head, pos[bi * lk_in + lk_in - lq + i]);
+                rope.rotate(head, pos[bi * lk_in + lk_in - lq + i], seq_len);
             }
         }
         for (row, x) in k.chunks_mut(config.kv_heads * dk).enumerate() {
             for head in x.chunks_mut(dk) {
-                rope.rotate(head, pos[row]);
+                rope.rotate(head, pos[row], seq_len);
             }
         }
     }

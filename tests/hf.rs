@@ -6,8 +6,10 @@
 //! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
 //! rotary), granite (attention_multiplier), starcoder2 (biases, window), gemma2 (soft-capped
 //! scores, query_pre_attn_scalar; a windowed and a full layer), falcon (new-architecture GQA
-//! and multi-query packings of query_key_value, rotary) — mpt (ALiBi over 6 heads, clip_qkv,
-//! softmax_scale), and gpt_neo (unscaled; a global and a local layer), all on both paths.
+//! and multi-query packings of query_key_value, rotary), mpt (ALiBi over 6 heads, clip_qkv,
+//! softmax_scale), codegen (4-block qkv_proj), phi3 with longrope and llama with dynamic RoPE
+//! (positions past the switch) — and gpt_neo (unscaled; a global and a local layer), all on
+//! both paths.
 
 mod common;
 
@@ -30,6 +32,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "bart",
             "bert",
             "bloom",
+            "codegen",
             "cohere",
             "distilbert",
             "falcon",
@@ -133,6 +136,18 @@ fn case_files_say_what_each_module_needs() {
             &["+rope", "causal"],
         ),
         ("roformer_self_layer1_padding_interleaved", &["+rope"]),
+        (
+            "codegen_self_layer1_causal_padding_interleaved_partial",
+            &["hf codegen", "+rope", "causal"],
+        ),
+        (
+            "phi3_self_layer1_causal_padding_longrope",
+            &["+rope", "kv_heads=2", "causal"],
+        ),
+        (
+            "llama_self_layer1_causal_padding_dynamic",
+            &["+rope", "kv_heads=2", "causal"],
+        ),
         (
             "olmo_self_layer1_causal_padding_clip_qkv",
             &["+rope", "clip_qkv=0.5"],

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{file_name, fixtures, gpu};
+use common::{assert_steps_match_causal_forward, file_name, fixtures, gpu};
 use wgpu_mha::io::hf::HfCheckpoint;
 use wgpu_mha::{Error, SafetensorsFile, Tensor};
 
@@ -26,6 +26,9 @@ fn every_decoder_family_decodes_as_transformers_answers() {
             continue;
         }
         let name = file_name(&path);
+        if name.contains("_dynamic.") {
+            continue; // refused past max_position_embeddings: see the test below
+        }
         let x = file.tensor_f32("hidden_states").expect("hidden_states");
         let [b, l, e] = x.shape()[..] else {
             panic!("{name}: hidden_states rank")
@@ -105,6 +108,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "falcon",
         "mpt",
         "gptj",
+        "codegen",
         "gpt_bigcode",
         "t5_decoder_self",
     ] {
@@ -112,6 +116,51 @@ fn every_decoder_family_decodes_as_transformers_answers() {
             decoded.iter().any(|n| n.starts_with(family)),
             "no decoded case of {family}: {decoded:?}"
         );
+    }
+}
+
+/// Dynamic NTK RoPE: within max_position_embeddings (4 here) the frequencies are the plain
+/// ones and decoding equals the full forward; a step past it is refused by name, since
+/// transformers then rotates by the longest sequence its rotary module has seen in any call
+/// while the cached keys keep their earlier rotation (the full forward past it is checked
+/// against transformers in tests/hf.rs).
+#[test]
+fn dynamic_rope_decodes_within_its_max_and_is_refused_past_it() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let path = root.join("llama_self_layer1_causal_padding_dynamic.safetensors");
+    let file = SafetensorsFile::open(&path).expect("case");
+    let prefix = file.metadata("prefix").expect("prefix").to_string();
+    let module = HfCheckpoint::open(&path)
+        .expect("checkpoint")
+        .attention(&prefix, None)
+        .expect("module");
+    let x = file.tensor_f32("hidden_states").expect("hidden_states");
+    let e = x.shape()[2];
+    let first = Tensor::new([1, 4, e], x.data()[..4 * e].to_vec()).expect("rows");
+    assert_steps_match_causal_forward(
+        "dynamic within max",
+        module.config,
+        &module.weights,
+        &first,
+        &[2, 1, 1],
+    );
+    let mut decoder = module.decoder(gpu(), 1, 7).expect("decoder");
+    decoder
+        .step(&first, Some(&[0, 1, 2, 3]))
+        .expect("positions 0..3");
+    let next = Tensor::new([1, 1, e], x.data()[4 * e..5 * e].to_vec()).expect("row");
+    match decoder.step(&next, Some(&[4])) {
+        Err(err @ Error::UnsupportedModule { .. }) => {
+            let text = err.to_string();
+            for phrase in [
+                "dynamic",
+                "KvCache step at position 4",
+                "max_position_embeddings",
+            ] {
+                assert!(text.contains(phrase), "`{text}` lacks `{phrase}`");
+            }
+        }
+        other => panic!("a dynamic RoPE step past its max: {other:?}"),
     }
 }
 

@@ -181,10 +181,12 @@ fn rope_needs_its_config_and_grouped_queries_run() {
     }
     // A rope_type the engine does not run is refused by name, never approximated.
     let config = r#"{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}"#;
-    let dir = model_dir("llama-longrope", config, &t, false);
+        "rope_scaling": {"rope_type": "proportional", "factor": 4.0}}"#;
+    let dir = model_dir("llama-proportional", config, &t, false);
     match HfCheckpoint::open(dir.path()).unwrap().attention(p, None) {
-        Err(Error::UnsupportedModule { what, .. }) => assert!(what.contains("longrope"), "{what}"),
+        Err(Error::UnsupportedModule { what, .. }) => {
+            assert!(what.contains("proportional"), "{what}")
+        }
         other => panic!("expected UnsupportedModule, got {other:?}"),
     }
     // num_key_value_heads that the shapes contradict is an error, not a guess.

@@ -326,8 +326,8 @@ fn keys_that_change_the_answer_are_refused_by_name() {
         (
             "llama",
             "mistral",
-            r#""rope_scaling": {"rope_type": "dynamic", "factor": 4.0}"#,
-            "dynamic",
+            r#""rope_scaling": {"rope_type": "proportional", "factor": 4.0}"#,
+            "proportional",
         ),
         (
             "bart",

@@ -39,7 +39,11 @@ and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a fu
 (`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`),
 `falcon_*` (new_decoder_architecture GQA with biases, and multi-query; rotary) and `mpt_*` (ALiBi
 over 6 heads, attn_config clip_qkv and softmax_scale; MPT's `softmax(scores.float())` kept in
-float64 by the replay) (`--only falcon_mpt`); the others by 5.24.
+float64 by the replay) (`--only falcon_mpt`), `codegen_*` (4-block qkv_proj, interleaved partial
+RoPE), `phi3_*_longrope` and `llama_*_dynamic` (positions past the original / max length: the
+long factors and the grown θ, as a freshly loaded rotary module computes them for the call)
+(`--only scaled_rope`); the others by 5.24. CodeGen's scores cast to float32 are kept float64 in
+the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
         (needs torch, transformers 5)
@@ -158,6 +162,21 @@ FAMILIES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "beta_fast": 8.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 16})),
+    # CodeGen: qkv_proj in 4 blocks of [q, v, k] (one head each here), GPT-J's RoPE.
+    "codegen": (tf.CodeGenModel, tf.CodeGenConfig, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+    # longrope past original_max_position_embeddings 4: every frequency divided by its long
+    # factor, cos/sin × √(1 + ln(16/4) / ln 4) (phi3's top-level original max, no `factor`).
+    "phi3_longrope": (tf.Phi3Model, tf.Phi3Config, dict(
+        LM, num_key_value_heads=2, max_position_embeddings=16,
+        original_max_position_embeddings=4, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.5, 2.0, 0.5], "long_factor": [2.0, 4.0, 8.0, 16.0]})),
+    # dynamic NTK past max_position_embeddings 4: θ grows with the call's sequence length.
+    "llama_dynamic": (tf.LlamaModel, tf.LlamaConfig, dict(
+        LM, num_key_value_heads=2, max_position_embeddings=4,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})),
     # GPT-J: bart's names, interleaved RoPE on the first 4 of 8 dimensions of each head.
     "gptj": (tf.GPTJModel, tf.GPTJConfig, dict(
         vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
@@ -315,15 +334,31 @@ def first_arg(args, kwargs, name):
 
 
 def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
-    """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default and llama3);
-    `layer_type`: the layer's kind where the config has a RoPE per kind (Gemma 3)."""
+    """cos, sin [B, L, rotary_dim] computed in `dtype` from the config (default, llama3, yarn,
+    dynamic, longrope: the last two for the call's length, max(position_ids) + 1, as
+    `dynamic_rope_update` of a fresh module); `layer_type`: the layer's kind where the config
+    has a RoPE per kind (Gemma 3)."""
     rp = config.rope_parameters
     if layer_type is not None:
         rp = rp[layer_type]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
-    inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
-    if rp["rope_type"] == "llama3":
+    theta = rp["rope_theta"]
+    seq_len = int(position_ids.max()) + 1
+    attention = 1.0
+    if rp["rope_type"] == "dynamic" and seq_len > config.max_position_embeddings:
+        factor = rp["factor"]
+        theta = theta * (factor * seq_len / config.max_position_embeddings - (factor - 1)) ** (
+            dim / (dim - 2))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+    if rp["rope_type"] == "longrope":
+        old = rp["original_max_position_embeddings"]
+        factor = rp.get("factor") or config.max_position_embeddings / old
+        attention = rp.get("attention_factor") or (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old)))
+        ext = rp["long_factor"] if seq_len > old else rp["short_factor"]
+        inv_freq = inv_freq / torch.tensor(ext, dtype=dtype)
+    elif rp["rope_type"] == "llama3":
         factor, low, high = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
         old = rp["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv_freq
@@ -353,7 +388,7 @@ def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
         emb = freqs if halves else torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * attention, emb.sin() * attention, inv_freq
     else:
-        assert rp["rope_type"] == "default", rp
+        assert rp["rope_type"] in ("default", "dynamic", "longrope"), rp
     freqs = position_ids[..., None].to(dtype) * inv_freq
     if halves:  # gpt-oss's tables hold each angle once
         emb = freqs
@@ -361,7 +396,7 @@ def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
         emb = torch.repeat_interleave(freqs, 2, dim=-1)
     else:
         emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin(), inv_freq
+    return emb.cos() * attention, emb.sin() * attention, inv_freq
 
 
 def write_case(out_dir, name, family, config_text, state, prefix, attention, causal, inputs,
@@ -634,11 +669,12 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
     kind = cfg.layer_types[layer] if family == "gemma3" else None
     cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64, kind,
                                       halves=family == "gpt_oss")
-    inv32 = getattr(model.rotary_emb, f"{kind}_inv_freq" if kind else "inv_freq")
-    assert torch.allclose(inv64.float(), inv32, rtol=1e-6, atol=0)
-    with torch.no_grad():
+    with torch.no_grad():  # first: dynamic and longrope update inv_freq for the call
         at = (kind,) if kind else ()
         cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids, *at)
+    inv32 = getattr(model.rotary_emb, f"{kind}_inv_freq" if kind else "inv_freq")
+    assert torch.allclose(inv64.float(), inv32, rtol=1e-6, atol=0)
+    assert torch.allclose(cos64.float(), cos32, rtol=0, atol=1e-5)
 
     def replay(mod, x, kv, mask, dtype):
         tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
@@ -889,6 +925,43 @@ def interleaved_cases(out_dir):
                 replay=replay_r, pad=pad, hooked_out=att.output.dense)
 
 
+def scaled_rope_cases(out_dir):
+    """CodeGen's 4-block qkv_proj; the dynamic and longrope scalings, with position_ids past
+    the lengths where they switch (so that the scaling applies to the whole call)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    # Each sequence's first 5 positions already pass 4, so that a decode whose prefill is all
+    # but the last two real tokens takes the long factors throughout, as the full forward.
+    rope_case(out_dir, "phi3", "phi3_self_layer1_causal_padding_longrope", [7, 5],
+              torch.stack([arange(0, 7), arange(2, 7)]), variant="phi3_longrope")
+    rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_dynamic", [7, 5],
+              torch.stack([arange(0, 7), arange(1, 7)]), variant="llama_dynamic")
+
+    model = build("codegen")
+    config_text, state = saved(model)
+    name = "codegen_self_layer1_causal_padding_interleaved_partial"
+    seeded(name)
+    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+    position_ids = torch.stack([arange(0, 7), arange(2, 7)])
+    rd = model.config.rotary_dim
+    inv64 = 1.0 / (10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    angles = position_ids[..., None].double() * inv64
+    with torch.no_grad():
+        sin32, cos32 = model.rotary_emb(torch.zeros(1), position_ids)
+
+    def replay(mod, x, kv, mask, dtype):
+        if dtype == torch.float32:
+            return mod(x, position_embeddings=(sin32, cos32), attention_mask=mask)[0]
+        with float32_means_float64():  # CodeGen's scores are cast to float32
+            return mod(x, position_embeddings=(angles.sin(), angles.cos()),
+                       attention_mask=mask)[0]
+
+    replay_case(out_dir, name, "codegen", model, config_text, state, module=model.h[1].attn,
+                prefix="h.1.attn.",
+                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                  use_cache=False),
+                replay=replay, causal=True, pad=pad, position_ids=position_ids)
+
+
 def layouts_cases(out_dir):
     """Phi's `dense`, ALBERT's shared layer, GPT-BigCode's Linear c_attn (MQA and MHA)."""
     arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
@@ -995,7 +1068,8 @@ def falcon_mpt_cases(out_dir):
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts", "falcon_mpt"]
+          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
+          "falcon_mpt", "scaled_rope"]
 
 
 def main():
@@ -1023,6 +1097,7 @@ def main():
         "interleaved": lambda: interleaved_cases(args.out),
         "layouts": lambda: layouts_cases(args.out),
         "falcon_mpt": lambda: falcon_mpt_cases(args.out),
+        "scaled_rope": lambda: scaled_rope_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

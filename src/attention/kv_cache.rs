@@ -552,6 +552,10 @@ impl MultiHeadAttention {
             }
             Some(p) => p.to_vec(),
         };
+        let seq_len = crate::model::rope::seq_len(&positions);
+        if let Some(rope) = &c.rope {
+            rope.check_cached_step(seq_len)?;
+        }
         if !cache.mask.holds(mask.words.len()) {
             cache.mask = MaskBuffers::new(&self.gpu, mask.words.len());
         }
@@ -564,7 +568,11 @@ impl MultiHeadAttention {
             }
             cache.mask.write(queue, &mask.words, &mask.params);
             if let (Some(rope), Some(table)) = (&c.rope, &step.rope) {
-                queue.write_buffer(table, 0, bytemuck::cast_slice(&rope.table(&positions)));
+                queue.write_buffer(
+                    table,
+                    0,
+                    bytemuck::cast_slice(&rope.table(&positions, seq_len)),
+                );
             }
             let geometry = Geometry {
                 batch: b,

@@ -520,9 +520,11 @@ impl Workspace {
         let k_pos: Vec<usize> = (0..s.batch)
             .flat_map(|bi| key_positions(bi).to_vec())
             .collect();
+        // dynamic / longrope: the frequencies of the whole call, not of this chunk.
+        let seq_len = crate::model::rope::seq_len(positions);
         let queue = mha.gpu.queue();
-        queue.write_buffer(q, 0, bytemuck::cast_slice(&rope.table(&q_pos)));
-        queue.write_buffer(k, 0, bytemuck::cast_slice(&rope.table(&k_pos)));
+        queue.write_buffer(q, 0, bytemuck::cast_slice(&rope.table(&q_pos, seq_len)));
+        queue.write_buffer(k, 0, bytemuck::cast_slice(&rope.table(&k_pos, seq_len)));
     }
 
     /// The buffer holding the module's output: `[B, Lq, output_dim]`.

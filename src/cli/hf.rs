@@ -97,6 +97,17 @@ fn describe(m: &HfAttention) -> String {
                 attention_factor,
                 ..
             } => format!("yarn×{factor} attention_factor={attention_factor}"),
+            RopeScaling::Dynamic {
+                factor,
+                max_positions,
+            } => format!("dynamic×{factor} past {max_positions}"),
+            RopeScaling::LongRope {
+                original_max_positions,
+                attention_factor,
+                ..
+            } => format!(
+                "longrope past {original_max_positions} attention_factor={attention_factor}"
+            ),
         };
         s.push_str(&format!(
             " rope(θ={}, rotary_dims={}, {scaling})",

@@ -36,10 +36,12 @@ pub enum Family {
     Albert,
     /// mpt: packed `Wqkv` (q rows, then k, then v), `out_proj`, ALiBi.
     Mpt,
+    /// codegen: `qkv_proj` packed in 4 blocks of [q, v, k] slices, `out_proj`, no biases.
+    CodeGen,
 }
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
-const MARKERS: [(Family, &str, Option<&str>); 12] = [
+const MARKERS: [(Family, &str, Option<&str>); 13] = [
     (
         Family::Bert,
         "self.query.weight",
@@ -64,6 +66,7 @@ const MARKERS: [(Family, &str, Option<&str>); 12] = [
     (Family::Phi, "q_proj.weight", Some("dense.weight")),
     (Family::Albert, "query.weight", Some("dense.weight")),
     (Family::Mpt, "Wqkv.weight", Some("out_proj.weight")),
+    (Family::CodeGen, "qkv_proj.weight", Some("out_proj.weight")),
 ];
 
 impl Family {
@@ -82,6 +85,7 @@ impl Family {
             Family::Phi => "phi",
             Family::Albert => "albert",
             Family::Mpt => "mpt",
+            Family::CodeGen => "codegen",
         }
     }
 
@@ -89,7 +93,7 @@ impl Family {
     pub fn uses_rope(self) -> bool {
         matches!(
             self,
-            Family::Llama | Family::Phi3 | Family::GptNeox | Family::Phi
+            Family::Llama | Family::Phi3 | Family::GptNeox | Family::Phi | Family::CodeGen
         )
     }
 
@@ -135,11 +139,17 @@ impl Family {
         let why = match REFUSED_TYPES.iter().find(|(n, _)| *n == name) {
             Some((_, why)) => format!("{name}: {why}"),
             None => match MODEL_TYPES.iter().find(|t| t.name == name) {
-                Some(t) => format!(
-                    "a {name} checkpoint holds {} attention tensors, not {} ones",
-                    t.family.name(),
-                    self.name()
-                ),
+                Some(t) => {
+                    let mut theirs = projection_names(t.family).to_vec();
+                    theirs.dedup();
+                    format!(
+                        "a {name} checkpoint holds {} attention tensors, not {} ones ({} under \
+                         the module)",
+                        t.family.name(),
+                        self.name(),
+                        theirs.join(", ")
+                    )
+                }
                 None => format!(
                     "{name}'s attention is not known to be what {} tensor names compute; the \
                      model types taken with these names: {}",
@@ -162,7 +172,7 @@ impl Family {
             Family::Vit => "BEiT's relative position bias",
             Family::DistilBert => "XLM's and FlauBERT's causal mode",
             Family::Gpt2 => "GPT-BigCode's Linear c_attn with multi-query packing",
-            Family::Phi | Family::Albert | Family::Mpt => "none known",
+            Family::Phi | Family::Albert | Family::Mpt | Family::CodeGen => "none known",
             Family::Bart => {
                 "GPT-J's interleaved rotary embeddings, GPT-Neo's unscaled local layers"
             }
@@ -197,6 +207,7 @@ impl Family {
             // ALBERT keeps the LayerNorm after its output projection under the prefix.
             Family::Albert => &["query", "key", "value", "dense", "LayerNorm"],
             Family::Mpt => &["Wqkv", "out_proj"],
+            Family::CodeGen => &["qkv_proj", "out_proj"],
         };
         let harmless = [
             "output.LayerNorm.weight", // BERT: after the attention's output
@@ -302,6 +313,7 @@ pub fn projection_names(family: Family) -> [&'static str; 4] {
         Family::Phi => ["q_proj", "k_proj", "v_proj", "dense"],
         Family::Albert => ["query", "key", "value", "dense"],
         Family::Mpt => ["Wqkv", "Wqkv", "Wqkv", "out_proj"],
+        Family::CodeGen => ["qkv_proj", "qkv_proj", "qkv_proj", "out_proj"],
     }
 }
 

@@ -120,7 +120,7 @@ impl ModelType {
             "bloom" | "phi" | "albert" | "gpt_bigcode" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
-            "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" => Biases::Never,
+            "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -185,6 +185,8 @@ impl ModelType {
             "gpt_oss" => &[("sliding_window", Number(128.0))],
             "gpt_bigcode" | "falcon" => &[("multi_query", Flag(true))],
             "cohere" => &[("rope_theta", Number(5e5))],
+            // Phi3Config always has it, so it overrides the RoPE object's (longrope).
+            "phi3" => &[("original_max_position_embeddings", Number(4096.0))],
             _ => &[],
         }
     }
@@ -208,9 +210,9 @@ impl ModelType {
     }
 
     /// Whether RoPE rotates interleaved pairs (2k, 2k + 1) rather than halves (Cohere,
-    /// GPT-J, RoFormer).
+    /// GPT-J, CodeGen, RoFormer).
     pub fn interleaved_rope(&self) -> bool {
-        matches!(self.name, "cohere" | "gptj" | "roformer")
+        matches!(self.name, "cohere" | "gptj" | "codegen" | "roformer")
     }
 
     /// Whether the model type rotates q and k under a family whose names do not (GPT-J under
@@ -219,10 +221,10 @@ impl ModelType {
         matches!(self.name, "gptj" | "roformer")
     }
 
-    /// The config key that gives the rotating dimensions of each head (GPT-J's `rotary_dim`;
-    /// absent or null: all of them).
+    /// The config key that gives the rotating dimensions of each head (GPT-J's and CodeGen's
+    /// `rotary_dim`; absent or null: all of them).
     pub fn rotary_dim_key(&self) -> Option<&'static str> {
-        (self.name == "gptj").then_some("rotary_dim")
+        matches!(self.name, "gptj" | "codegen").then_some("rotary_dim")
     }
 
     /// The share of each head RoPE rotates when the config names none: transformers'
@@ -443,6 +445,15 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["partial_rotary_factor"],
     ),
+    // CodeGenAttention: `qkv_proj` packed in 4 blocks (mp_num) of [q, v, k] slices of E/4
+    // rows each, `out_proj`, no biases, causal, scale 1/√d, GPT-J's interleaved RoPE (θ 10000)
+    // on the first `rotary_dim` dimensions of each head.
+    reading(
+        "codegen",
+        Family::CodeGen,
+        Causality::Always,
+        &["rotary_dim"],
+    ),
     // AlbertAttention: bert-like, an encoder.
     mt("albert", Family::Albert, Causality::Never),
     // GPTBigCodeAttention: a Linear c_attn, multi-query (`[E + 2d, E]`, the default) or per
@@ -485,7 +496,6 @@ pub const MODEL_TYPES: &[ModelType] = &[
 /// Model types that save one of the recognised layouts with attention the loader does not
 /// compute, and what each would need.
 pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
-    ("codegen", "interleaved rotary embeddings (`rotary_dim`) and the 4-block `qkv_proj` packing are not implemented"),
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
     ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),

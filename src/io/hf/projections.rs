@@ -37,6 +37,7 @@ pub fn load(
         }
         Family::GptNeox if model_type == "falcon" => return falcon(ckpt, prefix, heads, kv_heads),
         Family::GptNeox => return gpt_neox(ckpt, prefix, heads),
+        Family::CodeGen => return codegen(ckpt, prefix, heads),
         _ => {}
     }
     let names = projection_names(family);
@@ -222,6 +223,43 @@ fn falcon(
     let o = linear(ckpt, prefix, "dense", false)?;
     let layers = [rows(&packed, &q), rows(&packed, &k), rows(&packed, &v), o];
     assembled(prefix, heads, projection_names(Family::GptNeox), layers)
+}
+
+/// CodeGen's `qkv_proj` `[3·E, E]`: 4 blocks (its `mp_num`) of `3·E/4` rows, each the
+/// [q, v, k] slices of one quarter of the hidden size, in that order (CodeGenAttention splits
+/// `view(…, 4, 3·E/4)` into query, value, key).
+fn codegen(
+    ckpt: &HfCheckpoint,
+    prefix: &str,
+    heads: usize,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    const BLOCKS: usize = 4;
+    let packed = linear(ckpt, prefix, "qkv_proj", false)?;
+    let e = packed.in_features;
+    if !e.is_multiple_of(BLOCKS) || packed.out_features != 3 * e {
+        return Err(Error::weight(
+            format!("{prefix}qkv_proj.weight"),
+            format!(
+                "has shape [{}, {e}], expected [3·E, E] with E a multiple of {BLOCKS} (CodeGen's \
+                 {BLOCKS} packed blocks)",
+                packed.out_features
+            ),
+        ));
+    }
+    let local = e / BLOCKS;
+    let of = |slot: usize| -> Vec<(usize, usize)> {
+        (0..BLOCKS)
+            .map(|m| ((3 * m + slot) * local, local))
+            .collect()
+    };
+    let o = linear(ckpt, prefix, "out_proj", false)?;
+    let layers = [
+        rows(&packed, &of(0)),
+        rows(&packed, &of(2)),
+        rows(&packed, &of(1)),
+        o,
+    ];
+    assembled(prefix, heads, projection_names(Family::CodeGen), layers)
 }
 
 /// gpt_neox's `query_key_value`: packed per head, `[H, 3, d]` (q, k, v of head 0, then head 1…).

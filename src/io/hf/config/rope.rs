@@ -6,13 +6,13 @@ use serde_json::Value;
 use super::layers::LayerKind;
 use super::HfConfig;
 use crate::error::{Error, Result};
-use crate::model::rope::{Rope, RopeScaling};
+use crate::model::rope::{Factors, Rope, RopeScaling};
 
 impl HfConfig {
     /// The RoPE of a module with heads of `head_dim`, from either spelling: θ (default 10000),
     /// the rotating share of each head (`partial_rotary_factor`, `rotary_pct`; default
     /// `default_share`, the model type's: 0.25 for gpt_neox, else all of it), and `default`,
-    /// `linear` or `llama3` scaling. Another `rope_type` (yarn, dynamic, longrope, …) is
+    /// `linear`, `llama3`, `yarn`, `dynamic` or `longrope` scaling. Another `rope_type` is
     /// `Err(UnsupportedModule)`, never approximated; a value of the wrong JSON type (θ as a
     /// string or null, `rope_type: 5`, `rope_parameters: [1, 2]`) is an error naming the key, as
     /// transformers raises.
@@ -91,6 +91,23 @@ impl HfConfig {
                 break;
             }
         }
+        // Phi3Config reads its 4.x names `su` and `yarn` as longrope, and raises for any type
+        // but default and longrope.
+        if self.model_type() == Some("phi3") {
+            rope_type = match rope_type {
+                "su" | "yarn" => "longrope",
+                "default" | "longrope" => rope_type,
+                other => {
+                    return Err(Error::UnsupportedModule {
+                        module: self.source.clone(),
+                        what: format!("phi3 with rope_type {other:?}"),
+                        why: "transformers' Phi3Config takes only default and longrope (su and \
+                              yarn meaning longrope)"
+                            .into(),
+                    })
+                }
+            };
+        }
         let need = |key: &str| -> Result<f64> {
             let x = find(key)?.ok_or_else(|| {
                 Error::file(
@@ -118,11 +135,20 @@ impl HfConfig {
                 },
             },
             "yarn" => self.yarn(&find, &need, params)?,
+            // transformers' _compute_dynamic_ntk_parameters: past max_position_embeddings
+            // (not the original), θ grows with the call's sequence length.
+            "dynamic" => RopeScaling::Dynamic {
+                factor: need("factor")?,
+                max_positions: self.max_positions()?,
+            },
+            "longrope" => self.longrope(&find, &need, [params, scaling])?,
             other => {
                 return Err(Error::UnsupportedModule {
                     module: self.source.clone(),
                     what: format!("rope_type {other:?}"),
-                    why: "RoPE runs the default, linear, llama3 and yarn types".into(),
+                    why: "RoPE runs the default, linear, llama3, yarn, dynamic and longrope \
+                          types"
+                        .into(),
                 })
             }
         };
@@ -136,6 +162,86 @@ impl HfConfig {
         };
         rope.check(head_dim)?;
         Ok(rope)
+    }
+
+    /// `max_position_embeddings`, which dynamic and longrope scaling need.
+    fn max_positions(&self) -> Result<f64> {
+        let key = "max_position_embeddings";
+        let n = self.number_in(&self.json, key)?.ok_or_else(|| {
+            Error::file(
+                &self.source,
+                format!("its RoPE scaling needs `{key}`, which config.json lacks"),
+            )
+        })?;
+        self.positive(key, n)
+    }
+
+    /// transformers' `_compute_longrope_parameters`: `short_factor` and `long_factor` (one per
+    /// rotating pair); `original_max_position_embeddings` from the top level first (phi3
+    /// writes it there), else the RoPE object, else `max_position_embeddings`; `factor` when
+    /// given, else max_position_embeddings / original; `attention_factor` when given, else
+    /// √(1 + ln factor / ln original) (1 for a factor ≤ 1).
+    fn longrope(
+        &self,
+        find: &dyn Fn(&str) -> Result<Option<f64>>,
+        need: &dyn Fn(&str) -> Result<f64>,
+        objects: [Option<&Value>; 2],
+    ) -> Result<RopeScaling> {
+        let list = |key: &str| -> Result<Vec<f64>> {
+            let v = objects
+                .into_iter()
+                .flatten()
+                .find_map(|o| o.get(key))
+                .ok_or_else(|| {
+                    Error::file(
+                        &self.source,
+                        format!("rope_type \"longrope\" needs `{key}`"),
+                    )
+                })?;
+            let numbers: Option<Vec<f64>> = v
+                .as_array()
+                .and_then(|a| a.iter().map(Value::as_f64).collect());
+            let numbers = numbers.ok_or_else(|| {
+                Error::file(
+                    &self.source,
+                    format!("config.json `{key}` = {v} is not a list of numbers"),
+                )
+            })?;
+            Ok(numbers)
+        };
+        let (short, long) = (list("short_factor")?, list("long_factor")?);
+        let factors = Factors::new(&short, &long).ok_or_else(|| {
+            Error::file(
+                &self.source,
+                format!(
+                    "config.json's longrope short_factor and long_factor hold {} and {} values",
+                    short.len(),
+                    long.len()
+                ),
+            )
+        })?;
+        let top = "original_max_position_embeddings";
+        let original = match self.number_in(&self.json, top)? {
+            Some(n) => self.positive(top, n)?,
+            None => match find(top)? {
+                Some(_) => need(top)?,
+                None => self.max_positions()?,
+            },
+        };
+        let factor = match find("factor")? {
+            Some(f) => f,
+            None => self.max_positions()? / original,
+        };
+        let attention_factor = match find("attention_factor")? {
+            Some(a) => self.positive("attention_factor", a)?,
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / original.ln()).sqrt(),
+        };
+        Ok(RopeScaling::LongRope {
+            factors,
+            original_max_positions: original,
+            attention_factor,
+        })
     }
 
     /// transformers' `_compute_yarn_parameters`: `attention_factor` when given, else

@@ -80,7 +80,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { key: "position_embedding_type", neutral: absolute, why: "relative_key / relative_key_query add distance embeddings to the scores, rotary rotates q and k" },
     Setting { key: "attention_types", neutral: null, why: "GPT-Neo's global/local layers (a local window, unscaled scores)" },
     Setting { key: "attention_layers", neutral: null, why: "GPT-Neo's global/local layers (a local window, unscaled scores)" },
-    Setting { key: "rotary_dim", neutral: null, why: "interleaved rotary embeddings on the first rotary_dim dimensions of each head (GPT-J, CodeGen) are not implemented" },
+    Setting { key: "rotary_dim", neutral: null, why: "interleaved rotary embeddings on the first rotary_dim dimensions of each head (GPT-J's, CodeGen's) are not this model type's" },
     Setting { key: "use_qk_norm", neutral: off, why: "q and k are normalised before the scores" },
     Setting { key: "qk_layernorm", neutral: off, why: "q and k are LayerNorm-ed per head before the scores" },
     Setting { key: "qk_norm", neutral: off, why: "q and k are normalised before the scores" },

@@ -185,15 +185,36 @@ fn rope_reads_both_spellings() {
         ),
         (4, 1000.0)
     );
-    let dynamic = HfConfig::parse(
-        r#"{"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}"#,
+    let proportional = HfConfig::parse(
+        r#"{"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}"#,
         "t",
     )
     .unwrap();
     assert!(matches!(
-        dynamic.rope(8, 1.0, None),
+        proportional.rope(8, 1.0, None),
         Err(Error::UnsupportedModule { .. })
     ));
+    // dynamic: the threshold is max_position_embeddings, which it needs.
+    let dynamic = |extra: &str| {
+        HfConfig::parse(
+            &format!(r#"{{"rope_scaling": {{"rope_type": "dynamic", "factor": 4.0}}{extra}}}"#),
+            "t",
+        )
+        .unwrap()
+        .rope(8, 1.0, None)
+    };
+    assert!(
+        matches!(dynamic(""), Err(Error::File { problem, .. }) if problem.contains("max_position_embeddings"))
+    );
+    assert_eq!(
+        dynamic(r#", "max_position_embeddings": 4"#)
+            .unwrap()
+            .scaling,
+        RopeScaling::Dynamic {
+            factor: 4.0,
+            max_positions: 4.0
+        }
+    );
     let yarn = HfConfig::parse(
         r#"{"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
             "original_max_position_embeddings": 16, "truncate": false, "beta_fast": 0}}"#,
@@ -255,4 +276,52 @@ fn layer_kinds_follow_layer_types_or_the_model_types_pattern() {
     assert_eq!(theta(LayerKind::Sliding), 1e4);
     assert_eq!(theta(LayerKind::Full), 1e6);
     assert!(nested.rope(8, 1.0, None).is_err());
+}
+
+#[test]
+fn longrope_reads_both_spellings_and_phi3s_names() {
+    let factors = r#""short_factor": [1.0, 2.0], "long_factor": [4.0, 8.0]"#;
+    let v5 = HfConfig::parse(
+        &format!(
+            r#"{{"max_position_embeddings": 16, "rope_parameters": {{"rope_type": "longrope",
+            "rope_theta": 1e4, "original_max_position_embeddings": 4, {factors}}}}}"#
+        ),
+        "t",
+    )
+    .unwrap();
+    let v4 = HfConfig::parse(
+        &format!(
+            r#"{{"model_type": "phi3", "max_position_embeddings": 16, "rope_theta": 1e4,
+            "original_max_position_embeddings": 4, "rope_scaling": {{"type": "su", {factors}}}}}"#
+        ),
+        "t",
+    )
+    .unwrap();
+    let rope = v5.rope(4, 1.0, None).unwrap();
+    assert_eq!(rope, v4.rope(4, 1.0, None).unwrap());
+    let RopeScaling::LongRope {
+        factors,
+        original_max_positions,
+        attention_factor,
+    } = rope.scaling
+    else {
+        panic!("{rope:?}")
+    };
+    assert_eq!(
+        (factors.short(), factors.long()),
+        (&[1.0, 2.0][..], &[4.0, 8.0][..])
+    );
+    assert_eq!(original_max_positions, 4.0);
+    // factor 16 / 4: √(1 + ln 4 / ln 4).
+    assert!((attention_factor - 2f64.sqrt()).abs() < 1e-15);
+    // Phi3Config raises for other types; a factor list of the wrong length is an error.
+    let linear = HfConfig::parse(
+        r#"{"model_type": "phi3", "rope_scaling": {"type": "linear", "factor": 2.0}}"#,
+        "t",
+    )
+    .unwrap();
+    assert!(
+        matches!(linear.rope(4, 1.0, None), Err(Error::UnsupportedModule { what, .. }) if what.contains("linear"))
+    );
+    assert!(v5.rope(8, 1.0, None).is_err());
 }
