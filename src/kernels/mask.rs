@@ -245,6 +245,19 @@ impl MaskBuffers {
         queue.write_buffer(&self.params, 0, bytemuck::bytes_of(params));
     }
 
+    /// [`write`](Self::write) as commands of `encoder` (see [`crate::gpu::record`]): what the
+    /// passes recorded after it, and before the next call's write, read.
+    pub fn write_in(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        words: &[u32],
+        params: &MaskParams,
+    ) {
+        gpu.write_in(encoder, &self.words, 0, bytemuck::cast_slice(words));
+        gpu.write_in(encoder, &self.params, 0, bytemuck::bytes_of(params));
+    }
+
     /// The two `(binding, buffer)` pairs of a mask-reading pass.
     pub fn bindings(&self) -> [(u32, &wgpu::Buffer); 2] {
         [(WORDS_BINDING, &self.words), (PARAMS_BINDING, &self.params)]
