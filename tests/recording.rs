@@ -180,6 +180,9 @@ fn step_options(t: usize, len: usize, n: usize) -> (Option<Mask>, Option<Vec<usi
     (mask, positions, t % 4 == 2)
 }
 
+/// Makes a cache of a kind for a module and a capacity (batch 2).
+type MakeCache = fn(&MultiHeadAttention, usize) -> KvCache;
+
 const STEPS: [usize; 8] = [3, 1, 1, 2, 1, 4, 1, 1];
 
 /// Runs the decode of [`STEPS`] on `cache`, recording every step into one encoder
@@ -212,7 +215,7 @@ fn decode(mha: &MultiHeadAttention, cache: &mut KvCache, record: bool) -> Vec<Te
 fn recorded_steps_equal_submitted_ones_bit_for_bit() {
     let (_, mha) = module(config(), 5);
     let cap = STEPS.iter().sum();
-    let caches: [(&str, fn(&MultiHeadAttention, usize) -> KvCache); 3] = [
+    let caches: [(&str, MakeCache); 3] = [
         ("fused", |m, cap| KvCache::new(m, 2, cap).unwrap()),
         ("multi-pass", |m, cap| {
             KvCache::with_path(m, 2, cap, AttentionPath::MultiPass).unwrap()

@@ -5,7 +5,7 @@
 //! take the caller's, the others make one, record, submit (one code path). Two rules make
 //! several calls recorded into one encoder before it is submitted correct:
 //!
-//! * **Per-call data is written inside the encoder** ([`Gpu::write_in`]): the bytes go into a
+//! * **Per-call data is written inside the encoder** (`Gpu::write_in`): the bytes go into a
 //!   new `COPY_SRC` buffer, and a `copy_buffer_to_buffer` command into the destination is
 //!   recorded. `queue.write_buffer` would not do: it takes effect at the next submit, *before*
 //!   every command buffer of that submit, so two recorded calls sharing a buffer would both see
@@ -21,7 +21,7 @@
 //! group it uses (wgpu-core's `ArcCommand` keeps an `Arc` of each), and a submitted command
 //! buffer keeps them until the GPU has finished it. The crate may therefore drop or replace
 //! a buffer a recorded command uses (a mask buffer that grows, the staging buffer of a
-//! [`Gpu::write_in`]) at once; nothing is freed under the GPU. An encoder that is dropped
+//! `Gpu::write_in`) at once; nothing is freed under the GPU. An encoder that is dropped
 //! without being submitted releases those references, and nothing else happens.
 //!
 //! Errors: wgpu 30 checks recorded commands when the encoder is *finished* and reports a
