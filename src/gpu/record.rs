@@ -6,7 +6,7 @@
 //! several calls recorded into one encoder before it is submitted correct:
 //!
 //! * **Per-call data is written inside the encoder** (`Gpu::write_in`): the bytes go into a
-//!   new `COPY_SRC` buffer, and a `copy_buffer_to_buffer` command into the destination is
+//!   new `MAP_WRITE | COPY_SRC` buffer, and a `copy_buffer_to_buffer` command into the destination is
 //!   recorded. `queue.write_buffer` would not do: it takes effect at the next submit, *before*
 //!   every command buffer of that submit, so two recorded calls sharing a buffer would both see
 //!   the second call's data. Commands of one encoder run in order (wgpu inserts the barriers),
@@ -54,7 +54,9 @@ impl Gpu {
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("per-call data"),
                 contents: bytes,
-                usage: wgpu::BufferUsages::COPY_SRC,
+                // MAP_WRITE: mapped at creation in host-visible memory and filled in place, no
+                // staging copy behind it (what `queue.write_buffer` costs, too).
+                usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             });
         // The recorded copy keeps `src` alive until the GPU has run it (module docs).
         encoder.copy_buffer_to_buffer(&src, 0, dst, offset, bytes.len() as u64);
