@@ -326,7 +326,8 @@ impl MultiHeadAttention {
     ///   ones are not.
     ///
     /// Errors: every argument is checked, and every buffer and bind group this call needs is
-    /// made, before its first command is recorded, so an `Err` leaves `encoder` as it was.
+    /// made, before its first command is recorded, so an `Err` leaves `encoder` as it was
+    /// (but for running out of memory while recording: see [`crate::gpu::record`]).
     /// wgpu checks recorded commands when the encoder is finished (wgpu 30): an error there
     /// reaches the caller's error scope, not this call. Probabilities, when requested, come
     /// back as a device tensor; [`forward_profiled`](Self::forward_profiled)'s timing has no

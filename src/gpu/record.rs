@@ -28,7 +28,9 @@
 //! failure to the error scope of the thread that calls `finish` (or to the device's
 //! uncaptured-error handler). The `*_into` forms validate their arguments and build everything
 //! that can fail (buffers, bind groups) before they record the first command, inside the
-//! crate's error scopes, so a bad argument is an `Err` and leaves the encoder as it was.
+//! crate's error scopes, so a bad argument is an `Err` and leaves the encoder as it was. Only
+//! the small buffers of `Gpu::write_in` are made while recording; if the device runs out of
+//! memory there, the call is an `Err` too, and the encoder holds part of it: drop it.
 
 use wgpu::util::DeviceExt;
 

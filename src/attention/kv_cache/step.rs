@@ -146,14 +146,17 @@ impl MultiHeadAttention {
     /// **The cache advances when the step is recorded**: [`KvCache::len`] counts this step's
     /// tokens at once, though their keys and values reach the cache only when the GPU runs
     /// the encoder. So the caller submits every encoder it recorded steps of a cache into, in
-    /// the order the steps were recorded (a later step reads the rows an earlier one writes).
+    /// the order the steps were recorded (a later step reads the rows an earlier one writes),
+    /// and before any submitting step of the same cache ([`forward_step`](Self::forward_step),
+    /// [`forward_step_gpu`](Self::forward_step_gpu), …: those submit their own encoder at once).
     /// An encoder that is dropped unsubmitted leaves the cache counting rows that were never
     /// written: roll it back with [`KvCache::truncate`] to the length before the step (or
     /// [`KvCache::reset`]). Nothing else needs cleaning up; the step's scratch buffers stay the
     /// cache's, and wgpu keeps alive every buffer a recorded command uses until it has run.
     ///
     /// Every argument is checked, and every buffer and bind group made, before the first
-    /// command is recorded: an `Err` leaves `encoder` and `cache` as they were. wgpu checks
+    /// command is recorded: an `Err` leaves `encoder` and `cache` as they were (but for running
+    /// out of memory while recording, see [`crate::gpu::record`]). wgpu checks
     /// recorded commands when the encoder is finished (wgpu 30): an error there reaches the
     /// caller's error scope.
     pub fn forward_step_gpu_into(
