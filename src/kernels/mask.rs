@@ -237,7 +237,10 @@ impl MaskBuffers {
         4 * words as u64 <= self.words.size()
     }
 
-    /// Writes the words (when there are any) and the uniform.
+    /// Writes the words (when there are any) and the uniform through the queue: they land at
+    /// the next submit, before every command buffer in it, so only for buffers no other call
+    /// recorded into a pending encoder shares (the standalone kernels' own); a recording path
+    /// uses [`write_in`](Self::write_in).
     pub fn write(&self, queue: &wgpu::Queue, words: &[u32], params: &MaskParams) {
         if !words.is_empty() {
             queue.write_buffer(&self.words, 0, bytemuck::cast_slice(words));
