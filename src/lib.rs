@@ -23,7 +23,10 @@
 //!
 //! Inference helpers: [`GpuTensor`] keeps activations on the device so layers chain without
 //! readback ([`MultiHeadAttention::forward_gpu`]); [`KvCache`] keeps projected keys and values on
-//! the device for token-by-token causal decoding ([`MultiHeadAttention::forward_step`]).
+//! the device for token-by-token causal decoding ([`MultiHeadAttention::forward_step`]). To run
+//! inside an engine's own submissions, [`MultiHeadAttention::forward_gpu_into`] and
+//! [`MultiHeadAttention::forward_step_gpu_into`] record into the caller's command encoder and
+//! submit nothing (ownership rules in [`gpu::record`]).
 //!
 //! Masked scores are *replaced* by −1e9 as the seeds do, so a query whose keys are all masked
 //! returns the mean of V (never NaN), on every path.

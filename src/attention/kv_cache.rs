@@ -9,22 +9,23 @@
 //! token therefore gives the same outputs as one causal forward over the whole sequence.
 //!
 //! A step is the forward's own chain of passes (`workspace::dispatches`) over the cache's
-//! buffers, built for its `(len, n)`: one command encoder, one submit and one readback of the
-//! `[B, n, out]` output.
+//! buffers, built for its `(len, n)` and recorded into one command encoder (`kv_cache/step.rs`): on the
+//! host, one submit and one readback of the `[B, n, out]` output; on device tensors, a new
+//! `GpuTensor`, submitted or recorded into the caller's encoder
+//! ([`MultiHeadAttention::forward_step_gpu_into`]).
 //! Growing past `capacity` is an [`Error::KvCacheFull`] and leaves the cache unchanged.
+
+mod step;
+
+pub use step::StepOptions;
 
 use crate::attention::kv_chunks::{chunk_unit, largest_chunk, Chunks};
 pub use crate::attention::kv_step_buffers::KvCacheBytes;
 use crate::attention::kv_step_buffers::{carry_len, StepBuffers, FIRST_STEP_TOKENS};
-use crate::attention::workspace::{dispatches, Bound, Geometry, RopeTables};
 use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
-use crate::kernels::decode::partials_for;
-use crate::kernels::flash_attention::carry_stride;
-use crate::kernels::mask::{EncodedMask, MaskBuffers};
-use crate::kernels::{KvChunks, QkvBuffers, QkvLayout};
-use crate::model::mask::{AttnDims, Mask};
-use crate::model::tensor::Tensor;
+use crate::kernels::mask::MaskBuffers;
+use crate::kernels::QkvLayout;
 
 /// Projected keys and values of the tokens seen so far, on the GPU, for one module.
 ///
@@ -390,241 +391,19 @@ impl KvCache {
     pub fn reset(&mut self) {
         self.len = 0;
     }
-}
 
-/// What a decoding step may add to the plain causal step ([`MultiHeadAttention::forward_step_with`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StepOptions<'a> {
-    /// Keys and values from another input (seed 001's `x_k_v`), `[B, n, key_dim]`, as
-    /// [`forward_step_cross`](MultiHeadAttention::forward_step_cross) takes them.
-    pub x_k_v: Option<&'a Tensor>,
-    /// A mask over this step's scores `[B, H, n, len + n]` in place of the causal one — e.g. a
-    /// batch of prompts padded to one length: `Mask::Causal.with_key_padding(&padding, dims)`
-    /// with `padding` cut to the first `len + n` positions.
-    pub mask: Option<&'a Mask>,
-    /// RoPE positions of the `n` new tokens, `[B, n]`; default `len..len + n`.
-    pub positions: Option<&'a [usize]>,
-}
-
-impl MultiHeadAttention {
-    /// One decoding step of self-attention: `x_new [B, n, model_dim]` are the next `n` tokens.
-    /// Their queries, keys and values are all projected from `x_new`; keys and values are appended
-    /// to `cache`, and each new token `i` attends to every cached token `j ≤ len + i` (causal).
-    /// Returns `[B, n, output_dim]`, the rows a causal forward over the whole sequence would give
-    /// for these positions.
-    ///
-    /// Needs `model_dim = key_dim = value_dim` (both seed modules). For seed 001's separate
-    /// `x_k_v`, see [`forward_step_cross`](Self::forward_step_cross).
-    pub fn forward_step(&self, cache: &mut KvCache, x_new: &Tensor) -> Result<Tensor> {
-        self.step(cache, x_new, &StepOptions::default())
-    }
-
-    /// [`forward_step`](Self::forward_step) with [`StepOptions`]: keys and values from another
-    /// input, a mask in place of the causal one, RoPE positions of the new tokens.
-    pub fn forward_step_with(
-        &self,
-        cache: &mut KvCache,
-        x_new: &Tensor,
-        options: &StepOptions,
-    ) -> Result<Tensor> {
-        self.step(cache, x_new, options)
-    }
-
-    /// A decoding step of seed 001's cross form: queries from `x_q_new [B, n, model_dim]`,
-    /// keys and values from `x_k_v_new [B, n, key_dim]` (the same `n` new positions), with the same
-    /// causal alignment. Token by token this equals
-    /// `forward_cross(x_q, x_k_v, &Mask::Causal)` over the whole sequences.
-    pub fn forward_step_cross(
-        &self,
-        cache: &mut KvCache,
-        x_q_new: &Tensor,
-        x_k_v_new: &Tensor,
-    ) -> Result<Tensor> {
-        let options = StepOptions {
-            x_k_v: Some(x_k_v_new),
-            ..Default::default()
-        };
-        self.step(cache, x_q_new, &options)
-    }
-
-    fn step(&self, cache: &mut KvCache, x_q: &Tensor, options: &StepOptions) -> Result<Tensor> {
-        let x_kv = options.x_k_v;
-        let mask = options.mask.unwrap_or(&Mask::Causal);
-        let c = &self.config;
-        if cache.owner != self.weights.w_qkv {
-            return Err(Error::Misuse(
-                "this KV cache was made for another attention module".into(),
-            ));
+    /// Forgets the tokens past the first `len` (as [`reset`](Self::reset) forgets all), e.g.
+    /// after a step recorded with
+    /// [`forward_step_gpu_into`](MultiHeadAttention::forward_step_gpu_into) whose encoder was
+    /// never submitted. `Err(Misuse)` when `len` is more than the cache holds.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(Error::Misuse(format!(
+                "truncating a KV cache of {} tokens to {len}: it can only shrink",
+                self.len
+            )));
         }
-        let b = cache.batch;
-        let qs = x_q.shape();
-        if qs.len() != 3 || qs[0] != b || qs[2] != c.model_dim {
-            return Err(Error::shape(
-                "step query input",
-                format!(
-                    "[{b}, n, {}] (the cache's batch, n new tokens)",
-                    c.model_dim
-                ),
-                qs,
-            ));
-        }
-        let n = qs[1];
-        match x_kv {
-            Some(kv) if kv.shape() != [b, n, c.key_dim] => {
-                return Err(Error::shape(
-                    "step key/value input",
-                    format!("[{b}, {n}, {}] (like the query input)", c.key_dim),
-                    kv.shape(),
-                ));
-            }
-            Some(_) => {}
-            None if c.model_dim != c.key_dim => {
-                return Err(Error::Misuse(format!(
-                    "a self-attention step projects keys from the query input, but model_dim {} ≠ key_dim {}; \
-                     use forward_step_cross",
-                    c.model_dim, c.key_dim
-                )));
-            }
-            None => {}
-        }
-        if cache.len + n > cache.capacity {
-            return Err(Error::KvCacheFull {
-                len: cache.len,
-                new: n,
-                capacity: cache.capacity,
-            });
-        }
-        if n == 0 {
-            return Ok(Tensor::zeros([b, 0, c.output_dim()]));
-        }
-        // Grows the step buffers when this step is longer than any before.
-        cache.reserve(self, n)?;
-        let (len0, lk) = (cache.len, cache.len + n);
-        let out_len = b * n * c.output_dim();
-        // The fused pass's state for this step must fit the cache's (see `with_path`).
-        let state = match (cache.fused, &self.flash) {
-            (true, Some(_)) if self.decodes(n) => partials_for(
-                &self.gpu,
-                c.kv_group(),
-                n,
-                b * c.heads * n,
-                lk,
-                c.qk_head_dim,
-                c.v_head_dim,
-            ),
-            (true, Some(f)) if f.key_ranges(lk).len() > 1 || !cache.k_chunks.is_empty() => {
-                b * c.heads * n * carry_stride(c.v_head_dim)
-            }
-            _ => 0,
-        };
-        if 4 * state as u64 > cache.step.carry.size() {
-            return Err(Error::TooLarge {
-                what: format!(
-                    "the fused-pass state of a KV cache step of {n} tokens over {lk} keys (step \
-                     in fewer tokens)"
-                ),
-                needed: 4 * state as u64,
-                limit: cache.step.carry.size(),
-            });
-        }
-        // Checked (and, for the causal mask, bottom-right aligned: new token i sees cached keys
-        // j ≤ i + (lk − n) = len0 + i) before anything is written.
-        let dims = AttnDims {
-            batch: b,
-            heads: c.heads,
-            lq: n,
-            lk,
-        };
-        let mask = EncodedMask::new(mask, dims)?.with_score_terms(c);
-        let positions: Vec<usize> = match options.positions {
-            None => (0..b).flat_map(|_| len0..lk).collect(),
-            Some(_) if c.rope.is_none() => {
-                return Err(Error::Misuse(
-                    "positions were given, but the module has no rotary embedding (RoPE)".into(),
-                ))
-            }
-            Some(p) if p.len() != b * n => {
-                return Err(Error::shape(
-                    "step positions",
-                    format!("[{b}, {n}]"),
-                    &[p.len()],
-                ))
-            }
-            Some(p) => p.to_vec(),
-        };
-        let seq_len = crate::model::rope::seq_len(&positions);
-        if let Some(rope) = &c.rope {
-            rope.check_cached_step(seq_len)?;
-        }
-        if !cache.mask.holds(mask.words.len()) {
-            cache.mask = MaskBuffers::new(&self.gpu, mask.words.len());
-        }
-        let values = self.gpu.scoped("forward_step", || -> Result<Vec<f32>> {
-            let queue = self.gpu.queue();
-            let step = &cache.step;
-            queue.write_buffer(&step.x_q, 0, bytemuck::cast_slice(x_q.data()));
-            if let Some(kv) = x_kv {
-                queue.write_buffer(&step.x_kv, 0, bytemuck::cast_slice(kv.data()));
-            }
-            cache.mask.write(queue, &mask.words, &mask.params);
-            if let (Some(rope), Some(table)) = (&c.rope, &step.rope) {
-                queue.write_buffer(
-                    table,
-                    0,
-                    bytemuck::cast_slice(&rope.table(&positions, seq_len)),
-                );
-            }
-            let geometry = Geometry {
-                batch: b,
-                lq: n,
-                lk,
-                kv_pos: len0,
-                appended: 0,
-                layout: cache.layout(c),
-                fused: cache.fused,
-            };
-            let kv_input = if x_kv.is_some() {
-                &step.x_kv
-            } else {
-                &step.x_q
-            };
-            let qkv = match &cache.kv {
-                Some(kv) => QkvBuffers {
-                    q: &step.qkv,
-                    k: kv,
-                    v: kv,
-                },
-                None => QkvBuffers::packed(&step.qkv),
-            };
-            let bound = Bound {
-                query: &step.x_q,
-                key: kv_input,
-                value: kv_input,
-                qkv,
-                scores: cache.scores.as_ref(),
-                combined: &step.combined,
-                output: step.output.as_ref(),
-                carry: &step.carry,
-                mask: &cache.mask,
-                rope: step.rope.as_ref().map(|t| RopeTables { q: t, k: t }),
-                chunks: (!cache.k_chunks.is_empty()).then_some(KvChunks {
-                    k: &cache.k_chunks,
-                    v: &cache.v_chunks,
-                    keys: cache.chunk_keys,
-                }),
-            };
-            let chain = dispatches(self, &geometry, &bound)?;
-            let mut encoder = self.gpu.encoder("forward_step");
-            for d in &chain {
-                d.record(&mut encoder, None);
-            }
-            let result = step.output.as_ref().unwrap_or(&step.combined);
-            encoder.copy_buffer_to_buffer(result, 0, &step.staging, 0, 4 * out_len as u64);
-            queue.submit([encoder.finish()]);
-            self.gpu.read_f32(&step.staging, out_len)
-        })??;
-        // Only now do the appended rows count; after any error the cache is as it was.
-        cache.len = lk;
-        Tensor::new([b, n, c.output_dim()], values)
+        self.len = len;
+        Ok(())
     }
 }

@@ -236,7 +236,8 @@ impl MultiHeadAttention {
 
     /// `forward` on device tensors: `[B, Lq, model_dim]`, `[B, Lk, key_dim]`, `[B, Lk, value_dim]`
     /// → a new `[B, Lq, output_dim]` device tensor. All passes go into one command encoder and
-    /// one submit; nothing is read back, so layers chain on the GPU:
+    /// one submit (it does not wait); nothing is read back, so layers chain on the GPU (to
+    /// record into an encoder of your own, see [`forward_gpu_into`](Self::forward_gpu_into)):
     ///
     /// ```no_run
     /// # use wgpu_mha::{AttentionConfig, AttentionWeights, Gpu, GpuTensor, Mask, MultiHeadAttention, Tensor};
@@ -287,6 +288,60 @@ impl MultiHeadAttention {
         options: &ForwardOptions,
     ) -> Result<GpuForwardOutput> {
         self.run_device([query, key, value], mask, options)
+    }
+
+    /// [`forward_gpu_with`](Self::forward_gpu_with) recorded into the caller's `encoder`:
+    /// every pass, and every write of this call's data, becomes a command of `encoder`;
+    /// nothing is submitted, and the returned tensors hold the results once the caller has
+    /// submitted `encoder` and the GPU has run it.
+    ///
+    /// ```no_run
+    /// # use wgpu_mha::{AttentionConfig, AttentionWeights, ForwardOptions, Gpu, GpuTensor, Mask, MultiHeadAttention, Tensor};
+    /// # fn main() -> wgpu_mha::Result<()> {
+    /// # let gpu = Gpu::new()?;
+    /// # let config = AttentionConfig::classic(64, 4)?;
+    /// # let mha = MultiHeadAttention::new(&gpu, config, &AttentionWeights::random(&config, 1))?;
+    /// let x = GpuTensor::upload(&gpu, &Tensor::random([1, 8, 64], 0))?;
+    /// let mut encoder = gpu.device().create_command_encoder(&Default::default());
+    /// let options = ForwardOptions::default();
+    /// let h = mha.forward_gpu_into(&mut encoder, &x, &x, &x, &Mask::Causal, &options)?;
+    /// let y = mha.forward_gpu_into(&mut encoder, &h.output, &h.output, &h.output, &Mask::Causal, &options)?;
+    /// // ... the engine's own passes on `y.output.buffer()` ...
+    /// gpu.queue().submit([encoder.finish()]);
+    /// let y: Tensor = y.output.read(&gpu)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Who owns what (see [`crate::gpu::record`]):
+    /// * the returned tensors are the caller's: new buffers, written only by this call's
+    ///   commands;
+    /// * the module's scratch (a workspace per shape, reused across calls) stays the module's.
+    ///   Every call writes its inputs, mask and RoPE tables into it *inside its encoder* and
+    ///   copies its results out of it, so any number of calls may be recorded into one encoder,
+    ///   or into several encoders submitted in any order, and each computes its own result;
+    /// * wgpu keeps every buffer a recorded command uses alive until the command buffer has
+    ///   run (or the encoder is dropped unsubmitted: then nothing happens, and nothing is
+    ///   left to clean up). The inputs are read when the GPU runs the commands, not now:
+    ///   commands the caller records into `encoder` before this call are seen by it, later
+    ///   ones are not.
+    ///
+    /// Errors: every argument is checked, and every buffer and bind group this call needs is
+    /// made, before its first command is recorded, so an `Err` leaves `encoder` as it was
+    /// (but for running out of memory while recording: see [`crate::gpu::record`]).
+    /// wgpu checks recorded commands when the encoder is finished (wgpu 30): an error there
+    /// reaches the caller's error scope, not this call. Probabilities, when requested, come
+    /// back as a device tensor; [`forward_profiled`](Self::forward_profiled)'s timing has no
+    /// recording form.
+    pub fn forward_gpu_into(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        query: &GpuTensor,
+        key: &GpuTensor,
+        value: &GpuTensor,
+        mask: &Mask,
+        options: &ForwardOptions,
+    ) -> Result<GpuForwardOutput> {
+        self.record_device(encoder, [query, key, value], mask, options)
     }
 
     /// Bytes of GPU memory held by this module's cached workspaces.

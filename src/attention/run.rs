@@ -1,6 +1,8 @@
 //! Running a plan: one workspace, one encoder and one submit per chunk, for host tensors
 //! (read back, split into chunks when the device needs it) and device tensors (never read
-//! back). Every public forward entry point ends here.
+//! back; recorded into the caller's encoder, or into one made and submitted here). Every public
+//! forward entry point ends here, and every one records through [`MultiHeadAttention::record`]:
+//! per-call data is written inside the encoder (see [`crate::gpu::record`]).
 
 use crate::error::Result;
 use crate::gpu::timer::PassTimer;
@@ -20,7 +22,8 @@ pub(crate) trait Source {
     fn shape(&self) -> &[usize];
     /// Whether two inputs are the same tensor (then one projection GEMM reads it once).
     fn same(&self, other: &Self) -> bool;
-    /// Queues (host) or records (device) a copy into `dst`.
+    /// Records a copy into `dst` as a command of `encoder` (host data through
+    /// [`crate::Gpu::write_in`], never `queue.write_buffer`: see [`crate::gpu::record`]).
     fn copy_into(&self, gpu: &crate::Gpu, encoder: &mut wgpu::CommandEncoder, dst: &wgpu::Buffer);
 }
 
@@ -31,9 +34,8 @@ impl Source for Tensor {
     fn same(&self, other: &Self) -> bool {
         std::ptr::eq(self, other)
     }
-    fn copy_into(&self, gpu: &crate::Gpu, _: &mut wgpu::CommandEncoder, dst: &wgpu::Buffer) {
-        gpu.queue()
-            .write_buffer(dst, 0, bytemuck::cast_slice(self.data()));
+    fn copy_into(&self, gpu: &crate::Gpu, encoder: &mut wgpu::CommandEncoder, dst: &wgpu::Buffer) {
+        gpu.write_in(encoder, dst, 0, bytemuck::cast_slice(self.data()));
     }
 }
 
@@ -79,10 +81,35 @@ impl MultiHeadAttention {
         self.run_chunked(&plan, (batch_chunk, query_chunk), inputs)
     }
 
-    /// Device tensors in, new device tensors out, nothing read back. Does not split: a
-    /// problem too large for one workspace is `Err(TooLarge)`.
+    /// Device tensors in, new device tensors out, nothing read back: [`record_device`]
+    /// into a new encoder, submitted at once (the submit-and-go form).
+    ///
+    /// [`record_device`]: Self::record_device
     pub(crate) fn run_device(
         &self,
+        inputs: [&GpuTensor; 3],
+        mask: &Mask,
+        options: &ForwardOptions,
+    ) -> Result<GpuForwardOutput> {
+        self.gpu.scoped("forward", || -> Result<GpuForwardOutput> {
+            let mut encoder = self.gpu.encoder("forward");
+            let out = self.record_device(&mut encoder, inputs, mask, options)?;
+            self.gpu.queue().submit([encoder.finish()]);
+            Ok(out)
+        })?
+    }
+
+    /// Device tensors in, new device tensors out, recorded into `encoder` and not submitted.
+    /// Everything that can fail (the plan, limits, the outputs, the workspace and its chain)
+    /// comes before the first recorded command, so an `Err` leaves `encoder` as it was. Does
+    /// not split: a problem too large for one workspace is `Err(TooLarge)`.
+    ///
+    /// The workspace goes back to the module's cache at once: a later call may record into
+    /// it (in this encoder or another) because every call writes its inputs, mask and tables
+    /// inside its own encoder and copies its results out into its own new tensors.
+    pub(crate) fn record_device(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
         inputs: [&GpuTensor; 3],
         mask: &Mask,
         options: &ForwardOptions,
@@ -91,16 +118,24 @@ impl MultiHeadAttention {
         let plan = self.plan(shapes, sharing, mask, options)?;
         if plan.is_empty() {
             let host = self.empty_forward(&plan);
-            let upload = |t: &Tensor| GpuTensor::upload(&self.gpu, t);
+            let output = GpuTensor::zeros(&self.gpu, host.output.shape())?;
+            // New buffers are zeros; only W_o's bias needs writing.
+            let probs = match &host.probs {
+                Some(p) => Some(GpuTensor::zeros(&self.gpu, p.shape())?),
+                None => None,
+            };
+            self.gpu.scoped("forward (empty)", || {
+                let bytes = bytemuck::cast_slice(host.output.data());
+                self.gpu.write_in(encoder, output.buffer(), 0, bytes);
+            })?;
             return Ok(GpuForwardOutput {
-                output: upload(&host.output)?,
-                probs: host.probs.as_ref().map(upload).transpose()?,
+                output,
+                probs,
                 path: plan.path,
             });
         }
         let d = plan.dims;
         self.check_limits(plan.whole, plan.mask.window_len(d.batch, d.lq))?;
-        let d = plan.dims;
         let output = GpuTensor::zeros(&self.gpu, &[d.batch, d.lq, self.config.output_dim()])?;
         let probs = match options.return_probs {
             true => Some(GpuTensor::zeros(
@@ -110,15 +145,30 @@ impl MultiHeadAttention {
             false => None,
         };
         let mut ws = self.take_workspace(plan.whole)?;
-        let result = self.submit(&mut ws, inputs, &plan, (0, 0), None, |ws, encoder| {
-            encoder.copy_buffer_to_buffer(ws.result(), 0, output.buffer(), 0, output.byte_len());
-            if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
-                encoder.copy_buffer_to_buffer(scores, 0, probs.buffer(), 0, probs.byte_len());
-            }
+        let result = self.gpu.scoped("forward", || {
+            self.record(
+                &mut ws,
+                inputs,
+                &plan,
+                (0, 0),
+                None,
+                encoder,
+                |ws, encoder| {
+                    let result = ws.result();
+                    encoder.copy_buffer_to_buffer(result, 0, output.buffer(), 0, output.byte_len());
+                    if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
+                        encoder.copy_buffer_to_buffer(
+                            scores,
+                            0,
+                            probs.buffer(),
+                            0,
+                            probs.byte_len(),
+                        );
+                    }
+                },
+            )
         });
-        // Queue order keeps the next call's uploads behind this submission, so the workspace
-        // can be reused at once.
-        self.keep_if_ok(ws, result)?;
+        self.keep_if_ok(ws, result.and_then(|r| r))?;
         Ok(GpuForwardOutput {
             output,
             probs,
@@ -186,43 +236,62 @@ impl MultiHeadAttention {
         self.keep_if_ok(ws, result)
     }
 
-    /// Uploads the inputs and the chunk's window of the mask (the chunk of `ws.shape` whose
-    /// first batch and query are `at`), records the chain and `finish` (copies out of the
-    /// workspace) in one encoder, and submits it, inside one error scope.
-    fn submit<S: Source>(
+    /// [`record`](Self::record) into a new encoder, submitted, inside one error scope.
+    fn submit(
+        &self,
+        ws: &mut Workspace,
+        inputs: [&Tensor; 3],
+        plan: &Plan,
+        at: (usize, usize),
+        timer: Option<&mut PassTimer>,
+        finish: impl FnOnce(&Workspace, &mut wgpu::CommandEncoder),
+    ) -> Result<()> {
+        self.gpu.scoped("forward", || -> Result<()> {
+            let mut encoder = self.gpu.encoder("forward");
+            self.record(ws, inputs, plan, at, timer, &mut encoder, finish)?;
+            self.gpu.queue().submit([encoder.finish()]);
+            Ok(())
+        })?
+    }
+
+    /// Records into `encoder` the writes of the inputs, of the chunk's window of the mask
+    /// (the chunk of `ws.shape` whose first batch and query are `at`) and of its RoPE tables,
+    /// then the chain and `finish` (copies out of the workspace). The only fallible step (a
+    /// mask buffer that must grow) comes first: an `Err` records nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn record<S: Source>(
         &self,
         ws: &mut Workspace,
         inputs: [&S; 3],
         plan: &Plan,
         (b0, i0): (usize, usize),
         mut timer: Option<&mut PassTimer>,
+        encoder: &mut wgpu::CommandEncoder,
         finish: impl FnOnce(&Workspace, &mut wgpu::CommandEncoder),
     ) -> Result<()> {
-        self.gpu.scoped("forward", || -> Result<()> {
-            let window = plan.mask.window((b0, ws.shape.batch), (i0, ws.shape.lq));
-            ws.write_mask(self, &plan.mask.words[window.words], &window.params)?;
-            if let Some(positions) = &plan.positions {
-                ws.write_rope(self, positions, plan.dims.lq, (b0, i0));
-            }
-            let mut encoder = self.gpu.encoder("forward");
-            let sources = match ws.shape.sharing {
-                Sharing::SelfAttention => &inputs[..1],
-                Sharing::SharedKeyValue => &inputs[..2],
-                Sharing::Distinct => &inputs[..],
-            };
-            for (buffer, source) in ws.inputs.iter().zip(sources) {
-                source.copy_into(&self.gpu, &mut encoder, buffer);
-            }
-            for d in &ws.dispatches {
-                d.record(&mut encoder, timer.as_deref_mut());
-            }
-            finish(ws, &mut encoder);
-            if let Some(t) = timer.as_deref() {
-                t.resolve(&mut encoder);
-            }
-            self.gpu.queue().submit([encoder.finish()]);
-            Ok(())
-        })?
+        let window = plan.mask.window((b0, ws.shape.batch), (i0, ws.shape.lq));
+        let words = &plan.mask.words[window.words];
+        ws.fit_mask(self, words.len())?;
+        ws.write_mask(self, encoder, words, &window.params);
+        if let Some(positions) = &plan.positions {
+            ws.write_rope(self, encoder, positions, plan.dims.lq, (b0, i0));
+        }
+        let sources = match ws.shape.sharing {
+            Sharing::SelfAttention => &inputs[..1],
+            Sharing::SharedKeyValue => &inputs[..2],
+            Sharing::Distinct => &inputs[..],
+        };
+        for (buffer, source) in ws.inputs.iter().zip(sources) {
+            source.copy_into(&self.gpu, encoder, buffer);
+        }
+        for d in &ws.dispatches {
+            d.record(encoder, timer.as_deref_mut());
+        }
+        finish(ws, encoder);
+        if let Some(t) = timer.as_deref() {
+            t.resolve(encoder);
+        }
+        Ok(())
     }
 
     /// Runs the problem as blocks of `(batch_chunk, query_chunk)`, each its own submit, and

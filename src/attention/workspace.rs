@@ -481,28 +481,36 @@ impl Workspace {
         dispatches(mha, &geometry, &bound)
     }
 
-    /// Uploads this call's mask; a larger mask than the buffer holds gets a new buffer and the
-    /// chain is rebuilt around it.
-    pub fn write_mask(
-        &mut self,
-        mha: &MultiHeadAttention,
-        words: &[u32],
-        params: &MaskParams,
-    ) -> Result<()> {
-        if !self.mask.holds(words.len()) {
-            self.mask = MaskBuffers::new(&mha.gpu, words.len());
+    /// Makes room for a mask of `words` words: a larger mask than the buffer holds gets a new
+    /// buffer and the chain is rebuilt around it (a command recorded earlier keeps the old
+    /// ones alive). Fallible, so it runs before anything of a call is recorded.
+    pub fn fit_mask(&mut self, mha: &MultiHeadAttention, words: usize) -> Result<()> {
+        if !self.mask.holds(words) {
+            self.mask = MaskBuffers::new(&mha.gpu, words);
             self.dispatches = self.chain(mha)?;
         }
-        self.mask.write(mha.gpu.queue(), words, params);
         Ok(())
     }
 
-    /// Uploads the RoPE tables of this call's chunk: queries at the positions of keys
-    /// `lk − lq_whole + i0 ..` (the last `Lq` of the whole problem), keys at their own, for
-    /// batches `b0..` (see `Plan::positions`).
+    /// Records the writes of this call's mask (which [`fit_mask`](Self::fit_mask) made room
+    /// for) into `encoder`.
+    pub fn write_mask(
+        &self,
+        mha: &MultiHeadAttention,
+        encoder: &mut wgpu::CommandEncoder,
+        words: &[u32],
+        params: &MaskParams,
+    ) {
+        self.mask.write_in(&mha.gpu, encoder, words, params);
+    }
+
+    /// Records the writes of the RoPE tables of this call's chunk into `encoder`: queries at
+    /// the positions of keys `lk − lq_whole + i0 ..` (the last `Lq` of the whole problem),
+    /// keys at their own, for batches `b0..` (see `Plan::positions`).
     pub fn write_rope(
         &self,
         mha: &MultiHeadAttention,
+        encoder: &mut wgpu::CommandEncoder,
         positions: &[usize],
         lq_whole: usize,
         (b0, i0): (usize, usize),
@@ -522,9 +530,9 @@ impl Workspace {
             .collect();
         // dynamic / longrope: the frequencies of the whole call, not of this chunk.
         let seq_len = crate::model::rope::seq_len(positions);
-        let queue = mha.gpu.queue();
-        queue.write_buffer(q, 0, bytemuck::cast_slice(&rope.table(&q_pos, seq_len)));
-        queue.write_buffer(k, 0, bytemuck::cast_slice(&rope.table(&k_pos, seq_len)));
+        let gpu = &mha.gpu;
+        gpu.write_in(encoder, q, 0, bytemuck::cast_slice(&rope.table(&q_pos, seq_len)));
+        gpu.write_in(encoder, k, 0, bytemuck::cast_slice(&rope.table(&k_pos, seq_len)));
     }
 
     /// The buffer holding the module's output: `[B, Lq, output_dim]`.

@@ -5,6 +5,7 @@ pub mod buffers;
 mod caller_device;
 pub mod pass;
 pub mod pipeline_cache;
+pub mod record;
 pub mod timer;
 
 use std::collections::HashMap;

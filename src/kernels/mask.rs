@@ -246,12 +246,28 @@ impl MaskBuffers {
         4 * words as u64 <= self.words.size()
     }
 
-    /// Writes the words (when there are any) and the uniform.
+    /// Writes the words (when there are any) and the uniform through the queue: they land at
+    /// the next submit, before every command buffer in it, so only for buffers no other call
+    /// recorded into a pending encoder shares (the standalone kernels' own); a recording path
+    /// uses [`write_in`](Self::write_in).
     pub fn write(&self, queue: &wgpu::Queue, words: &[u32], params: &MaskParams) {
         if !words.is_empty() {
             queue.write_buffer(&self.words, 0, bytemuck::cast_slice(words));
         }
         queue.write_buffer(&self.params, 0, bytemuck::bytes_of(params));
+    }
+
+    /// [`write`](Self::write) as commands of `encoder` (see [`crate::gpu::record`]): what the
+    /// passes recorded after it, and before the next call's write, read.
+    pub fn write_in(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        words: &[u32],
+        params: &MaskParams,
+    ) {
+        gpu.write_in(encoder, &self.words, 0, bytemuck::cast_slice(words));
+        gpu.write_in(encoder, &self.params, 0, bytemuck::bytes_of(params));
     }
 
     /// The two `(binding, buffer)` pairs of a mask-reading pass.
