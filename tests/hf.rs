@@ -30,6 +30,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "bert",
             "bloom",
             "cohere",
+            "deepseek",
             "distilbert",
             "gemma",
             "gemma2",

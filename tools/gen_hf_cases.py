@@ -193,6 +193,27 @@ FAMILIES = {
         vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=32, relative_attention_max_distance=4)),
     # layer 0 global, layer 1 local with a window of 3; unscaled scores.
+    # DeepSeek multi-head latent attention, MoE off (every layer dense): V2 with q LoRA, biases
+    # and yarn (mscale_all_dim scales the scores too); V3 with a plain q_proj and interleaved
+    # RoPE; V3 with q LoRA and rotate-half RoPE (rope_interleave false).
+    "deepseek_v2": (tf.DeepseekV2Model, tf.DeepseekV2Config, dict(
+        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
+        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
+        topk_group=1, attention_bias=True, max_position_embeddings=64,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707})),
+    "deepseek_v3": (tf.DeepseekV3Model, tf.DeepseekV3Config, dict(
+        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
+        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
+        topk_group=1)),
+    "deepseek_v3_halves": (tf.DeepseekV3Model, tf.DeepseekV3Config, dict(
+        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
+        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
+        topk_group=1, rope_interleave=False)),
     "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
         attention_types=[[["global", "local"], 1]], window_size=3, max_position_embeddings=16,
@@ -915,10 +936,69 @@ def layouts_cases(out_dir):
                     causal=True, pad=pad)
 
 
+@contextlib.contextmanager
+def dot_float_keeps_float64():
+    """DeepSeek-V2's `apply_rotary_emb` calls `.float()` on q and k; for the float64 replay that
+    cast must keep float64 (with `float32_means_float64` for RMSNorm's `.to(torch.float32)`)."""
+    original = torch.Tensor.float
+
+    def keep(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else original(self, *args, **kwargs)
+
+    torch.Tensor.float = keep
+    try:
+        with float32_means_float64():
+            yield
+    finally:
+        torch.Tensor.float = original
+
+
+def mla_cases(out_dir):
+    """DeepSeek-V2/V3 multi-head latent attention, layer 1 (dense), causal, padded. The float64
+    tables: V2's complex `freqs_cis` (torch.polar of float64 angles), V3's cos/sin; both scaled
+    by the rotary embedding's own `attention_scaling` (a Python float)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    for variant, name in [
+            ("deepseek_v2", "deepseek_v2_self_layer1_causal_padding_qlora_yarn"),
+            ("deepseek_v3", "deepseek_v3_self_layer1_causal_padding_interleaved"),
+            ("deepseek_v3_halves", "deepseek_v3_self_layer1_causal_padding_qlora_halves")]:
+        family = variant.removesuffix("_halves")
+        model = build(variant)
+        config_text, state = saved(model)
+        seeded(name)
+        length = 7
+        input_ids, pad = ids(length), lengths_mask([7, 5], length)
+        position_ids = torch.stack([arange(0, 7), arange(2, 7)])
+        cfg = model.config
+        _, _, inv64 = rope_tables(cfg, position_ids, torch.float64)
+        assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+        scaling = model.rotary_emb.attention_scaling
+        freqs64 = position_ids[..., None].double() * inv64
+        with torch.no_grad():
+            tables32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+        if family == "deepseek_v2":
+            tables64 = torch.polar(torch.ones_like(freqs64), freqs64) * scaling
+        else:
+            emb = torch.cat((freqs64, freqs64), dim=-1)
+            tables64 = (emb.cos() * scaling, emb.sin() * scaling)
+
+        def replay(mod, x, kv, mask, dtype):
+            if dtype == torch.float32:
+                return mod(x, position_embeddings=tables32, attention_mask=mask)[0]
+            with dot_float_keeps_float64():
+                return mod(x, position_embeddings=tables64, attention_mask=mask)[0]
+
+        replay_case(out_dir, name, family, model, config_text, state,
+                    module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
+                    run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                      use_cache=False),
+                    replay=replay, causal=True, pad=pad, position_ids=position_ids)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
-          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts"]
+          "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts", "mla"]
 
 
 def main():
@@ -945,6 +1025,7 @@ def main():
         "alibi": lambda: alibi_cases(args.out),
         "interleaved": lambda: interleaved_cases(args.out),
         "layouts": lambda: layouts_cases(args.out),
+        "mla": lambda: mla_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

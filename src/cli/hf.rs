@@ -165,7 +165,9 @@ pub fn run(
         }
         (false, false) => None,
     };
-    let key = kv.as_ref().unwrap_or(&hidden);
+    // MLA's core runs on its pre-stage's query input and latent.
+    let (hidden, latent) = module.inputs(&hidden)?;
+    let key = kv.as_ref().unwrap_or(&latent);
     let c = &module.config;
     c.check_inputs(hidden.shape(), key.shape(), key.shape())?;
     let dims = AttnDims {

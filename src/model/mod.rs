@@ -7,3 +7,4 @@ pub mod relative_bias;
 pub mod rope;
 pub mod tensor;
 pub mod weights;
+pub mod mla;

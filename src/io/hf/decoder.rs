@@ -63,12 +63,21 @@ impl HfDecoder {
             lk: self.cache.len() + n,
         };
         let mask = self.module.mask(dims, None)?;
+        // MLA: queries from its query input, keys (and values) from its latent.
+        let latent = match &self.module.mla {
+            Some(mla) => Some(mla.of(x_new)?),
+            None => None,
+        };
+        let (x_q, x_k_v) = match &latent {
+            Some((q, kv)) => (q, Some(kv)),
+            None => (x_new, None),
+        };
         let options = StepOptions {
             mask: Some(&mask),
             positions,
-            ..Default::default()
+            x_k_v,
         };
-        self.mha.forward_step_with(&mut self.cache, x_new, &options)
+        self.mha.forward_step_with(&mut self.cache, x_q, &options)
     }
 
     /// Tokens decoded so far.

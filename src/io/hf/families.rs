@@ -34,10 +34,14 @@ pub enum Family {
     /// albert: `query`, `key`, `value`, `dense` (and the LayerNorm after it) under
     /// `….attention.`, one layer shared by every position in the stack.
     Albert,
+    /// deepseek_v2/v3 multi-head latent attention: `kv_a_proj_with_mqa`, `kv_a_layernorm`,
+    /// `kv_b_proj`, `q_proj` or `q_a_proj` + `q_a_layernorm` + `q_b_proj`, `o_proj`.
+    Mla,
 }
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
-const MARKERS: [(Family, &str, Option<&str>); 11] = [
+const MARKERS: [(Family, &str, Option<&str>); 12] = [
+    (Family::Mla, "kv_a_proj_with_mqa.weight", Some("o_proj.weight")),
     (
         Family::Bert,
         "self.query.weight",
@@ -78,6 +82,7 @@ impl Family {
             Family::GptNeox => "gpt_neox",
             Family::Phi => "phi",
             Family::Albert => "albert",
+            Family::Mla => "mla",
         }
     }
 
@@ -158,7 +163,7 @@ impl Family {
             Family::Vit => "BEiT's relative position bias",
             Family::DistilBert => "XLM's and FlauBERT's causal mode",
             Family::Gpt2 => "GPT-BigCode's Linear c_attn with multi-query packing",
-            Family::Phi | Family::Albert => "none known",
+            Family::Phi | Family::Albert | Family::Mla => "none known",
             Family::Bart => {
                 "GPT-J's interleaved rotary embeddings, GPT-Neo's unscaled local layers"
             }
@@ -194,6 +199,16 @@ impl Family {
             Family::Phi => &["q_proj", "k_proj", "v_proj", "dense"],
             // ALBERT keeps the LayerNorm after its output projection under the prefix.
             Family::Albert => &["query", "key", "value", "dense", "LayerNorm"],
+            Family::Mla => &[
+                "q_proj",
+                "q_a_proj",
+                "q_a_layernorm",
+                "q_b_proj",
+                "kv_a_proj_with_mqa",
+                "kv_a_layernorm",
+                "kv_b_proj",
+                "o_proj",
+            ],
         };
         let harmless = [
             "output.LayerNorm.weight", // BERT: after the attention's output
@@ -270,6 +285,13 @@ pub fn find_modules(names: &[&str]) -> Vec<(Family, String)> {
         .collect();
     found.sort_by(|a, b| a.1.cmp(&b.1));
     found.dedup();
+    // An MLA module without q LoRA also holds llama's `q_proj` + `o_proj` pair: it is MLA.
+    let mla: std::collections::HashSet<String> = found
+        .iter()
+        .filter(|(f, _)| *f == Family::Mla)
+        .map(|(_, p)| p.clone())
+        .collect();
+    found.retain(|(f, p)| *f == Family::Mla || !mla.contains(p));
     found
 }
 
@@ -298,6 +320,7 @@ pub fn projection_names(family: Family) -> [&'static str; 4] {
         ],
         Family::Phi => ["q_proj", "k_proj", "v_proj", "dense"],
         Family::Albert => ["query", "key", "value", "dense"],
+        Family::Mla => ["q_proj", "kv_b_proj", "kv_b_proj", "o_proj"],
     }
 }
 
