@@ -130,8 +130,13 @@ impl KvCache {
         };
         let (b, h, cap, dk, dv) = (batch, c.heads, capacity, c.qk_head_dim, c.v_head_dim);
         let elem = mha.qkv_elem_bytes();
-        // Keys and values of the key/value heads only (fewer than H under GQA/MQA).
-        let (k_elems, v_elems) = (b * c.kv_heads * cap * dk, b * c.kv_heads * cap * dv);
+        // Keys and values of the key/value heads only (fewer than H under GQA/MQA); no values
+        // where they are read from the keys (MLA's latent cache).
+        let k_elems = b * c.kv_heads * cap * dk;
+        let v_elems = match c.values_from_keys {
+            true => 0,
+            false => b * c.kv_heads * cap * dv,
+        };
         let limit = gpu.binding_limit();
         let packed_bytes = elem * (k_elems + v_elems + b * h * cap * dk) as u64;
         let chunk_keys = match chunks {
@@ -139,6 +144,15 @@ impl KvCache {
             Chunks::Auto => Some(largest_chunk(mha, b, limit)?),
             Chunks::Keys(keys) => Some(keys.div_ceil(chunk_unit(mha)) * chunk_unit(mha)),
         };
+        if chunk_keys.is_some() && c.values_from_keys {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: format!(
+                    "a KV cache of {cap} tokens whose values are its keys: it needs more than \
+                     one storage binding, and chunks keep values apart"
+                ),
+            });
+        }
         if chunk_keys.is_some() && !(fused && mha.flash.is_some()) {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
@@ -329,6 +343,7 @@ impl KvCache {
             keys_values: kv,
             step: self.step.bytes() + self.mask.words.size() + self.mask.params.size(),
             scores: self.scores.as_ref().map_or(0, wgpu::Buffer::size),
+            per_token: kv / (self.batch * self.capacity) as u64,
         }
     }
 
@@ -341,7 +356,11 @@ impl KvCache {
             Some(_) => QkvLayout {
                 q_offset: 0,
                 k_offset: 0,
-                v_offset: (b * c.kv_heads * self.capacity * c.qk_head_dim) as u32,
+                // Values read from the keys (MLA's latent cache): one buffer region for both.
+                v_offset: match c.values_from_keys {
+                    true => 0,
+                    false => (b * c.kv_heads * self.capacity * c.qk_head_dim) as u32,
+                },
                 kv_stride: self.capacity as u32,
                 kv_group,
             },

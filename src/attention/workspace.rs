@@ -255,10 +255,12 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
     } else if b.qkv.k == b.qkv.v && sharing != Sharing::Distinct {
         // K and V in one buffer (a KV cache keeps its queries apart): one GEMM writes both.
         let (x, seq, width, w_off, b_off) = key;
-        vec![
-            query,
-            (x, seq, width, w_off, b_off, vec![k_seg, v_seg], b.qkv.k),
-        ]
+        // Values read from the keys (a latent cache): the keys are all there is to write.
+        let segments = match c.values_from_keys && l.v_offset == l.k_offset {
+            true => vec![k_seg],
+            false => vec![k_seg, v_seg],
+        };
+        vec![query, (x, seq, width, w_off, b_off, segments, b.qkv.k)]
     } else {
         let (x, seq, width, w_off, b_off) = key;
         vec![

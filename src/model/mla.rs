@@ -247,7 +247,8 @@ impl MlaWeights {
             .with_kv_heads(1)?
             .with_bias(bias)
             .with_scale(scale as f32)?
-            .with_rope(rope)?;
+            .with_rope(rope)?
+            .with_values_from_keys()?;
         weights.check(&config)?;
         Ok((config, weights))
     }
@@ -263,6 +264,10 @@ impl MlaWeights {
 }
 
 impl MlaInputs {
+    pub fn dims(&self) -> &MlaDims {
+        &self.dims
+    }
+
     /// `x [B, L, E]` → (query input `[B, L, E]`: `q_a_layernorm(q_a_proj(x))` padded with zeros
     /// to E, or `x`; latent `[B, L, dr + r]`: `[k_pe | kv_a_layernorm(c)]` of `kv_a_proj_with_mqa(x)`,
     /// k_pe before RoPE — the core rotates it). Computed on the host, in f64 then f32.
