@@ -5,8 +5,8 @@
 //! scaling, gapped positions, configs in both spellings), mistral (sliding window), qwen2,
 //! gemma (MQA, head_dim ≠ E/H), phi3 (packed qkv), gpt_neox (per-head packed, partial
 //! rotary), granite (attention_multiplier), starcoder2 (biases, window), gemma2 (soft-capped
-//! scores, query_pre_attn_scalar; a windowed and a full layer) — and gpt_neo (unscaled; a
-//! global and a local layer), all on both paths.
+//! scores, query_pre_attn_scalar; a windowed and a full layer), deepseek_v2/v3 (multi-head latent
+//! attention) — and gpt_neo (unscaled; a global and a local layer), all on both paths.
 
 mod common;
 

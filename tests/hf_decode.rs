@@ -214,15 +214,27 @@ fn mla_caches_only_the_latent_and_decodes_as_its_causal_forward() {
             }
             let bytes = decoder.bytes();
             let latent = 4 * (dims.kv_lora_rank + dims.qk_rope_head_dim) as u64;
-            let mha_bytes =
-                4 * (dims.heads * (dims.qk_head_dim() + dims.v_head_dim)) as u64;
+            let mha_bytes = 4 * (dims.heads * (dims.qk_head_dim() + dims.v_head_dim)) as u64;
             assert_eq!(bytes.cache.per_token, latent, "{name} {p:?}: {bytes:?}");
-            assert_eq!(bytes.cache.keys_values, latent * (b * l) as u64, "{name} {p:?}");
+            assert_eq!(
+                bytes.cache.keys_values,
+                latent * (b * l) as u64,
+                "{name} {p:?}"
+            );
             assert_eq!(bytes.mha_per_token, mha_bytes, "{name} {p:?}");
-            assert!(bytes.cache.per_token < bytes.mha_per_token, "{name}: {bytes:?}");
+            assert!(
+                bytes.cache.per_token < bytes.mha_per_token,
+                "{name}: {bytes:?}"
+            );
         }
         seen.push(name);
     }
-    assert!(seen.iter().any(|n| n.starts_with("deepseek_v2")), "{seen:?}");
-    assert!(seen.iter().any(|n| n.starts_with("deepseek_v3")), "{seen:?}");
+    assert!(
+        seen.iter().any(|n| n.starts_with("deepseek_v2")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter().any(|n| n.starts_with("deepseek_v3")),
+        "{seen:?}"
+    );
 }

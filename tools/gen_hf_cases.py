@@ -37,6 +37,9 @@ the whole q and k projections), `cohere_*` (interleaved RoPE, per-head LayerNorm
 and without truncation) and `gpt_oss_*` (sinks, biases, yarn; a sliding and a full layer)
 (`--only qk_norm`), and `bloom_*` (ALiBi; the module's own residual replayed as zeros) (`--only alibi`), `gptj_*` and `roformer_*` (interleaved RoPE under bart's and bert's names)
 (`--only interleaved`), `olmo_*` (clip_qkv), `phi_*`, `albert_*` and `gpt_bigcode_*` (MQA and MHA) (`--only layouts`);
+`deepseek_v2_*` (MLA with q LoRA, biases, yarn with mscale_all_dim) and `deepseek_v3_*` (plain q_proj with
+interleaved RoPE; q LoRA with rotate-half RoPE) (`--only mla`: their float64 replay keeps V2's `.float()` and
+the RMSNorms' `.to(torch.float32)` in float64, and builds V2's complex `freqs_cis` from float64 angles);
 the others by 5.24.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]

@@ -118,7 +118,11 @@ impl MlaWeights {
                 )))
             }
         };
-        let q_name = if self.q_a.is_some() { "q_b_proj" } else { "q_proj" };
+        let q_name = if self.q_a.is_some() {
+            "q_b_proj"
+        } else {
+            "q_proj"
+        };
         shape(&self.q_b, q_name, h * d.qk_head_dim(), q_in)?;
         shape(&self.kv_a, "kv_a_proj_with_mqa", d.latent_width(), d.hidden)?;
         if self.kv_norm.len() != d.kv_lora_rank {

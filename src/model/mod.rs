@@ -2,9 +2,9 @@
 
 pub mod config;
 pub mod mask;
+pub mod mla;
 pub mod qk_norm;
 pub mod relative_bias;
 pub mod rope;
 pub mod tensor;
 pub mod weights;
-pub mod mla;

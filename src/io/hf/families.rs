@@ -41,7 +41,11 @@ pub enum Family {
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
 const MARKERS: [(Family, &str, Option<&str>); 12] = [
-    (Family::Mla, "kv_a_proj_with_mqa.weight", Some("o_proj.weight")),
+    (
+        Family::Mla,
+        "kv_a_proj_with_mqa.weight",
+        Some("o_proj.weight"),
+    ),
     (
         Family::Bert,
         "self.query.weight",

@@ -25,7 +25,9 @@ impl HfCheckpoint {
         let Some(c) = config else {
             return Err(Error::file(
                 &self.name,
-                format!("`{prefix}` is multi-head latent attention, whose sizes only config.json gives"),
+                format!(
+                    "`{prefix}` is multi-head latent attention, whose sizes only config.json gives"
+                ),
             ));
         };
         let heads = match heads {
@@ -43,9 +45,8 @@ impl HfCheckpoint {
                     .into(),
             });
         }
-        let size = |key: &str, default: usize| -> Result<usize> {
-            Ok(c.usize(key)?.unwrap_or(default))
-        };
+        let size =
+            |key: &str, default: usize| -> Result<usize> { Ok(c.usize(key)?.unwrap_or(default)) };
         let read = |name: &str| linear(self, prefix, name, false);
         let norm = |name: &str| -> Result<Vec<f32>> {
             Ok(self.read(&format!("{prefix}{name}.weight"))?.1)

@@ -206,7 +206,10 @@ impl HfConfig {
             return Ok(1.0);
         }
         let factor = self.number_in(p, "factor")?.ok_or_else(|| {
-            Error::file(&self.source, "rope_parameters sets mscale_all_dim but no `factor`")
+            Error::file(
+                &self.source,
+                "rope_parameters sets mscale_all_dim but no `factor`",
+            )
         })?;
         let mscale = match factor <= 1.0 {
             true => 1.0,
