@@ -84,7 +84,20 @@ fn describe(m: &HfAttention) -> String {
             n.kind, n.scope, n.eps
         ));
     }
-    if c.kv_heads != c.heads {
+    if let Some(mla) = &m.mla {
+        // The core's head_dim and kv_heads=1 are the absorbed form's: the latent is the key.
+        let d = mla.dims();
+        s.push_str(&format!(
+            " mla(q_lora_rank={}, kv_lora_rank={}, qk_nope_head_dim={}, qk_rope_head_dim={}, \
+             v_head_dim={}; cache {} floats/token)",
+            d.q_lora_rank.map_or("none".into(), |r| r.to_string()),
+            d.kv_lora_rank,
+            d.qk_nope_head_dim,
+            d.qk_rope_head_dim,
+            d.v_head_dim,
+            d.latent_width()
+        ));
+    } else if c.kv_heads != c.heads {
         s.push_str(&format!(" kv_heads={}", c.kv_heads));
     }
     if let Some(r) = &c.rope {
