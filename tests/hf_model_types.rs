@@ -649,7 +649,8 @@ fn mla_modules_transformers_would_not_build_are_refused() {
     let module = load("mla-ok", &config(""), &specs(&[])).expect("a plain MLA module loads");
     assert!(module.causal && module.mla.is_some());
     assert_eq!(module.mla.as_ref().unwrap().dims().latent_width(), 20);
-    let refused: [(&str, String, Vec<(String, Vec<usize>)>, &str); 5] = [
+    type Specs = Vec<(String, Vec<usize>)>;
+    let refused: [(&str, String, Specs, &str); 5] = [
         (
             "mla-kv-heads",
             config(r#", "num_key_value_heads": 2"#),

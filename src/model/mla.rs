@@ -334,3 +334,152 @@ fn rms_norm(x: &mut [f32], w: &[f32]) {
         *v = (*g as f64 * (*v as f64 * inv)) as f32;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::mask::Mask;
+    use crate::model::weights::SplitMix64;
+
+    fn matvec(l: &Linear, x: &[f64]) -> Vec<f64> {
+        (0..l.out_features)
+            .map(|o| {
+                let row = &l.weight[o * l.in_features..(o + 1) * l.in_features];
+                let s: f64 = row.iter().zip(x).map(|(w, v)| *w as f64 * v).sum();
+                s + l.bias.as_ref().map_or(0.0, |b| b[o] as f64)
+            })
+            .collect()
+    }
+
+    fn rms(x: &[f64], w: &[f32]) -> Vec<f64> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let inv = 1.0 / (ms + MLA_NORM_EPS).sqrt();
+        x.iter().zip(w).map(|(v, g)| *g as f64 * v * inv).collect()
+    }
+
+    /// transformers' MLA as written, every head expanded, in f64: q (LoRA), the latent and
+    /// its norm, kv_b_proj per head, interleaved RoPE on the dr = 2 rope dims (one pair, one
+    /// frequency: angle = position), causal softmax, o_proj.
+    fn expanded(w: &MlaWeights, x: &Tensor, scale: f64) -> Vec<f64> {
+        let d = w.dims;
+        let (h, dn, dr, dv, r) = (
+            d.heads,
+            d.qk_nope_head_dim,
+            d.qk_rope_head_dim,
+            d.v_head_dim,
+            d.kv_lora_rank,
+        );
+        assert_eq!(dr, 2);
+        let [b, l, e] = x.shape()[..] else { panic!() };
+        let rotate = |v: &mut [f64], pos: usize| {
+            let (c, s) = ((pos as f64).cos(), (pos as f64).sin());
+            let (a, bb) = (v[0], v[1]);
+            v[0] = a * c - bb * s;
+            v[1] = a * s + bb * c;
+        };
+        let mut out = Vec::new();
+        for bi in 0..b {
+            let mut qs = Vec::new();
+            let mut ks = Vec::new();
+            let mut vs = Vec::new();
+            for t in 0..l {
+                let xr: Vec<f64> = x.data()[(bi * l + t) * e..][..e]
+                    .iter()
+                    .map(|v| *v as f64)
+                    .collect();
+                let q_in = match &w.q_a {
+                    Some((a, norm)) => rms(&matvec(a, &xr), norm),
+                    None => xr.clone(),
+                };
+                let mut q = matvec(&w.q_b, &q_in);
+                let ckv = matvec(&w.kv_a, &xr);
+                let c = rms(&ckv[..r], &w.kv_norm);
+                let mut k_pe = ckv[r..].to_vec();
+                rotate(&mut k_pe, t);
+                let kv = matvec(&w.kv_b, &c);
+                let mut k = Vec::new();
+                let mut v = Vec::new();
+                for hd in 0..h {
+                    rotate(&mut q[hd * (dn + dr) + dn..][..dr], t);
+                    k.extend_from_slice(&kv[hd * (dn + dv)..][..dn]);
+                    k.extend_from_slice(&k_pe);
+                    v.extend_from_slice(&kv[hd * (dn + dv) + dn..][..dv]);
+                }
+                qs.push(q);
+                ks.push(k);
+                vs.push(v);
+            }
+            for (i, qi) in qs.iter().enumerate() {
+                let mut heads = vec![0.0; h * dv];
+                for hd in 0..h {
+                    let dot = |j: usize| -> f64 {
+                        let (q, k) = (&qi[hd * (dn + dr)..], &ks[j][hd * (dn + dr)..]);
+                        (0..dn + dr).map(|t| q[t] * k[t]).sum::<f64>() * scale
+                    };
+                    let s: Vec<f64> = (0..=i).map(dot).collect();
+                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                    let p: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                    let z: f64 = p.iter().sum();
+                    for (j, pj) in p.iter().enumerate() {
+                        for t in 0..dv {
+                            heads[hd * dv + t] += pj / z * vs[j][hd * dv + t];
+                        }
+                    }
+                }
+                out.extend(matvec(&w.o, &heads));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn absorbing_kv_b_proj_computes_the_expanded_attention() {
+        // dn ≠ dv ≠ dr and q LoRA narrower than E, so that no index can stand for another.
+        for q_lora_rank in [Some(5), None] {
+            let dims = MlaDims {
+                hidden: 12,
+                heads: 3,
+                q_lora_rank,
+                kv_lora_rank: 6,
+                qk_nope_head_dim: 4,
+                qk_rope_head_dim: 2,
+                v_head_dim: 3,
+            };
+            let mut rng = SplitMix64::new(7);
+            let q_a = q_lora_rank.map(|rank| {
+                let a = Linear::random(rank, 12, true, &mut rng);
+                (a, (0..rank).map(|_| rng.uniform(0.5, 1.5)).collect())
+            });
+            let q_b = Linear::random(3 * 6, q_lora_rank.unwrap_or(12), false, &mut rng);
+            let w = MlaWeights {
+                dims,
+                q_a,
+                q_b,
+                kv_a: Linear::random(8, 12, true, &mut rng),
+                kv_norm: (0..6).map(|_| rng.uniform(0.5, 1.5)).collect(),
+                kv_b: Linear::random(3 * 7, 6, false, &mut rng),
+                o: Linear::random(12, 9, true, &mut rng),
+            };
+            w.check(&|s| s.to_string()).expect("shapes");
+            let rope = Rope {
+                interleaved: true,
+                ..Rope::new(10_000.0, 2)
+            };
+            let scale = 6f64.powf(-0.5) * 1.3;
+            let (config, weights) = w.absorbed(scale, rope).expect("absorbed");
+            let x = Tensor::random([2, 5, 12], 3);
+            let (q, kv) = w.inputs().of(&x).expect("inputs");
+            let got = crate::reference::forward(&config, &weights, &q, &kv, &kv, &Mask::Causal)
+                .expect("reference")
+                .output;
+            let want = expanded(&w, &x, scale);
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            let size = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
+            assert!(err < 1e-5 * (1.0 + size), "{q_lora_rank:?}: {err:e}");
+        }
+    }
+}
