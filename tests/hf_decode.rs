@@ -10,7 +10,9 @@ mod common;
 
 use common::{assert_close, file_name, fixtures, gpu, BOTH_PATHS};
 use wgpu_mha::io::hf::HfCheckpoint;
-use wgpu_mha::{Error, ForwardOptions, Mask, MultiHeadAttention, SafetensorsFile, Tensor};
+use wgpu_mha::{
+    Error, ForwardOptions, KvCache, Mask, MultiHeadAttention, SafetensorsFile, StepOptions, Tensor,
+};
 
 #[test]
 fn every_decoder_family_decodes_as_transformers_answers() {
@@ -227,6 +229,36 @@ fn mla_caches_only_the_latent_and_decodes_as_its_causal_forward() {
                 "{name}: {bytes:?}"
             );
         }
+        // A chunked latent cache (what a cache past one storage binding becomes): its value
+        // chunks are its key chunks.
+        let mut cache = KvCache::chunked(&mha, b, l, 1).expect("chunked cache");
+        let mut at = 0;
+        for n in [3, 1, 1, 1, 1] {
+            let take = |t: &Tensor| -> Tensor {
+                let w = t.shape()[2];
+                let rows = (0..b)
+                    .flat_map(|bi| t.data()[(bi * l + at) * w..(bi * l + at + n) * w].to_vec())
+                    .collect();
+                Tensor::new([b, n, w], rows).expect("rows")
+            };
+            let pos: Vec<usize> = (0..b)
+                .flat_map(|bi| positions[bi * l + at..bi * l + at + n].to_vec())
+                .collect();
+            let step_kv = take(&kv);
+            let options = StepOptions {
+                x_k_v: Some(&step_kv),
+                positions: Some(&pos),
+                ..Default::default()
+            };
+            let got = mha
+                .forward_step_with(&mut cache, &take(&q), &options)
+                .unwrap_or_else(|err| panic!("{name} chunked: step at {at}: {err}"));
+            let want: Vec<f64> = take(&full).data().iter().map(|v| *v as f64).collect();
+            assert_close(&format!("{name} chunked: step at {at}"), got.data(), &want);
+            at += n;
+        }
+        let latent = 4 * (dims.kv_lora_rank + dims.qk_rope_head_dim) as u64;
+        assert_eq!(cache.bytes().per_token, latent, "{name} chunked");
         seen.push(name);
     }
     assert!(

@@ -50,6 +50,11 @@ pub struct KvCache {
     /// `[B, H, C, C]` for the multi-pass core.
     scores: Option<wgpu::Buffer>,
     mask: MaskBuffers,
+    /// The values are the keys (MLA's latent cache): `v_chunks` are `k_chunks`, `kv` holds no
+    /// values.
+    values_from_keys: bool,
+    /// Bytes one token of one sequence takes in the keys and values.
+    per_token: u64,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -144,15 +149,6 @@ impl KvCache {
             Chunks::Auto => Some(largest_chunk(mha, b, limit)?),
             Chunks::Keys(keys) => Some(keys.div_ceil(chunk_unit(mha)) * chunk_unit(mha)),
         };
-        if chunk_keys.is_some() && c.values_from_keys {
-            return Err(Error::Unsupported {
-                adapter: gpu.describe(),
-                what: format!(
-                    "a KV cache of {cap} tokens whose values are its keys: it needs more than \
-                     one storage binding, and chunks keep values apart"
-                ),
-            });
-        }
         if chunk_keys.is_some() && !(fused && mha.flash.is_some()) {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
@@ -240,11 +236,13 @@ impl KvCache {
                             })
                             .collect()
                     };
-                    (
-                        None,
-                        chunk(dk, "KV cache key chunk"),
-                        chunk(dv, "KV cache value chunk"),
-                    )
+                    let k_chunks = chunk(dk, "KV cache key chunk");
+                    // Values read from the keys: the value chunks are the key chunks.
+                    let v_chunks = match c.values_from_keys {
+                        true => k_chunks.clone(),
+                        false => chunk(dv, "KV cache value chunk"),
+                    };
+                    (None, k_chunks, v_chunks)
                 }
             };
             let chunked = chunk_keys.is_some();
@@ -263,6 +261,8 @@ impl KvCache {
                 scores: (!fused)
                     .then(|| gpu.storage("step scores", 4 * (b * h * cap * cap) as u64, none)),
                 mask: MaskBuffers::new(gpu, 0),
+                values_from_keys: c.values_from_keys,
+                per_token: elem * (c.kv_heads * (dk + dv * !c.values_from_keys as usize)) as u64,
             }
         })
     }
@@ -336,14 +336,14 @@ impl KvCache {
             .kv
             .iter()
             .chain(&self.k_chunks)
-            .chain(&self.v_chunks)
+            .chain(self.v_chunks.iter().filter(|_| !self.values_from_keys))
             .map(wgpu::Buffer::size)
             .sum();
         KvCacheBytes {
             keys_values: kv,
             step: self.step.bytes() + self.mask.words.size() + self.mask.params.size(),
             scores: self.scores.as_ref().map_or(0, wgpu::Buffer::size),
-            per_token: kv / (self.batch * self.capacity) as u64,
+            per_token: self.per_token,
         }
     }
 

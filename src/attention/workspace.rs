@@ -341,7 +341,10 @@ fn appends(
         ..keys
     };
     let mut chain = kv_append::dispatches(&mha.gpu, f16, keys, chunks, true)?;
-    chain.extend(kv_append::dispatches(&mha.gpu, f16, values, chunks, false)?);
+    // Values read from the keys (a latent cache): the rotated keys are the values.
+    if !c.values_from_keys {
+        chain.extend(kv_append::dispatches(&mha.gpu, f16, values, chunks, false)?);
+    }
     Ok(chain)
 }
 
