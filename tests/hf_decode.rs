@@ -9,6 +9,7 @@
 mod common;
 
 use common::{assert_close, file_name, fixtures, gpu, BOTH_PATHS};
+use wgpu_mha::attention::mla_stage::MlaStage;
 use wgpu_mha::io::hf::HfCheckpoint;
 use wgpu_mha::{
     Error, ForwardOptions, KvCache, Mask, MultiHeadAttention, SafetensorsFile, StepOptions, Tensor,
@@ -183,6 +184,18 @@ fn mla_caches_only_the_latent_and_decodes_as_its_causal_forward() {
         };
         let positions = file.tensor_indices("position_ids").expect("position_ids").1;
         let (q, kv) = module.inputs(&x).expect("MLA inputs");
+        // The device's pre-stage (the decoder's) gives the host's inputs.
+        let stage = MlaStage::new(gpu(), module.mla.as_ref().unwrap());
+        let (q_gpu, kv_gpu) = stage.of(&x).expect("MLA pre-stage");
+        for (what, gpu_t, host) in [("query", &q_gpu, &q), ("latent", &kv_gpu, &kv)] {
+            assert_eq!(gpu_t.shape(), host.shape(), "{name}: {what}");
+            let want: Vec<f64> = host.data().iter().map(|v| *v as f64).collect();
+            assert_close(
+                &format!("{name}: {what} on the device"),
+                gpu_t.data(),
+                &want,
+            );
+        }
         let mha = MultiHeadAttention::new(gpu(), module.config, &module.weights).expect("module");
         let options = ForwardOptions {
             positions: Some(positions.clone()),

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
+use wgpu_mha::attention::mla_stage::MlaStage;
 use wgpu_mha::io::hf::case::read_positions;
 use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
 use wgpu_mha::model::mask::AttnDims;
@@ -178,8 +179,17 @@ pub fn run(
         }
         (false, false) => None,
     };
-    // MLA's core runs on its pre-stage's query input and latent.
-    let (hidden, latent) = module.inputs(&hidden)?;
+    // MLA's core runs on its pre-stage's query input and latent (made on the device).
+    let mut device = None;
+    let (hidden, latent) = match &module.mla {
+        Some(mla) => {
+            let gpu = Gpu::with_options(options)?;
+            let inputs = MlaStage::new(&gpu, mla).of(&hidden)?;
+            device = Some(gpu);
+            inputs
+        }
+        None => (hidden.clone(), hidden),
+    };
     let key = kv.as_ref().unwrap_or(&latent);
     let c = &module.config;
     c.check_inputs(hidden.shape(), key.shape(), key.shape())?;
@@ -198,7 +208,10 @@ pub fn run(
         positions: read_positions(&inputs, &module.config, dims.batch, dims.lk)?,
         ..forward_options.clone()
     };
-    let gpu = Gpu::with_options(options)?;
+    let gpu = match device {
+        Some(gpu) => gpu,
+        None => Gpu::with_options(options)?,
+    };
     let mha = MultiHeadAttention::new(&gpu, module.config, &module.weights)?;
     let forward = mha.forward_with(&hidden, key, key, &mask, forward_options)?;
     println!(

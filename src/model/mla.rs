@@ -67,10 +67,10 @@ pub struct MlaWeights {
 /// The pre-stage: hidden states to the core's query input and latent input.
 #[derive(Debug, Clone)]
 pub struct MlaInputs {
-    dims: MlaDims,
-    q_a: Option<(Linear, Vec<f32>)>,
-    kv_a: Linear,
-    kv_norm: Vec<f32>,
+    pub(crate) dims: MlaDims,
+    pub(crate) q_a: Option<(Linear, Vec<f32>)>,
+    pub(crate) kv_a: Linear,
+    pub(crate) kv_norm: Vec<f32>,
 }
 
 impl MlaWeights {

@@ -4,6 +4,7 @@
 
 use super::HfAttention;
 use crate::attention::kv_cache::{KvCache, KvCacheBytes, StepOptions};
+use crate::attention::mla_stage::MlaStage;
 use crate::attention::AttentionPath;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -17,6 +18,8 @@ pub struct HfDecoder {
     mha: MultiHeadAttention,
     cache: KvCache,
     batch: usize,
+    /// MLA's pre-stage on the device.
+    stage: Option<MlaStage>,
 }
 
 /// A decoder's cache in bytes, next to an equivalent multi-head cache ([`HfDecoder::bytes`]).
@@ -66,6 +69,7 @@ impl HfAttention {
             mha,
             cache,
             batch,
+            stage: self.mla.as_ref().map(|m| MlaStage::new(gpu, m)),
         })
     }
 }
@@ -84,8 +88,8 @@ impl HfDecoder {
         };
         let mask = self.module.mask(dims, None)?;
         // MLA: queries from its query input, keys (and values) from its latent.
-        let latent = match &self.module.mla {
-            Some(mla) => Some(mla.of(x_new)?),
+        let latent = match &self.stage {
+            Some(stage) => Some(stage.of(x_new)?),
             None => None,
         };
         let (x_q, x_k_v) = match &latent {
