@@ -8,9 +8,14 @@
 
 mod common;
 
-use common::{assert_steps_match_causal_forward, file_name, fixtures, gpu};
+use common::{
+    assert_close, assert_steps_match_causal_forward, file_name, fixtures, gpu, BOTH_PATHS,
+};
+use wgpu_mha::attention::mla_stage::MlaStage;
 use wgpu_mha::io::hf::HfCheckpoint;
-use wgpu_mha::{Error, SafetensorsFile, Tensor};
+use wgpu_mha::{
+    Error, ForwardOptions, KvCache, Mask, MultiHeadAttention, SafetensorsFile, StepOptions, Tensor,
+};
 
 #[test]
 fn every_decoder_family_decodes_as_transformers_answers() {
@@ -111,6 +116,8 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "codegen",
         "gpt_bigcode",
         "t5_decoder_self",
+        "deepseek_v2",
+        "deepseek_v3",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),
@@ -201,4 +208,131 @@ fn a_decoder_over_an_encoder_or_cross_attention_is_refused() {
             "no refused case {case}: {refused:?}"
         );
     }
+}
+
+/// DeepSeek's multi-head latent attention decodes through a latent cache: per token it holds
+/// the shared RoPE key and the normalised latent (`qk_rope_head_dim + kv_lora_rank` f32, no
+/// separate values), far less than the per-head keys and values transformers expands them to,
+/// and decoding token by token, on the fused and the multi-pass path, equals the module's
+/// causal forward over the whole sequences (both sequences of each case, padding included:
+/// right padding comes after every real token).
+#[test]
+fn mla_caches_only_the_latent_and_decodes_as_its_causal_forward() {
+    let mut seen = Vec::new();
+    for path in fixtures("hf") {
+        let name = file_name(&path);
+        if !name.starts_with("deepseek") {
+            continue;
+        }
+        let file = SafetensorsFile::open(&path).expect("case");
+        let prefix = file.metadata("prefix").expect("prefix").to_string();
+        let module = HfCheckpoint::open(&path)
+            .expect("checkpoint")
+            .attention(&prefix, None)
+            .expect("module");
+        let dims = *module.mla.as_ref().expect("an MLA module").dims();
+        let x = file.tensor_f32("hidden_states").expect("hidden_states");
+        let [b, l, e] = x.shape()[..] else {
+            panic!("{name}: hidden_states rank")
+        };
+        let positions = file.tensor_indices("position_ids").expect("position_ids").1;
+        let (q, kv) = module.inputs(&x).expect("MLA inputs");
+        // The device's pre-stage (the decoder's) gives the host's inputs.
+        let stage = MlaStage::new(gpu(), module.mla.as_ref().unwrap());
+        let (q_gpu, kv_gpu) = stage.of(&x).expect("MLA pre-stage");
+        for (what, gpu_t, host) in [("query", &q_gpu, &q), ("latent", &kv_gpu, &kv)] {
+            assert_eq!(gpu_t.shape(), host.shape(), "{name}: {what}");
+            let want: Vec<f64> = host.data().iter().map(|v| *v as f64).collect();
+            assert_close(
+                &format!("{name}: {what} on the device"),
+                gpu_t.data(),
+                &want,
+            );
+        }
+        let mha = MultiHeadAttention::new(gpu(), module.config, &module.weights).expect("module");
+        let options = ForwardOptions {
+            positions: Some(positions.clone()),
+            ..Default::default()
+        };
+        let full = mha
+            .forward_with(&q, &kv, &kv, &Mask::Causal, &options)
+            .expect("forward")
+            .output;
+        let out = module.config.output_dim();
+        assert_eq!(out, e, "{name}: the output is hidden_size wide");
+        for p in BOTH_PATHS {
+            let mut decoder = module.decoder_on(gpu(), b, l, p).expect("decoder");
+            let mut at = 0;
+            for n in [3, 1, 1, 1, 1] {
+                let take = |data: &[f32], w: usize| -> Vec<f32> {
+                    (0..b)
+                        .flat_map(|bi| data[(bi * l + at) * w..(bi * l + at + n) * w].to_vec())
+                        .collect()
+                };
+                let step_x = Tensor::new([b, n, e], take(x.data(), e)).expect("rows");
+                let pos: Vec<usize> = (0..b)
+                    .flat_map(|bi| positions[bi * l + at..bi * l + at + n].to_vec())
+                    .collect();
+                let got = decoder
+                    .step(&step_x, Some(&pos))
+                    .unwrap_or_else(|err| panic!("{name} {p:?}: step at {at}: {err}"));
+                let want: Vec<f64> = take(full.data(), out).iter().map(|v| *v as f64).collect();
+                assert_close(&format!("{name} {p:?}: step at {at}"), got.data(), &want);
+                at += n;
+            }
+            let bytes = decoder.bytes();
+            let latent = 4 * (dims.kv_lora_rank + dims.qk_rope_head_dim) as u64;
+            let mha_bytes = 4 * (dims.heads * (dims.qk_head_dim() + dims.v_head_dim)) as u64;
+            assert_eq!(bytes.cache.per_token, latent, "{name} {p:?}: {bytes:?}");
+            assert_eq!(
+                bytes.cache.keys_values,
+                latent * (b * l) as u64,
+                "{name} {p:?}"
+            );
+            assert_eq!(bytes.mha_per_token, mha_bytes, "{name} {p:?}");
+            assert!(
+                bytes.cache.per_token < bytes.mha_per_token,
+                "{name}: {bytes:?}"
+            );
+        }
+        // A chunked latent cache (what a cache past one storage binding becomes): its value
+        // chunks are its key chunks.
+        let mut cache = KvCache::chunked(&mha, b, l, 1).expect("chunked cache");
+        let mut at = 0;
+        for n in [3, 1, 1, 1, 1] {
+            let take = |t: &Tensor| -> Tensor {
+                let w = t.shape()[2];
+                let rows = (0..b)
+                    .flat_map(|bi| t.data()[(bi * l + at) * w..(bi * l + at + n) * w].to_vec())
+                    .collect();
+                Tensor::new([b, n, w], rows).expect("rows")
+            };
+            let pos: Vec<usize> = (0..b)
+                .flat_map(|bi| positions[bi * l + at..bi * l + at + n].to_vec())
+                .collect();
+            let step_kv = take(&kv);
+            let options = StepOptions {
+                x_k_v: Some(&step_kv),
+                positions: Some(&pos),
+                ..Default::default()
+            };
+            let got = mha
+                .forward_step_with(&mut cache, &take(&q), &options)
+                .unwrap_or_else(|err| panic!("{name} chunked: step at {at}: {err}"));
+            let want: Vec<f64> = take(&full).data().iter().map(|v| *v as f64).collect();
+            assert_close(&format!("{name} chunked: step at {at}"), got.data(), &want);
+            at += n;
+        }
+        let latent = 4 * (dims.kv_lora_rank + dims.qk_rope_head_dim) as u64;
+        assert_eq!(cache.bytes().per_token, latent, "{name} chunked");
+        seen.push(name);
+    }
+    assert!(
+        seen.iter().any(|n| n.starts_with("deepseek_v2")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter().any(|n| n.starts_with("deepseek_v3")),
+        "{seen:?}"
+    );
 }

@@ -212,7 +212,8 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             "deepseek_v2",
             "llama",
             r#"{"model_type": "deepseek_v2", "num_attention_heads": 4, "num_key_value_heads": 2}"#,
-            &["\"deepseek_v2\"", "latent"],
+            // MLA runs under its own tensor names, never llama's.
+            &["\"deepseek_v2\"", "mla attention tensors, not llama"],
         ),
     ];
     for (tag, which, config, says) in cases {
@@ -610,5 +611,82 @@ fn inspect_prints_the_refusal_instead_of_runs() {
             .find(|l| l.contains(prefix))
             .unwrap_or_else(|| panic!("no {prefix} line:\n{text}"));
         assert!(line.contains(says) && line.ends_with("runs"), "{line}");
+    }
+}
+
+/// DeepSeek's MLA loads only as transformers would build it: one key/value per query head
+/// (transformers' `repeat_kv` fails on anything else), no tensor it does not read, biases as
+/// `attention_bias` says, and the config's sizes matching every tensor; its tensors under
+/// another model type are not MLA.
+#[test]
+fn mla_modules_transformers_would_not_build_are_refused() {
+    let p = "model.layers.0.self_attn.";
+    let specs = |extra: &[(&str, Vec<usize>)]| -> Vec<(String, Vec<usize>)> {
+        let mut s: Vec<(String, Vec<usize>)> = [
+            ("q_proj.weight", vec![48, 32]),
+            ("kv_a_proj_with_mqa.weight", vec![20, 32]),
+            ("kv_a_layernorm.weight", vec![16]),
+            ("kv_b_proj.weight", vec![64, 16]),
+            ("o_proj.weight", vec![32, 32]),
+        ]
+        .into_iter()
+        .chain(extra.iter().map(|(n, s)| (*n, s.clone())))
+        .map(|(n, s)| (format!("{p}{n}"), s))
+        .collect();
+        s.sort();
+        s
+    };
+    let config = |extra: &str| {
+        format!(
+            r#"{{"model_type": "deepseek_v3", "num_attention_heads": 4, "kv_lora_rank": 16,
+                "q_lora_rank": null, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                "v_head_dim": 8{extra}}}"#
+        )
+    };
+    let load = |tag: &str, config: &str, specs: &[(String, Vec<usize>)]| {
+        let dir = model_dir(tag, config, specs);
+        HfCheckpoint::open(dir.path()).unwrap().attention(p, None)
+    };
+    let module = load("mla-ok", &config(""), &specs(&[])).expect("a plain MLA module loads");
+    assert!(module.causal && module.mla.is_some());
+    assert_eq!(module.mla.as_ref().unwrap().dims().latent_width(), 20);
+    type Specs = Vec<(String, Vec<usize>)>;
+    let refused: [(&str, String, Specs, &str); 5] = [
+        (
+            "mla-kv-heads",
+            config(r#", "num_key_value_heads": 2"#),
+            specs(&[]),
+            "num_key_value_heads = 2",
+        ),
+        (
+            "mla-q-norm",
+            config(""),
+            specs(&[("q_norm.weight", vec![12])]),
+            "q_norm.weight",
+        ),
+        (
+            "mla-bias",
+            config(r#", "attention_bias": true"#),
+            specs(&[]),
+            "kv_a_proj_with_mqa.bias",
+        ),
+        (
+            "mla-rank",
+            config(r#", "kv_lora_rank": 12"#),
+            specs(&[]),
+            "kv_a_proj_with_mqa.weight",
+        ),
+        (
+            "mla-as-llama",
+            config("").replace("deepseek_v3", "llama"),
+            specs(&[]),
+            "llama checkpoint holds llama attention tensors, not mla",
+        ),
+    ];
+    for (tag, config, specs, says) in refused {
+        match load(tag, &config, &specs) {
+            Err(e) => assert!(e.to_string().contains(says), "{tag}: `{e}` lacks `{says}`"),
+            Ok(_) => panic!("{tag}: loaded"),
+        }
     }
 }

@@ -12,6 +12,7 @@ use wgpu_mha::kernels::flash_attention::{self, FlashShape};
 use wgpu_mha::kernels::kv_append::{self, AppendParams};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
+use wgpu_mha::kernels::mla_rows::{self, RowParams};
 use wgpu_mha::kernels::qk_norm::{self, NormParams};
 use wgpu_mha::kernels::read_probe::{self, ProbeParams};
 use wgpu_mha::kernels::{av_combine, naive, rope, scores, softmax, GEMM_TILE};
@@ -53,6 +54,7 @@ fn all_sources() -> Vec<(String, String)> {
         ("read_probe".to_string(), read_probe::WGSL.to_string()),
         ("rope f16".to_string(), rope::source(true)),
         ("qk_norm".to_string(), qk_norm::source(false)),
+        ("mla_rows".to_string(), mla_rows::source()),
         ("clamp".to_string(), clamp::source(false)),
         ("clamp f16".to_string(), clamp::source(true)),
         ("qk_norm f16".to_string(), qk_norm::source(true)),
@@ -413,6 +415,16 @@ fn uniform_structs_match_their_wgsl_layout() {
                     groups_x,
                     _pad0,
                     _pad1
+                ]
+            ),
+        ),
+        (
+            mla_rows::source(),
+            host_layout!(
+                RowParams,
+                [
+                    rows, n, in_stride, in_offset, out_stride, out_offset, normalise, groups_x,
+                    eps, _pad0, _pad1, _pad2
                 ]
             ),
         ),

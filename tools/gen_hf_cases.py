@@ -42,8 +42,11 @@ over 6 heads, attn_config clip_qkv and softmax_scale; MPT's `softmax(scores.floa
 float64 by the replay) (`--only falcon_mpt`), `codegen_*` (4-block qkv_proj, interleaved partial
 RoPE), `phi3_*_longrope` and `llama_*_dynamic` (positions past the original / max length: the
 long factors and the grown θ, as a freshly loaded rotary module computes them for the call)
-(`--only scaled_rope`); the others by 5.24. CodeGen's scores cast to float32 are kept float64 in
-the float64 replay, as GPT-J's.
+(`--only scaled_rope`), `deepseek_v2_*` (MLA with q LoRA, biases, yarn with mscale_all_dim) and
+`deepseek_v3_*` (plain q_proj with interleaved RoPE; q LoRA with rotate-half RoPE) (`--only mla`:
+their float64 replay keeps V2's `.float()` and the RMSNorms' `.to(torch.float32)` in float64, and
+builds V2's complex `freqs_cis` from float64 angles); the others by 5.24. CodeGen's scores cast
+to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
         (needs torch, transformers 5)
@@ -229,6 +232,31 @@ FAMILIES = {
         vocab_size=64, d_model=48, n_heads=6, n_layers=2, expansion_ratio=2, max_seq_len=16,
         initializer_range=0.2, attn_config=dict(clip_qkv=0.8, softmax_scale=0.5))),
     # layer 0 global, layer 1 local with a window of 3; unscaled scores.
+    "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
+        vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+        attention_types=[[["global", "local"], 1]], window_size=3, max_position_embeddings=16,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+    # DeepSeek multi-head latent attention, MoE off (every layer dense): V2 with q LoRA, biases
+    # and yarn (mscale_all_dim scales the scores too); V3 with a plain q_proj and interleaved
+    # RoPE; V3 with q LoRA and rotate-half RoPE (rope_interleave false).
+    "deepseek_v2": (tf.DeepseekV2Model, tf.DeepseekV2Config, dict(
+        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
+        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
+        topk_group=1, attention_bias=True, max_position_embeddings=64,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707})),
+    "deepseek_v3": (tf.DeepseekV3Model, tf.DeepseekV3Config, dict(
+        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
+        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
+        topk_group=1)),
+    "deepseek_v3_halves": (tf.DeepseekV3Model, tf.DeepseekV3Config, dict(
+        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
+        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
+        topk_group=1, rope_interleave=False)),
     "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
         attention_types=[[["global", "local"], 1]], window_size=3, max_position_embeddings=16,
@@ -1065,11 +1093,70 @@ def falcon_mpt_cases(out_dir):
                 replay=replay_m, causal=True, pad=pad)
 
 
+@contextlib.contextmanager
+def dot_float_keeps_float64():
+    """DeepSeek-V2's `apply_rotary_emb` calls `.float()` on q and k; for the float64 replay that
+    cast must keep float64 (with `float32_means_float64` for RMSNorm's `.to(torch.float32)`)."""
+    original = torch.Tensor.float
+
+    def keep(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else original(self, *args, **kwargs)
+
+    torch.Tensor.float = keep
+    try:
+        with float32_means_float64():
+            yield
+    finally:
+        torch.Tensor.float = original
+
+
+def mla_cases(out_dir):
+    """DeepSeek-V2/V3 multi-head latent attention, layer 1 (dense), causal, padded. The float64
+    tables: V2's complex `freqs_cis` (torch.polar of float64 angles), V3's cos/sin; both scaled
+    by the rotary embedding's own `attention_scaling` (a Python float)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    for variant, name in [
+            ("deepseek_v2", "deepseek_v2_self_layer1_causal_padding_qlora_yarn"),
+            ("deepseek_v3", "deepseek_v3_self_layer1_causal_padding_interleaved"),
+            ("deepseek_v3_halves", "deepseek_v3_self_layer1_causal_padding_qlora_halves")]:
+        family = variant.removesuffix("_halves")
+        model = build(variant)
+        config_text, state = saved(model)
+        seeded(name)
+        length = 7
+        input_ids, pad = ids(length), lengths_mask([7, 5], length)
+        position_ids = torch.stack([arange(0, 7), arange(2, 7)])
+        cfg = model.config
+        _, _, inv64 = rope_tables(cfg, position_ids, torch.float64)
+        assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+        scaling = model.rotary_emb.attention_scaling
+        freqs64 = position_ids[..., None].double() * inv64
+        with torch.no_grad():
+            tables32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+        if family == "deepseek_v2":
+            tables64 = torch.polar(torch.ones_like(freqs64), freqs64) * scaling
+        else:
+            emb = torch.cat((freqs64, freqs64), dim=-1)
+            tables64 = (emb.cos() * scaling, emb.sin() * scaling)
+
+        def replay(mod, x, kv, mask, dtype):
+            if dtype == torch.float32:
+                return mod(x, position_embeddings=tables32, attention_mask=mask)[0]
+            with dot_float_keeps_float64():
+                return mod(x, position_embeddings=tables64, attention_mask=mask)[0]
+
+        replay_case(out_dir, name, family, model, config_text, state,
+                    module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
+                    run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                      use_cache=False),
+                    replay=replay, causal=True, pad=pad, position_ids=position_ids)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope"]
+          "falcon_mpt", "scaled_rope", "mla"]
 
 
 def main():
@@ -1098,6 +1185,7 @@ def main():
         "layouts": lambda: layouts_cases(args.out),
         "falcon_mpt": lambda: falcon_mpt_cases(args.out),
         "scaled_rope": lambda: scaled_rope_cases(args.out),
+        "mla": lambda: mla_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

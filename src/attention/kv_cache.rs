@@ -51,6 +51,11 @@ pub struct KvCache {
     /// `[B, H, C, C]` for the multi-pass core.
     scores: Option<wgpu::Buffer>,
     mask: MaskBuffers,
+    /// The values are the keys (MLA's latent cache): `v_chunks` are `k_chunks`, `kv` holds no
+    /// values.
+    values_from_keys: bool,
+    /// Bytes one token of one sequence takes in the keys and values.
+    per_token: u64,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -131,8 +136,13 @@ impl KvCache {
         };
         let (b, h, cap, dk, dv) = (batch, c.heads, capacity, c.qk_head_dim, c.v_head_dim);
         let elem = mha.qkv_elem_bytes();
-        // Keys and values of the key/value heads only (fewer than H under GQA/MQA).
-        let (k_elems, v_elems) = (b * c.kv_heads * cap * dk, b * c.kv_heads * cap * dv);
+        // Keys and values of the key/value heads only (fewer than H under GQA/MQA); no values
+        // where they are read from the keys (MLA's latent cache).
+        let k_elems = b * c.kv_heads * cap * dk;
+        let v_elems = match c.values_from_keys {
+            true => 0,
+            false => b * c.kv_heads * cap * dv,
+        };
         let limit = gpu.binding_limit();
         let packed_bytes = elem * (k_elems + v_elems + b * h * cap * dk) as u64;
         let chunk_keys = match chunks {
@@ -227,11 +237,13 @@ impl KvCache {
                             })
                             .collect()
                     };
-                    (
-                        None,
-                        chunk(dk, "KV cache key chunk"),
-                        chunk(dv, "KV cache value chunk"),
-                    )
+                    let k_chunks = chunk(dk, "KV cache key chunk");
+                    // Values read from the keys: the value chunks are the key chunks.
+                    let v_chunks = match c.values_from_keys {
+                        true => k_chunks.clone(),
+                        false => chunk(dv, "KV cache value chunk"),
+                    };
+                    (None, k_chunks, v_chunks)
                 }
             };
             let chunked = chunk_keys.is_some();
@@ -250,6 +262,8 @@ impl KvCache {
                 scores: (!fused)
                     .then(|| gpu.storage("step scores", 4 * (b * h * cap * cap) as u64, none)),
                 mask: MaskBuffers::new(gpu, 0),
+                values_from_keys: c.values_from_keys,
+                per_token: elem * (c.kv_heads * (dk + dv * !c.values_from_keys as usize)) as u64,
             }
         })
     }
@@ -323,13 +337,14 @@ impl KvCache {
             .kv
             .iter()
             .chain(&self.k_chunks)
-            .chain(&self.v_chunks)
+            .chain(self.v_chunks.iter().filter(|_| !self.values_from_keys))
             .map(wgpu::Buffer::size)
             .sum();
         KvCacheBytes {
             keys_values: kv,
             step: self.step.bytes() + self.mask.words.size() + self.mask.params.size(),
             scores: self.scores.as_ref().map_or(0, wgpu::Buffer::size),
+            per_token: self.per_token,
         }
     }
 
@@ -342,7 +357,11 @@ impl KvCache {
             Some(_) => QkvLayout {
                 q_offset: 0,
                 k_offset: 0,
-                v_offset: (b * c.kv_heads * self.capacity * c.qk_head_dim) as u32,
+                // Values read from the keys (MLA's latent cache): one buffer region for both.
+                v_offset: match c.values_from_keys {
+                    true => 0,
+                    false => (b * c.kv_heads * self.capacity * c.qk_head_dim) as u32,
+                },
                 kv_stride: self.capacity as u32,
                 kv_group,
             },

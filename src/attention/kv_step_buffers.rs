@@ -36,6 +36,11 @@ pub struct KvCacheBytes {
     pub step: u64,
     /// A multi-pass cache's `[B, H, C, C]` scores.
     pub scores: u64,
+    /// Bytes of keys and values one token of one sequence takes (`keys_values` is this times
+    /// batch times the capacity, rounded up to whole chunks): per key/value head `dk + dv`
+    /// elements, or only the keys where values are read from them (MLA's latent cache:
+    /// `qk_rope_head_dim + kv_lora_rank`).
+    pub per_token: u64,
 }
 
 impl KvCacheBytes {

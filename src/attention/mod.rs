@@ -12,6 +12,7 @@ mod gpu_weights;
 pub mod kv_cache;
 mod kv_chunks;
 mod kv_step_buffers;
+pub mod mla_stage;
 mod plan;
 mod row_passes;
 mod run;

@@ -252,10 +252,12 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
     } else if b.qkv.k == b.qkv.v && sharing != Sharing::Distinct {
         // K and V in one buffer (a KV cache keeps its queries apart): one GEMM writes both.
         let (x, seq, width, w_off, b_off) = key;
-        vec![
-            query,
-            (x, seq, width, w_off, b_off, vec![k_seg, v_seg], b.qkv.k),
-        ]
+        // Values read from the keys (a latent cache): the keys are all there is to write.
+        let segments = match c.values_from_keys && l.v_offset == l.k_offset {
+            true => vec![k_seg],
+            false => vec![k_seg, v_seg],
+        };
+        vec![query, (x, seq, width, w_off, b_off, segments, b.qkv.k)]
     } else {
         let (x, seq, width, w_off, b_off) = key;
         vec![
@@ -336,7 +338,10 @@ fn appends(
         ..keys
     };
     let mut chain = kv_append::dispatches(&mha.gpu, f16, keys, chunks, true)?;
-    chain.extend(kv_append::dispatches(&mha.gpu, f16, values, chunks, false)?);
+    // Values read from the keys (a latent cache): the rotated keys are the values.
+    if !c.values_from_keys {
+        chain.extend(kv_append::dispatches(&mha.gpu, f16, values, chunks, false)?);
+    }
     Ok(chain)
 }
 
@@ -531,8 +536,18 @@ impl Workspace {
         // dynamic / longrope: the frequencies of the whole call, not of this chunk.
         let seq_len = crate::model::rope::seq_len(positions);
         let gpu = &mha.gpu;
-        gpu.write_in(encoder, q, 0, bytemuck::cast_slice(&rope.table(&q_pos, seq_len)));
-        gpu.write_in(encoder, k, 0, bytemuck::cast_slice(&rope.table(&k_pos, seq_len)));
+        gpu.write_in(
+            encoder,
+            q,
+            0,
+            bytemuck::cast_slice(&rope.table(&q_pos, seq_len)),
+        );
+        gpu.write_in(
+            encoder,
+            k,
+            0,
+            bytemuck::cast_slice(&rope.table(&k_pos, seq_len)),
+        );
     }
 
     /// The buffer holding the module's output: `[B, Lq, output_dim]`.

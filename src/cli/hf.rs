@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
+use wgpu_mha::attention::mla_stage::MlaStage;
 use wgpu_mha::io::hf::case::read_positions;
 use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
 use wgpu_mha::model::mask::AttnDims;
@@ -84,7 +85,20 @@ fn describe(m: &HfAttention) -> String {
             n.kind, n.scope, n.eps
         ));
     }
-    if c.kv_heads != c.heads {
+    if let Some(mla) = &m.mla {
+        // The core's head_dim and kv_heads=1 are the absorbed form's: the latent is the key.
+        let d = mla.dims();
+        s.push_str(&format!(
+            " mla(q_lora_rank={}, kv_lora_rank={}, qk_nope_head_dim={}, qk_rope_head_dim={}, \
+             v_head_dim={}; cache {} floats/token)",
+            d.q_lora_rank.map_or("none".into(), |r| r.to_string()),
+            d.kv_lora_rank,
+            d.qk_nope_head_dim,
+            d.qk_rope_head_dim,
+            d.v_head_dim,
+            d.latent_width()
+        ));
+    } else if c.kv_heads != c.heads {
         s.push_str(&format!(" kv_heads={}", c.kv_heads));
     }
     if let Some(r) = &c.rope {
@@ -176,7 +190,18 @@ pub fn run(
         }
         (false, false) => None,
     };
-    let key = kv.as_ref().unwrap_or(&hidden);
+    // MLA's core runs on its pre-stage's query input and latent (made on the device).
+    let mut device = None;
+    let (hidden, latent) = match &module.mla {
+        Some(mla) => {
+            let gpu = Gpu::with_options(options)?;
+            let inputs = MlaStage::new(&gpu, mla).of(&hidden)?;
+            device = Some(gpu);
+            inputs
+        }
+        None => (hidden.clone(), hidden),
+    };
+    let key = kv.as_ref().unwrap_or(&latent);
     let c = &module.config;
     c.check_inputs(hidden.shape(), key.shape(), key.shape())?;
     let dims = AttnDims {
@@ -194,7 +219,10 @@ pub fn run(
         positions: read_positions(&inputs, &module.config, dims.batch, dims.lk)?,
         ..forward_options.clone()
     };
-    let gpu = Gpu::with_options(options)?;
+    let gpu = match device {
+        Some(gpu) => gpu,
+        None => Gpu::with_options(options)?,
+    };
     let mha = MultiHeadAttention::new(&gpu, module.config, &module.weights)?;
     let forward = mha.forward_with(&hidden, key, key, &mask, forward_options)?;
     println!(

@@ -60,6 +60,10 @@ pub struct AttentionConfig {
     pub sinks: bool,
     /// OLMo's `clip_qkv`: the projected q, k and v clamped to `[-c, c]` before anything else.
     pub clip_qkv: Option<f32>,
+    /// A `KvCache` keeps only the keys and reads the values from them (MLA's latent cache,
+    /// [`crate::model::mla`]): W_v = W_k, and the output projection is zero on each value
+    /// head's rotary dimensions, so values taken after RoPE give the forward's answer.
+    pub values_from_keys: bool,
 }
 
 impl AttentionConfig {
@@ -94,6 +98,7 @@ impl AttentionConfig {
             qk_norm: None,
             sinks: false,
             clip_qkv: None,
+            values_from_keys: false,
         }
         .validated()
     }
@@ -119,6 +124,7 @@ impl AttentionConfig {
             qk_norm: None,
             sinks: false,
             clip_qkv: None,
+            values_from_keys: false,
         }
         .validated()
     }
@@ -172,6 +178,13 @@ impl AttentionConfig {
     /// Clamps the projected q, k and v to `[-limit, limit]` (OLMo's `clip_qkv`).
     pub fn with_clip_qkv(mut self, limit: f32) -> Result<Self> {
         self.clip_qkv = Some(limit);
+        self.validated()
+    }
+
+    /// A `KvCache` of this module stores the keys only and reads values from them (see
+    /// [`Self::values_from_keys`]; [`crate::AttentionWeights::check`] checks the weights allow it).
+    pub fn with_values_from_keys(mut self) -> Result<Self> {
+        self.values_from_keys = true;
         self.validated()
     }
 
@@ -292,6 +305,18 @@ impl AttentionConfig {
             // nn.MultiheadAttention's appended keys never meet a q/k norm in any model.
             return Err(Error::Config(
                 "a q/k norm with add_bias_kv/add_zero_attn is not available".into(),
+            ));
+        }
+        if self.values_from_keys
+            && (self.qk_head_dim != self.v_head_dim
+                || self.key_dim != self.value_dim
+                || self.qk_norm.is_some()
+                || !self.output_projection)
+        {
+            return Err(Error::Config(
+                "values read from the keys need qk_head_dim = v_head_dim, key_dim = value_dim, an \
+                 output projection and no q/k norm"
+                    .into(),
             ));
         }
         if let Some(s) = self.scale {

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod mask;
+pub mod mla;
 pub mod qk_norm;
 pub mod relative_bias;
 pub mod rope;

@@ -115,6 +115,35 @@ pub struct BiasKv {
 }
 
 impl AttentionWeights {
+    /// Values read from the rotated keys give the forward's answer: W_v = W_k (biases too), and
+    /// W_o is zero on the rotary dimensions of each value head (where a rotated key differs from
+    /// the unrotated value the forward uses).
+    fn check_values_from_keys(&self, c: &AttentionConfig) -> Result<()> {
+        if self.v.weight != self.k.weight || self.v.bias != self.k.bias {
+            return Err(Error::weight(
+                "W_v.weight",
+                "differs from W_k, but the config reads values from the keys",
+            ));
+        }
+        let (Some(o), Some(rope)) = (&self.o, &c.rope) else {
+            return Ok(());
+        };
+        let width = c.v_width();
+        let rotary = |col: usize| col % c.v_head_dim < rope.rotary_dims;
+        let nonzero = o
+            .weight
+            .chunks(width)
+            .any(|row| row.iter().enumerate().any(|(j, w)| rotary(j) && *w != 0.0));
+        if nonzero {
+            return Err(Error::weight(
+                "W_o.weight",
+                "reads the rotary dimensions of the values, which a cache reading values from \
+                 the rotated keys would change",
+            ));
+        }
+        Ok(())
+    }
+
     /// Seeded random weights with `nn.Linear`'s default distribution.
     pub fn random(config: &AttentionConfig, seed: u64) -> Self {
         let mut rng = SplitMix64::new(seed);
@@ -167,6 +196,7 @@ impl AttentionWeights {
             softcap: None,
             alibi: None,
             bias: self.q.bias.is_some(),
+            values_from_keys: false,
             scale: None,
             add_bias_kv: self.bias_kv.is_some(),
             add_zero_attn: false,
@@ -221,6 +251,9 @@ impl AttentionWeights {
                 ))
             }
             (None, false) => {}
+        }
+        if c.values_from_keys {
+            self.check_values_from_keys(c)?;
         }
         match (&self.qk_norm, &c.qk_norm) {
             (Some(w), Some(n)) => {

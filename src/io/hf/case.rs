@@ -84,10 +84,12 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     }
     module.causal = causal;
 
-    let query = file.tensor_f32("hidden_states")?;
+    let hidden = file.tensor_f32("hidden_states")?;
+    // MLA's core runs on its pre-stage's query input and latent.
+    let (query, self_key) = module.inputs(&hidden)?;
     let key = match (cross, file.contains("key_value_states")) {
         (true, _) => file.tensor_f32("key_value_states")?,
-        (false, false) => query.clone(),
+        (false, false) => self_key,
         (false, true) => {
             return Err(bad(
                 "holds `key_value_states`, but metadata `attention` is \"self\"".into(),
@@ -128,7 +130,9 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     if let Some(w) = module.window {
         describe.push_str(&format!(" window={w}"));
     }
-    if module.config.kv_heads != module.config.heads {
+    if module.mla.is_some() {
+        describe.push_str(" +mla");
+    } else if module.config.kv_heads != module.config.heads {
         describe.push_str(&format!(" kv_heads={}", module.config.kv_heads));
     }
     Ok(Case {

@@ -38,10 +38,18 @@ pub enum Family {
     Mpt,
     /// codegen: `qkv_proj` packed in 4 blocks of [q, v, k] slices, `out_proj`, no biases.
     CodeGen,
+    /// deepseek_v2/v3 multi-head latent attention: `kv_a_proj_with_mqa`, `kv_a_layernorm`,
+    /// `kv_b_proj`, `q_proj` or `q_a_proj` + `q_a_layernorm` + `q_b_proj`, `o_proj`.
+    Mla,
 }
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
-const MARKERS: [(Family, &str, Option<&str>); 13] = [
+const MARKERS: [(Family, &str, Option<&str>); 14] = [
+    (
+        Family::Mla,
+        "kv_a_proj_with_mqa.weight",
+        Some("o_proj.weight"),
+    ),
     (
         Family::Bert,
         "self.query.weight",
@@ -86,6 +94,7 @@ impl Family {
             Family::Albert => "albert",
             Family::Mpt => "mpt",
             Family::CodeGen => "codegen",
+            Family::Mla => "mla",
         }
     }
 
@@ -172,7 +181,9 @@ impl Family {
             Family::Vit => "BEiT's relative position bias",
             Family::DistilBert => "XLM's and FlauBERT's causal mode",
             Family::Gpt2 => "GPT-BigCode's Linear c_attn with multi-query packing",
-            Family::Phi | Family::Albert | Family::Mpt | Family::CodeGen => "none known",
+            Family::Phi | Family::Albert | Family::Mpt | Family::CodeGen | Family::Mla => {
+                "none known"
+            }
             Family::Bart => {
                 "GPT-J's interleaved rotary embeddings, GPT-Neo's unscaled local layers"
             }
@@ -208,6 +219,16 @@ impl Family {
             Family::Albert => &["query", "key", "value", "dense", "LayerNorm"],
             Family::Mpt => &["Wqkv", "out_proj"],
             Family::CodeGen => &["qkv_proj", "out_proj"],
+            Family::Mla => &[
+                "q_proj",
+                "q_a_proj",
+                "q_a_layernorm",
+                "q_b_proj",
+                "kv_a_proj_with_mqa",
+                "kv_a_layernorm",
+                "kv_b_proj",
+                "o_proj",
+            ],
         };
         let harmless = [
             "output.LayerNorm.weight", // BERT: after the attention's output
@@ -284,6 +305,13 @@ pub fn find_modules(names: &[&str]) -> Vec<(Family, String)> {
         .collect();
     found.sort_by(|a, b| a.1.cmp(&b.1));
     found.dedup();
+    // An MLA module without q LoRA also holds llama's `q_proj` + `o_proj` pair: it is MLA.
+    let mla: std::collections::HashSet<String> = found
+        .iter()
+        .filter(|(f, _)| *f == Family::Mla)
+        .map(|(_, p)| p.clone())
+        .collect();
+    found.retain(|(f, p)| *f == Family::Mla || !mla.contains(p));
     found
 }
 
@@ -314,6 +342,7 @@ pub fn projection_names(family: Family) -> [&'static str; 4] {
         Family::Albert => ["query", "key", "value", "dense"],
         Family::Mpt => ["Wqkv", "Wqkv", "Wqkv", "out_proj"],
         Family::CodeGen => ["qkv_proj", "qkv_proj", "qkv_proj", "out_proj"],
+        Family::Mla => ["q_proj", "kv_b_proj", "kv_b_proj", "o_proj"],
     }
 }
 

@@ -7,6 +7,7 @@ pub mod case;
 pub mod config;
 pub mod decoder;
 pub mod families;
+mod mla;
 pub mod model_types;
 mod module_parts;
 mod projections;
@@ -19,7 +20,9 @@ use crate::io::files::{entry_exists, read_text, MAX_CONFIG_BYTES, MAX_INDEX_BYTE
 use crate::io::safetensors::SafetensorsFile;
 use crate::model::config::AttentionConfig;
 use crate::model::mask::{AttnDims, Mask, MaskTensor, PaddingMask};
+use crate::model::mla::MlaInputs;
 use crate::model::relative_bias::RelativeBias;
+use crate::model::tensor::Tensor;
 use crate::model::weights::AttentionWeights;
 use config::HfConfig;
 use families::Family;
@@ -253,6 +256,10 @@ impl HfCheckpoint {
         if let Some(c) = &module_config {
             c.check_settings(prefix, model_type.reads)?;
         }
+        if family == Family::Mla {
+            families::check_understood(family, prefix, &self.names(), &|_| false)?;
+            return self.mla_attention(prefix, model_type, module_config.as_ref(), heads);
+        }
         // Keys the model type reads take transformers' defaults where absent.
         let module_config = module_config.map(|c| c.with_defaults(model_type.defaults()));
         // The q/k norm of the model type, when its config switches it on.
@@ -375,6 +382,7 @@ impl HfCheckpoint {
             config,
             weights,
             relative_bias,
+            mla: None,
         })
     }
 
@@ -462,9 +470,21 @@ pub struct HfAttention {
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
     pub relative_bias: Option<RelativeBias>,
+    /// Multi-head latent attention's pre-stage: the core's inputs are not the hidden states
+    /// (see [`HfAttention::inputs`]).
+    pub mla: Option<MlaInputs>,
 }
 
 impl HfAttention {
+    /// The core's (query, key/value) inputs for hidden states `x`: `x` itself, or MLA's query
+    /// input and latent.
+    pub fn inputs(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        match &self.mla {
+            Some(mla) => mla.of(x),
+            None => Ok((x.clone(), x.clone())),
+        }
+    }
+
     /// The mask this module applies to `dims`: causal when it is a decoder self-attention, the
     /// padding of `attention_mask` (`[B, Lk]`, 1 = real token), and T5's relative bias — all
     /// composed as `transformers` does.

@@ -485,6 +485,12 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["clip_qkv", "softmax_scale"],
     ),
+    // DeepseekV2Attention / DeepseekV3Attention: multi-head latent attention (q LoRA or q_proj,
+    // the compressed latent and a shared RoPE key, kv_b_proj per head), causal; its sizes,
+    // attention_bias, rope_interleave and yarn's mscale_all_dim are read by `HfCheckpoint::
+    // mla_attention`.
+    mt("deepseek_v2", Family::Mla, Causality::Always),
+    mt("deepseek_v3", Family::Mla, Causality::Always),
     reading(
         "gpt_neox",
         Family::GptNeox,
@@ -499,8 +505,6 @@ pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
     ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
     ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
     ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),
-    ("deepseek_v2", "multi-head latent attention is not implemented"),
-    ("deepseek_v3", "multi-head latent attention is not implemented"),
     ("big_bird", "block-sparse attention is not implemented"),
     ("longformer", "sliding-window plus global attention is not implemented"),
     ("layoutlmv2", "1D and 2D relative position biases are not implemented"),

@@ -294,7 +294,12 @@ fn gpt_neox(
 }
 
 /// `name.weight` (`[out, in]`, or Conv1D's `[in, out]` when `conv1d`) and `name.bias` if present.
-fn linear(ckpt: &HfCheckpoint, prefix: &str, name: &str, conv1d: bool) -> Result<Linear> {
+pub(super) fn linear(
+    ckpt: &HfCheckpoint,
+    prefix: &str,
+    name: &str,
+    conv1d: bool,
+) -> Result<Linear> {
     let weight_name = format!("{prefix}{name}.weight");
     let (shape, values) = ckpt.read(&weight_name)?;
     let [rows, cols] = shape[..] else {

@@ -291,3 +291,36 @@ impl HfConfig {
         })
     }
 }
+
+impl HfConfig {
+    /// transformers' `yarn_apply_mscale` (DeepSeek's MLA): the factor its softmax scale is
+    /// multiplied by — mscale², mscale = 0.1·`mscale_all_dim`·ln(`factor`) + 1 (1 when
+    /// factor ≤ 1) — when the RoPE type is not `default` and `mscale_all_dim` is set and not 0;
+    /// else 1.
+    pub fn mla_mscale_squared(&self) -> Result<f64> {
+        let params = match self.object_or_null("rope_parameters")? {
+            Some(p) => Some(p),
+            None => self.object_or_null("rope_scaling")?,
+        };
+        let Some(p) = params else { return Ok(1.0) };
+        let rope_type = p.get("rope_type").or_else(|| p.get("type"));
+        if rope_type.is_none_or(|t| t.as_str() == Some("default")) {
+            return Ok(1.0);
+        }
+        let all_dim = self.number_in(p, "mscale_all_dim")?.unwrap_or(0.0);
+        if all_dim == 0.0 {
+            return Ok(1.0);
+        }
+        let factor = self.number_in(p, "factor")?.ok_or_else(|| {
+            Error::file(
+                &self.source,
+                "rope_parameters sets mscale_all_dim but no `factor`",
+            )
+        })?;
+        let mscale = match factor <= 1.0 {
+            true => 1.0,
+            false => 0.1 * all_dim * factor.ln() + 1.0,
+        };
+        Ok(mscale * mscale)
+    }
+}
