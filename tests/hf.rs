@@ -8,7 +8,8 @@
 //! scores, query_pre_attn_scalar; a windowed and a full layer), falcon (new-architecture GQA
 //! and multi-query packings of query_key_value, rotary), mpt (ALiBi over 6 heads, clip_qkv,
 //! softmax_scale), codegen (4-block qkv_proj), phi3 with longrope and llama with dynamic RoPE
-//! (positions past the switch), deepseek_v2/v3 (multi-head latent attention) — and gpt_neo
+//! (positions past the switch), deepseek_v2/v3 (multi-head latent attention), clip's text and
+//! siglip's vision towers, xglm — and gpt_neo
 //! (unscaled; a global and a local layer), all on both paths.
 
 mod common;
@@ -32,6 +33,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "bart",
             "bert",
             "bloom",
+            "clip",
             "codegen",
             "cohere",
             "deepseek",
@@ -54,11 +56,13 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "qwen2",
             "qwen3",
             "roformer",
+            "siglip",
             "stablelm",
             "starcoder2",
             "t5",
             "vit",
-            "whisper"
+            "whisper",
+            "xglm"
         ]
     );
     cases_pass_on_both_paths("hf");

@@ -45,7 +45,8 @@ long factors and the grown θ, as a freshly loaded rotary module computes them f
 (`--only scaled_rope`), `deepseek_v2_*` (MLA with q LoRA, biases, yarn with mscale_all_dim) and
 `deepseek_v3_*` (plain q_proj with interleaved RoPE; q LoRA with rotate-half RoPE) (`--only mla`:
 their float64 replay keeps V2's `.float()` and the RMSNorms' `.to(torch.float32)` in float64, and
-builds V2's complex `freqs_cis` from float64 angles); the others by 5.24. CodeGen's scores cast
+builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's causal text tower),
+`siglip_vision_*` and `xglm_*` (`--only towers`); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -232,6 +233,24 @@ FAMILIES = {
         vocab_size=64, d_model=48, n_heads=6, n_layers=2, expansion_ratio=2, max_seq_len=16,
         initializer_range=0.2, attn_config=dict(clip_qkv=0.8, softmax_scale=0.5))),
     # layer 0 global, layer 1 local with a window of 3; unscaled scores.
+    # Towers of two-tower models, and XGLM's `attention_heads`: bart's layout under other
+    # names. CLIP's init (initializer_factor) is raised so that attention is far from uniform.
+    "clip": (tf.CLIPModel, tf.CLIPConfig, dict(
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=16, pad_token_id=0,
+                         bos_token_id=1, eos_token_id=2),
+        vision_config=dict(hidden_size=24, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=8, patch_size=4, num_channels=3),
+        projection_dim=8, initializer_factor=6.0)),
+    "siglip": (tf.SiglipModel, tf.SiglipConfig, dict(
+        text_config=dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, image_size=8, patch_size=4, num_channels=3))),
+    "xglm": (tf.XGLMModel, tf.XGLMConfig, dict(
+        vocab_size=64, d_model=32, num_layers=2, attention_heads=4, ffn_dim=64,
+        max_position_embeddings=16, init_std=0.2, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
     "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
         attention_types=[[["global", "local"], 1]], window_size=3, max_position_embeddings=16,
@@ -1152,11 +1171,57 @@ def mla_cases(out_dir):
                     replay=replay, causal=True, pad=pad, position_ids=position_ids)
 
 
+def towers_cases(out_dir):
+    """CLIP's causal text tower and SigLIP's vision tower (heads from `text_config` /
+    `vision_config`, the tower named by the prefix), and XGLM (`attention_heads`, causal)."""
+    model = build("clip")
+    config_text, state = saved(model)
+    name = "clip_text_self_layer1_causal_padding"
+    seeded(name)
+    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+    att = model.text_model.encoder.layers[1].self_attn
+    replay_case(out_dir, name, "clip", model, config_text, state, module=att,
+                prefix="text_model.encoder.layers.1.self_attn.",
+                run=lambda: model.text_model(input_ids, attention_mask=pad),
+                replay=plain, causal=True, pad=pad)
+
+    model = build("siglip")
+    config_text, state = saved(model)
+    name = "siglip_vision_self_layer0"
+    seeded(name)
+    pixels = torch.randn(B, 3, 8, 8)  # 2x2 patches of 4: L = 4
+    replay_case(out_dir, name, "siglip", model, config_text, state,
+                module=model.vision_model.encoder.layers[0].self_attn,
+                prefix="vision_model.encoder.layers.0.self_attn.",
+                run=lambda: model.vision_model(pixels), replay=plain)
+
+    model = build("xglm")
+    config_text, state = saved(model)
+    name = "xglm_self_layer1_causal_padding"
+    seeded(name)
+    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+
+    def replay_x(mod, x, kv, mask, dtype):
+        # XGLM clamps its scores with torch.full((), finfo(dtype).min), made in the default
+        # dtype: float64 for the float64 replay.
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            return mod(x, attention_mask=mask)[0]
+        finally:
+            torch.set_default_dtype(old)
+
+    replay_case(out_dir, name, "xglm", model, config_text, state,
+                module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
+                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                replay=replay_x, causal=True, pad=pad)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla"]
+          "falcon_mpt", "scaled_rope", "mla", "towers"]
 
 
 def main():
@@ -1186,6 +1251,7 @@ def main():
         "falcon_mpt": lambda: falcon_mpt_cases(args.out),
         "scaled_rope": lambda: scaled_rope_cases(args.out),
         "mla": lambda: mla_cases(args.out),
+        "towers": lambda: towers_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:
