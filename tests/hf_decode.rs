@@ -2,7 +2,7 @@
 //! of `tests/fixtures/hf` is decoded through the module's `HfDecoder` (a `KvCache` whose steps
 //! take the module's own mask: causal, its sliding window, T5's relative bias) — a prefill of
 //! all but the last two real tokens of each sequence, then one token at a time, with the
-//! file's RoPE positions — and every decoded row is compared
+//! file's RoPE positions, on the fused and the multi-pass path — and every decoded row is compared
 //! with transformers' float64 answer for that token (right padding: a real token sees only
 //! real keys), within the case's bound.
 
@@ -61,8 +61,9 @@ fn every_decoder_family_decodes_as_transformers_answers() {
             .and_then(|v| v.parse::<f64>().ok())
             .map_or(1e-4, |err| (10.0 * err).max(1e-5));
         let out = module.config.output_dim();
-        for (bi, &len) in lengths.iter().enumerate() {
-            let mut decoder = module.decoder(gpu(), 1, len).expect("decoder");
+        let runs = lengths.iter().enumerate().flat_map(|s| BOTH_PATHS.map(move |p| (s, p)));
+        for ((bi, &len), path) in runs {
+            let mut decoder = module.decoder_on(gpu(), 1, len, path).expect("decoder");
             let mut at = 0;
             for n in [len.saturating_sub(2), 1, 1].into_iter().filter(|&n| n > 0) {
                 let rows = x.data()[(bi * l + at) * e..(bi * l + at + n) * e].to_vec();
@@ -72,7 +73,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
                     .map(|p| p[bi * l + at..bi * l + at + n].to_vec());
                 let got = decoder
                     .step(&step_x, pos.as_deref())
-                    .unwrap_or_else(|err| panic!("{name}: step at {at}: {err}"));
+                    .unwrap_or_else(|err| panic!("{name} ({path:?}): step at {at}: {err}"));
                 let expected = &want[(bi * l + at) * out..(bi * l + at + n) * out];
                 let err = got
                     .data()
@@ -82,7 +83,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
                     .fold(0.0, f64::max);
                 assert!(
                     err <= bound,
-                    "{name}: sequence {bi}, step at {at} (+{n}): error {err:.3e} > bound {bound:.3e}"
+                    "{name} ({path:?}): sequence {bi}, step at {at} (+{n}): error {err:.3e} > bound {bound:.3e}"
                 );
                 at += n;
             }
