@@ -12,12 +12,32 @@ released while the GPU works; engine errors are ValueError (bad arguments), Type
 types) or RuntimeError (the device), with the engine's message.
 """
 
-from ._native import Device, __version__
-from ._native import adapters as _adapters
-from ._device import default_device
-from ._sdpa import scaled_dot_product_attention
-from ._mha import MultiheadAttention
-from ._hf import HfAttention, KvCache, load
+import importlib.util as _ilu
+import os as _os
+import sys as _sys
+
+
+def _load_triton_first():
+    """Triton's bundled LLVM segfaults when its library is loaded after Mesa's LLVM (lavapipe,
+    llvmpipe, radeonsi), as transformers and torch.compile load it lazily once a device is
+    open: load it first where it is installed (0.3 s). WGPU_MHA_NO_TRITON_PRELOAD=1 skips it."""
+    if "triton" in _sys.modules or _os.environ.get("WGPU_MHA_NO_TRITON_PRELOAD") == "1":
+        return
+    try:
+        if _ilu.find_spec("triton") is not None:
+            import triton  # noqa: F401
+    except Exception:  # a broken triton install is not ours to report
+        pass
+
+
+_load_triton_first()
+
+from ._native import Device, __version__  # noqa: E402
+from ._native import adapters as _adapters  # noqa: E402
+from ._device import default_device  # noqa: E402
+from ._sdpa import scaled_dot_product_attention  # noqa: E402
+from ._mha import MultiheadAttention  # noqa: E402
+from ._hf import HfAttention, KvCache, load  # noqa: E402
 
 
 def adapters(backend=None):

@@ -103,6 +103,8 @@ def scaled_dot_product_attention(
     if attn_mask is not None:
         m = bool_or_float_mask(attn_mask, "attn_mask")
         full = lead + (hq, L, S)
+        if m.ndim < 2:
+            raise ValueError(f"attn_mask needs at least 2 dims (L, S), as torch's; got shape {m.shape}")
         try:
             fits = np.broadcast_shapes(m.shape, full) == full
         except ValueError:
