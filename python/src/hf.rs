@@ -83,7 +83,8 @@ impl HfModule {
                     let modules = ckpt.modules();
                     match &modules[..] {
                         [(_, one)] => one.clone(),
-                        _ => return Err(Error::Misuse(format!(
+                        _ => {
+                            return Err(Error::Misuse(format!(
                             "{} holds {} attention modules ({}); pick one with layer= or prefix=",
                             ckpt.name(),
                             modules.len(),
@@ -92,7 +93,8 @@ impl HfModule {
                                 .map(|(_, p)| format!("{p:?}"))
                                 .collect::<Vec<_>>()
                                 .join(", ")
-                        ))),
+                        )))
+                        }
                     }
                 }
             };
