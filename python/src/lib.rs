@@ -21,6 +21,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hf::HfKvCache>()?;
     m.add_function(wrap_pyfunction!(device::adapters, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::bench_rust_sdpa, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -80,41 +80,15 @@ pub fn sdpa(
     }
     let mask = if causal { Mask::Causal } else { mask };
     let gpu = &device.gpu;
-    // f16 stays f16 where the adapter computes it, and when all three are f16.
-    let f16 = gpu.has_f16() && q.is_f16() && k.is_f16() && v.is_f16() && !return_probs;
     let out_shape = [sq[0], sq[1], sq[2], sv[3]];
     let (out, probs) = guard(py, || {
-        let (bq, bk, bv) = (
-            upload(gpu, &q, f16),
-            upload(gpu, &k, f16),
-            upload(gpu, &v, f16),
-        );
-        let out = GpuTensor::zeros(gpu, &out_shape)?;
-        let tensor = |b, s| {
-            let t = DeviceTensor::new(b, s, Layout::Bhld);
-            if f16 {
-                t.f16()
-            } else {
-                t
-            }
-        };
-        let options = SdpaOptions {
+        run(
+            gpu,
+            [(&q, sq), (&k, sk), (&v, sv)],
             mask,
-            causal_alignment: CausalAlignment::TopLeft,
             scale,
             return_probs,
-            ..Default::default()
-        };
-        let result = scaled_dot_product_attention(
-            gpu,
-            &tensor(&bq, sq),
-            &tensor(&bk, sk),
-            &tensor(&bv, sv),
-            &DeviceTensor::new(out.buffer(), out_shape, Layout::Bhld),
-            &options,
-        )?;
-        let probs = result.probs.map(|p| p.read(gpu)).transpose()?;
-        Ok((out.read(gpu)?, probs))
+        )
     })?;
     let out = array_f32(py, &out_shape, out.into_data())?;
     let probs = probs
@@ -124,6 +98,99 @@ pub fn sdpa(
         })
         .transpose()?;
     Ok((out, probs))
+}
+
+type Input<'a> = (&'a Host, [usize; 4]);
+
+/// Uploads q, k, v, runs the core and reads the output (and probabilities) back: the whole
+/// host-to-host call, without Python.
+fn run(
+    gpu: &Gpu,
+    [(q, sq), (k, sk), (v, sv)]: [Input<'_>; 3],
+    mask: Mask,
+    scale: Option<f32>,
+    return_probs: bool,
+) -> wgpu_mha::Result<(Tensor, Option<Tensor>)> {
+    // f16 stays f16 where the adapter computes it, and when all three are f16.
+    let f16 = gpu.has_f16() && q.is_f16() && k.is_f16() && v.is_f16() && !return_probs;
+    let out_shape = [sq[0], sq[1], sq[2], sv[3]];
+    let (bq, bk, bv) = (
+        upload(gpu, q, f16),
+        upload(gpu, k, f16),
+        upload(gpu, v, f16),
+    );
+    let out = GpuTensor::zeros(gpu, &out_shape)?;
+    let tensor = |b, s| {
+        let t = DeviceTensor::new(b, s, Layout::Bhld);
+        if f16 {
+            t.f16()
+        } else {
+            t
+        }
+    };
+    let options = SdpaOptions {
+        mask,
+        causal_alignment: CausalAlignment::TopLeft,
+        scale,
+        return_probs,
+        ..Default::default()
+    };
+    let result = scaled_dot_product_attention(
+        gpu,
+        &tensor(&bq, sq),
+        &tensor(&bk, sk),
+        &tensor(&bv, sv),
+        &DeviceTensor::new(out.buffer(), out_shape, Layout::Bhld),
+        &options,
+    )?;
+    let probs = result.probs.map(|p| p.read(gpu)).transpose()?;
+    Ok((out.read(gpu)?, probs))
+}
+
+/// The Rust side of python/bench.py: the median milliseconds of `iters` host-to-host calls of
+/// [`run`] on random f32 `[b, h, l, d]` q and `[b, kv_heads, s, d]` k, v (causal), after one
+/// untimed call, all in Rust.
+#[pyfunction]
+#[pyo3(signature = (device, b, h, kv_heads, l, s, d, iters))]
+#[allow(clippy::too_many_arguments)]
+pub fn bench_rust_sdpa(
+    py: Python<'_>,
+    device: &Device,
+    b: usize,
+    h: usize,
+    kv_heads: usize,
+    l: usize,
+    s: usize,
+    d: usize,
+    iters: usize,
+) -> PyResult<f64> {
+    let host = |shape: [usize; 4], seed| Host {
+        shape: shape.to_vec(),
+        data: HostData::F32(Tensor::random(shape, seed).into_data()),
+    };
+    let (sq, sk) = ([b, h, l, d], [b, kv_heads, s, d]);
+    let (q, k, v) = (host(sq, 1), host(sk, 2), host(sk, 3));
+    let gpu = &device.gpu;
+    guard(py, || {
+        let call = || {
+            run(
+                gpu,
+                [(&q, sq), (&k, sk), (&v, sk)],
+                Mask::Causal,
+                None,
+                false,
+            )
+        };
+        call()?;
+        let mut ms: Vec<f64> = (0..iters.max(1))
+            .map(|_| {
+                let t = std::time::Instant::now();
+                call().map(|_| t.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect::<wgpu_mha::Result<_>>()?;
+        ms.sort_by(f64::total_cmp);
+        Ok(ms[ms.len() / 2])
+    })
 }
 
 fn mask_of(m: &Bound<'_, PyAny>) -> PyResult<Mask> {
