@@ -41,11 +41,13 @@ fn upload(gpu: &Gpu, h: &Host, f16: bool) -> wgpu::Buffer {
 
 /// `softmax(mask(scale·q·kᵀ))·v` → `(out [B, H, Lq, Dv] f32, probs [B, H, Lq, Lk] | None)`.
 /// `mask`: None, a bool/uint8 array (nonzero = takes part) or a float32 array (added), rank 4
-/// with each dim full or 1. `causal`: query i sees keys j ≤ i (top-left). A row the mask hides
-/// wholly is the engine's (mean of V for a boolean mask, NaN for −inf): the Python layer zeroes
-/// it as torch does.
+/// with each dim full or 1. `causal`: query i sees keys j ≤ i (top-left; `bottom_right`: j ≤ i +
+/// Lk − Lq); `window` (with `causal`): and j > i − window. `softcap`: scores become
+/// c·tanh(s/c) before the mask; `sinks`: one float32 logit per query head joining each
+/// softmax's denominator. A row the mask hides wholly is the engine's (mean of V for a boolean
+/// mask, NaN for −inf): the Python layer zeroes it as torch does.
 #[pyfunction]
-#[pyo3(signature = (device, query, key, value, mask=None, causal=false, scale=None, return_probs=false))]
+#[pyo3(signature = (device, query, key, value, mask=None, causal=false, scale=None, return_probs=false, *, window=None, bottom_right=false, softcap=None, sinks=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn sdpa(
     py: Python<'_>,
@@ -57,6 +59,10 @@ pub fn sdpa(
     causal: bool,
     scale: Option<f32>,
     return_probs: bool,
+    window: Option<usize>,
+    bottom_right: bool,
+    softcap: Option<f32>,
+    sinks: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(PyObject, Option<PyObject>)> {
     let (q, k, v) = (
         host(query, "query")?,
@@ -78,18 +84,31 @@ pub fn sdpa(
             "an explicit mask cannot be combined with causal (as torch's is_causal)",
         ));
     }
-    let mask = if causal { Mask::Causal } else { mask };
+    let mask = match (causal, window) {
+        (true, Some(w)) => Mask::SlidingWindow(w),
+        (true, None) => Mask::Causal,
+        (false, Some(_)) => return Err(value_error("window needs causal=True")),
+        (false, None) => mask,
+    };
+    let sinks = match sinks {
+        Some(s) if !s.is_none() => Some(host(s, "sinks")?.to_f32()),
+        _ => None,
+    };
+    let options = SdpaOptions {
+        mask,
+        causal_alignment: match bottom_right {
+            true => CausalAlignment::BottomRight,
+            false => CausalAlignment::TopLeft,
+        },
+        scale,
+        softcap,
+        sinks,
+        return_probs,
+        ..Default::default()
+    };
     let gpu = &device.gpu;
     let out_shape = [sq[0], sq[1], sq[2], sv[3]];
-    let (out, probs) = guard(py, || {
-        run(
-            gpu,
-            [(&q, sq), (&k, sk), (&v, sv)],
-            mask,
-            scale,
-            return_probs,
-        )
-    })?;
+    let (out, probs) = guard(py, || run(gpu, [(&q, sq), (&k, sk), (&v, sv)], options))?;
     let out = array_f32(py, &out_shape, out.into_data())?;
     let probs = probs
         .map(|p: Tensor| {
@@ -107,12 +126,10 @@ type Input<'a> = (&'a Host, [usize; 4]);
 fn run(
     gpu: &Gpu,
     [(q, sq), (k, sk), (v, sv)]: [Input<'_>; 3],
-    mask: Mask,
-    scale: Option<f32>,
-    return_probs: bool,
+    options: SdpaOptions,
 ) -> wgpu_mha::Result<(Tensor, Option<Tensor>)> {
     // f16 stays f16 where the adapter computes it, and when all three are f16.
-    let f16 = gpu.has_f16() && q.is_f16() && k.is_f16() && v.is_f16() && !return_probs;
+    let f16 = gpu.has_f16() && q.is_f16() && k.is_f16() && v.is_f16() && !options.return_probs;
     let out_shape = [sq[0], sq[1], sq[2], sv[3]];
     let (bq, bk, bv) = (
         upload(gpu, q, f16),
@@ -127,13 +144,6 @@ fn run(
         } else {
             t
         }
-    };
-    let options = SdpaOptions {
-        mask,
-        causal_alignment: CausalAlignment::TopLeft,
-        scale,
-        return_probs,
-        ..Default::default()
     };
     let result = scaled_dot_product_attention(
         gpu,
@@ -172,15 +182,12 @@ pub fn bench_rust_sdpa(
     let (q, k, v) = (host(sq, 1), host(sk, 2), host(sk, 3));
     let gpu = &device.gpu;
     guard(py, || {
-        let call = || {
-            run(
-                gpu,
-                [(&q, sq), (&k, sk), (&v, sk)],
-                Mask::Causal,
-                None,
-                false,
-            )
+        let options = SdpaOptions {
+            mask: Mask::Causal,
+            causal_alignment: CausalAlignment::TopLeft,
+            ..Default::default()
         };
+        let call = || run(gpu, [(&q, sq), (&k, sk), (&v, sk)], options.clone());
         call()?;
         let mut ms: Vec<f64> = (0..iters.max(1))
             .map(|_| {

@@ -176,3 +176,51 @@ def test_refusals_as_torch(torch):
         sdpa(torch.ones(8), torch.ones(8), torch.ones(8))
     # Nothing above broke the device.
     assert sdpa(q, q, q).shape == q.shape
+
+
+def _core_reference(q, k, v, *, window=None, bottom_right=False, softcap=None, sinks=None):
+    """float64 causal attention with the extension's extra options, written out."""
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    s = np.einsum("bhld,bhsd->bhls", q, k) / np.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    L, S = s.shape[-2:]
+    i = np.arange(L)[:, None] + (S - L if bottom_right else 0)
+    j = np.arange(S)[None, :]
+    keep = j <= i
+    if window is not None:
+        keep &= j > i - window
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    if sinks is not None:
+        sink = np.asarray(sinks, np.float64)[None, :, None, None]
+        m = np.maximum(m, sink)
+    e = np.exp(s - m)
+    den = e.sum(-1, keepdims=True) + (np.exp(sink - m) if sinks is not None else 0.0)
+    return (e / den) @ v
+
+
+def test_native_core_options_for_transformers_backends():
+    """The options part B's transformers backend passes straight to the core: a sliding window,
+    bottom-right alignment, soft-capping and sinks (transformers' s_aux)."""
+    from wgpu_mha import _native
+
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 4, 3, 8), dtype=np.float32)
+    k = rng.standard_normal((2, 4, 7, 8), dtype=np.float32) * 3
+    v = rng.standard_normal((2, 4, 7, 8), dtype=np.float32)
+    dev = wgpu_mha.default_device()
+    sinks = rng.standard_normal(4).astype(np.float32)
+    for kw in (
+        dict(bottom_right=True),
+        dict(bottom_right=True, window=3),
+        dict(window=2),
+        dict(softcap=2.0, bottom_right=True),
+        dict(sinks=sinks, bottom_right=True),
+    ):
+        out, _ = _native.sdpa(dev, q, k, v, None, True, **kw)
+        np.testing.assert_allclose(out, _core_reference(q, k, v, **kw), atol=TOL, err_msg=str(kw))
+    with pytest.raises(ValueError, match="window"):
+        _native.sdpa(dev, q, k, v, None, False, window=2)
+    with pytest.raises(ValueError):
+        _native.sdpa(dev, q, k, v, None, True, sinks=sinks[:3])  # one sink per query head

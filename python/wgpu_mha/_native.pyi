@@ -23,9 +23,17 @@ def sdpa(
     causal: bool = False,
     scale: Optional[float] = None,
     return_probs: bool = False,
+    *,
+    window: Optional[int] = None,
+    bottom_right: bool = False,
+    softcap: Optional[float] = None,
+    sinks: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """mask: rank 4, each dim full or 1; bool/uint8 nonzero = takes part, float32 added.
-    causal: top-left. Wholly masked rows are the engine's (mean of V / NaN), not zeroed."""
+    causal: query i sees keys j <= i (top-left), j <= i + Lk - Lq with bottom_right; window
+    (causal only): and j > i - window. softcap: s -> c·tanh(s/c) before the mask. sinks: float32
+    [H] logits joining each softmax's denominator. Wholly masked rows are the engine's (mean of
+    V / NaN), not zeroed. probs need float32 inputs (multi-pass path)."""
 
 class Mha:
     def __init__(self, device: Device, safetensors: bytes, heads: int, add_zero_attn: bool = False) -> None: ...
