@@ -117,6 +117,22 @@ def test_leading_dims_ranks_and_broadcasting(torch):
         assert (got - want).abs().max().item() < TOL, (qs, ks, vs)
 
 
+def test_empty_sizes_as_torch(torch):
+    F = torch.nn.functional
+    for qs, ks, vs in [
+        ((1, 1, 0, 8), (1, 1, 5, 8), (1, 1, 5, 8)),  # no queries
+        ((1, 1, 3, 8), (1, 1, 0, 8), (1, 1, 0, 4)),  # no keys: zeros
+        ((0, 2, 3, 8), (0, 2, 5, 8), (0, 2, 5, 8)),  # no batch
+        ((1, 2, 3, 0), (1, 2, 5, 0), (1, 2, 5, 4)),  # E = 0: uniform weights
+        ((1, 2, 3, 8), (1, 2, 5, 8), (1, 2, 5, 0)),  # Ev = 0
+    ]:
+        q, k, v = (torch.randn(*s) for s in (qs, ks, vs))
+        want = F.scaled_dot_product_attention(q, k, v, scale=None if qs[-1] else 1.0)
+        got = wgpu_mha.scaled_dot_product_attention(q, k, v, scale=None if qs[-1] else 1.0)
+        assert got.shape == want.shape, qs
+        assert want.numel() == 0 or (got - want).abs().max().item() < TOL, qs
+
+
 def test_strided_inputs(torch):
     F = torch.nn.functional
     g = torch.Generator().manual_seed(3)

@@ -121,6 +121,15 @@ def scaled_dot_product_attention(
         # Rows whose every key is masked out: torch gives zeros there.
         dead = ~m4.any(-1) if m4.dtype == np.bool_ else np.isneginf(m4).all(-1)
 
+    shape = (lead + (hq,) if rank > 2 else ()) + (L, Ev)
+    # Sizes the core refuses, with torch's answers: nothing to compute, or a sum over no keys
+    # (zeros); E = 0 makes every score 0, which width-1 zero vectors give too.
+    if B * hq * L * Ev == 0 or S == 0:
+        return kind.back(np.zeros(shape, np.float32))
+    if E == 0:
+        q4 = np.zeros((B, hq, L, 1), q4.dtype)
+        k4 = np.zeros((B, kv_heads, S, 1), k4.dtype)
+
     out, _ = _native.sdpa(
         resolve(device),
         q4,
@@ -132,7 +141,6 @@ def scaled_dot_product_attention(
     )
     if dead is not None and dead.any():
         out[np.broadcast_to(dead, (B, hq, L))] = 0.0
-    shape = (lead + (hq,) if rank > 2 else ()) + (L, Ev)
     return kind.back(out.reshape(shape))
 
 
