@@ -1,0 +1,78 @@
+"""The extension module under wgpu_mha (see wgpu_mha/__init__.pyi for the public API).
+Arrays are numpy; q/k/v [B, H, L, D] float32 or float16; results float32."""
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+__version__: str
+
+class Device:
+    def __init__(self, backend: Optional[str] = None, adapter: Optional[str] = None) -> None: ...
+    name: str
+    backend: str
+    shader_f16: bool
+
+def adapters(backend: Optional[str] = None) -> List[Dict[str, Any]]: ...
+def sdpa(
+    device: Device,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    mask: Optional[np.ndarray] = None,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    return_probs: bool = False,
+    *,
+    window: Optional[int] = None,
+    bottom_right: bool = False,
+    softcap: Optional[float] = None,
+    sinks: Optional[np.ndarray] = None,
+) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """mask: rank 4, each dim full or 1; bool/uint8 nonzero = takes part, float32 added.
+    causal: query i sees keys j <= i (top-left), j <= i + Lk - Lq with bottom_right; window
+    (causal only): and j > i - window. softcap: s -> c·tanh(s/c) before the mask. sinks: float32
+    [H] logits joining each softmax's denominator. Wholly masked rows are the engine's (mean of
+    V / NaN), not zeroed. probs need float32 inputs (multi-pass path)."""
+
+class Mha:
+    def __init__(self, device: Device, safetensors: bytes, heads: int, add_zero_attn: bool = False) -> None: ...
+    embed_dim: int
+    kdim: int
+    vdim: int
+    num_heads: int
+    appended_keys: int
+    def forward(
+        self, query: np.ndarray, key: np.ndarray, value: np.ndarray, bias: Optional[np.ndarray] = None, need_weights: bool = False
+    ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """Batch-first [B, L, *]; bias float32 [B|1, H|1, Lq|1, Lk|1] added (−inf = not allowed)."""
+
+class HfKvCache:
+    def step(
+        self, hidden_states: np.ndarray, attention_mask: Optional[np.ndarray] = None, position_ids: Optional[np.ndarray] = None
+    ) -> np.ndarray: ...
+    def __len__(self) -> int: ...
+    capacity: int
+    batch: int
+    def reset(self) -> None: ...
+
+class HfModule:
+    def __init__(self, device: Device, path: str, layer: Optional[int] = None, prefix: Optional[str] = None) -> None: ...
+    prefix: str
+    family: str
+    model_type: Optional[str]
+    is_cross_attention: bool
+    is_causal: bool
+    sliding_window: Optional[int]
+    hidden_size: int
+    num_heads: int
+    num_key_value_heads: int
+    uses_rope: bool
+    def forward(
+        self,
+        hidden_states: np.ndarray,
+        attention_mask: Optional[np.ndarray] = None,
+        position_ids: Optional[np.ndarray] = None,
+        key_value_states: Optional[np.ndarray] = None,
+    ) -> np.ndarray: ...
+    def kv_cache(self, batch: int, capacity: int) -> HfKvCache: ...
