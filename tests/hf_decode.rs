@@ -61,7 +61,10 @@ fn every_decoder_family_decodes_as_transformers_answers() {
             .and_then(|v| v.parse::<f64>().ok())
             .map_or(1e-4, |err| (10.0 * err).max(1e-5));
         let out = module.config.output_dim();
-        let runs = lengths.iter().enumerate().flat_map(|s| BOTH_PATHS.map(move |p| (s, p)));
+        let runs = lengths
+            .iter()
+            .enumerate()
+            .flat_map(|s| BOTH_PATHS.map(move |p| (s, p)));
         for ((bi, &len), path) in runs {
             let mut decoder = module.decoder_on(gpu(), 1, len, path).expect("decoder");
             let mut at = 0;
