@@ -214,3 +214,60 @@ def test_output_attentions_gives_the_weights():
     for g, w in zip(got, want):
         assert g.shape == w.shape == (2, 4, 7, 7)
         _close(g, w)
+
+
+# accelerate(model): whole attention modules on the device, keys and values in a device KvCache.
+
+
+@pytest.mark.parametrize("family", sorted(DECODERS))
+def test_accelerate_generate_matches_eager(family, calls):
+    ids, mask = _prompt()
+    model = _model(family, "eager")
+    want_logits, want = _logits(model, ids, mask), _generate(model, ids, mask)
+    names = wt.accelerate(model)
+    assert len(names) == 2 and all(type(model.get_submodule(n)).__name__ == "WgpuAttention" for n in names)
+    _close(_logits(model, ids, mask), want_logits)
+    assert torch.equal(_generate(model, ids, mask), want)
+    assert calls[0] == 0  # module-level path: no per-call attention through the core op
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2"])
+def test_accelerate_left_padded_batch_past_the_first_capacity(family):
+    """60 new tokens after 7: the device cache (64 first) grows on the way, refilled exactly."""
+    ids, mask = _prompt(batch=2, length=7, left_pad=3)
+    model = _model(family, "eager")
+    with torch.no_grad():
+        kw = dict(attention_mask=mask, max_new_tokens=60, min_new_tokens=60, do_sample=False, pad_token_id=0)
+        want_logits, want = _logits(model, ids, mask), model.generate(ids, **kw)
+        wt.accelerate(model)
+        got = model.generate(ids, **kw)
+    assert (_logits(model, ids, mask) - want_logits)[mask.bool()].abs().max().item() <= TOL
+    assert torch.equal(got, want)
+    # A second generate() starts over on the same device caches.
+    assert torch.equal(_generate(model, ids, mask), _generate(_model(family, "eager"), ids, mask))
+
+
+def test_accelerate_refusals_and_what_it_leaves(caplog):
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB
+    )
+    torch.manual_seed(0)
+    bert = transformers.AutoModel.from_config(cfg, attn_implementation="eager").eval()
+    with caplog.at_level("INFO", logger="wgpu_mha.transformers"):
+        assert wt.accelerate(bert) == []
+    assert "left encoder.layer.0.attention.self (BertSelfAttention) alone" in caplog.text
+
+    model = _model("llama", "eager")
+    model.train()
+    with pytest.raises(ValueError, match="training mode"):
+        wt.accelerate(model)
+    model.eval()
+    wt.accelerate(model)
+    ids, mask = _prompt(batch=2)
+    with torch.no_grad(), pytest.raises(ValueError, match="beam search|cropped, reordered"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=2, do_sample=False, pad_token_id=0)
+    with torch.no_grad(), pytest.raises(ValueError, match="DynamicCache"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+    # Still works after the refusals.
+    assert _generate(model, ids, mask).shape == (2, 7 + NEW_TOKENS)

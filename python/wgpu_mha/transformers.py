@@ -1,6 +1,6 @@
 """Hugging Face ``transformers`` on wgpu: :func:`register` makes ``attn_implementation="wgpu_mha"``
 compute every attention call of a model on the engine's attention core; :func:`accelerate`
-(in :mod:`wgpu_mha._hf_accelerate`) replaces whole attention modules by device-resident ones
+(in ``wgpu_mha/_hf_accelerate.py``) replaces whole attention modules by device-resident ones
 whose keys and values stay on the GPU across ``generate()`` steps.
 
 Nothing falls back to torch: what the engine cannot compute (dropout while training, an argument
@@ -16,6 +16,9 @@ import numpy as np
 from . import _native
 from ._convert import float_input, to_numpy
 from ._device import resolve
+from ._hf_accelerate import accelerate
+
+__all__ = ["NAME", "accelerate", "attention_forward", "register"]
 
 NAME = "wgpu_mha"
 
