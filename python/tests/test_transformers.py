@@ -269,5 +269,8 @@ def test_accelerate_refusals_and_what_it_leaves(caplog):
     with torch.no_grad(), pytest.raises(ValueError, match="DynamicCache"):
         model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
                        cache_implementation="static")
+    with torch.no_grad(), pytest.raises(ValueError, match="4-D attention_mask"):
+        model(ids, attention_mask=mask[:, None, None, :].bool())
+    assert wt.accelerate(model) == []  # already on the device
     # Still works after the refusals.
     assert _generate(model, ids, mask).shape == (2, 7 + NEW_TOKENS)

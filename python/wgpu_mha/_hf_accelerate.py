@@ -136,6 +136,8 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
 def _candidates(model: Any):
     """(name, module) of each attention module transformers built with a layer index."""
     for name, module in model.named_modules():
+        if getattr(module, "wgpu", None) is not None:  # replaced by an earlier accelerate()
+            continue
         if name and type(module).__name__.endswith("Attention") and hasattr(module, "layer_idx"):
             yield name, module
 
