@@ -272,5 +272,7 @@ def test_accelerate_refusals_and_what_it_leaves(caplog):
     with torch.no_grad(), pytest.raises(ValueError, match="4-D attention_mask"):
         model(ids, attention_mask=mask[:, None, None, :].bool())
     assert wt.accelerate(model) == []  # already on the device
+    with torch.no_grad(), pytest.raises(ValueError, match="outside the forward of the model"):
+        model.model(ids, attention_mask=mask)  # the inner model: no 2-D mask captured
     # Still works after the refusals.
     assert _generate(model, ids, mask).shape == (2, 7 + NEW_TOKENS)

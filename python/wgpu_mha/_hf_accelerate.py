@@ -32,6 +32,7 @@ class _Shared:
 
     def __init__(self):
         self.attention_mask = None
+        self.inside = False  # between the model's pre-hook and its forward hook
 
 
 def _dynamic_layer(cache: Any, layer_idx: int):
@@ -69,6 +70,11 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
 
         def forward(self, hidden_states, attention_mask=None, cache=None, past_key_values=None, **kwargs):
             cache = cache if cache is not None else past_key_values
+            if not shared.inside:
+                raise ValueError(
+                    f"wgpu_mha.accelerate: `{name}` was called outside the forward of the model given "
+                    f"to accelerate(), whose 2-D attention_mask it reads; call that model"
+                )
             b, n = hidden_states.shape[:2]
             mask2d = shared.attention_mask
             pos = kwargs.get("position_ids")
@@ -203,7 +209,12 @@ def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]
                     "transformers' 2-D padding mask [batch, tokens] (1 = a real token)"
                 )
             shared.attention_mask = mask
+            shared.inside = True
+
+        def release(_module, _args, _output):
+            shared.attention_mask, shared.inside = None, False
 
         model.register_forward_pre_hook(capture, with_kwargs=True)
+        model.register_forward_hook(release, always_call=True)
     log.info("wgpu_mha.accelerate: %d attention modules on wgpu: %s", len(replaced), ", ".join(replaced))
     return replaced

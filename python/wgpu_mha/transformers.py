@@ -85,7 +85,8 @@ def attention_forward(
     there is no mask; a mask already carries it), ``softcap`` (``c·tanh(s/c)`` before the mask),
     ``s_aux`` (one sink logit per head). Returns ``(out [B, Lq, H, Dv] contiguous, weights)``,
     the weights ``[B, H, Lq, Lk]`` only when ``output_attentions=True`` is passed."""
-    torch = __import__("torch")
+    import torch
+
     if dropout:
         raise _refuse(module, f"dropout={dropout} (a module in training mode): call model.eval()")
     unknown = sorted(k for k, v in kwargs.items() if not _bookkeeping(k, v))
