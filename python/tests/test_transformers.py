@@ -6,7 +6,7 @@ states agree within 1e-4."""
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", minversion="5.0")
 
 import wgpu_mha.transformers as wt  # noqa: E402
 

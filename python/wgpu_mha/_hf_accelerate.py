@@ -70,6 +70,8 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
 
         def forward(self, hidden_states, attention_mask=None, cache=None, past_key_values=None, **kwargs):
             cache = cache if cache is not None else past_key_values
+            if kwargs.get("encoder_hidden_states") is not None:
+                raise ValueError(f"wgpu_mha.accelerate: `{name}` is a self-attention module; got encoder_hidden_states")
             if not shared.inside:
                 raise ValueError(
                     f"wgpu_mha.accelerate: `{name}` was called outside the forward of the model given "

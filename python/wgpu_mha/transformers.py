@@ -16,7 +16,7 @@ import numpy as np
 from . import _native
 from ._convert import float_input, to_numpy
 from ._device import resolve
-from ._hf_accelerate import accelerate
+from ._hf_accelerate import accelerate as _accelerate
 
 __all__ = ["NAME", "accelerate", "attention_forward", "register"]
 
@@ -158,6 +158,18 @@ def attention_forward(
     return out, weights
 
 
+def _require() -> None:
+    """transformers 5's interfaces (AttentionMaskInterface, the cache's layers): older releases
+    spell them otherwise, untested here."""
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    if major < 5:
+        raise RuntimeError(
+            f"wgpu_mha.transformers needs transformers >= 5 (tested with 5.25); found {transformers.__version__}"
+        )
+
+
 def register(device: Optional[_native.Device] = None) -> str:
     """Adds the attention backend ``"wgpu_mha"`` to transformers' ``AttentionInterface`` and its
     mask function to ``AttentionMaskInterface`` (transformers builds no mask at all for a
@@ -168,6 +180,7 @@ def register(device: Optional[_native.Device] = None) -> str:
     every attention call of the model on ``device`` (default: :func:`wgpu_mha.default_device`).
     Returns the name."""
     global _device
+    _require()
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -178,3 +191,13 @@ def register(device: Optional[_native.Device] = None) -> str:
     AttentionMaskInterface.register(NAME, sdpa_mask)
     return NAME
 
+
+def accelerate(model: Any, device: Optional[_native.Device] = None):
+    """Replaces each causal self-attention module of ``model`` that :func:`wgpu_mha.load` reads
+    by a device-resident one (weights uploaded once, keys and values in a device KvCache across
+    ``generate()`` steps) and returns their names; each attention module left alone is logged
+    (logger ``wgpu_mha.transformers``) with the reason. Greedy search and sampling with
+    transformers' DynamicCache are followed; a cache reordered or cropped (beam search, assisted
+    decoding) or a static cache is a ValueError."""
+    _require()
+    return _accelerate(model, device)
