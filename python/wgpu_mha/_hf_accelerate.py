@@ -49,7 +49,7 @@ def _dynamic_layer(cache: Any, layer_idx: int):
 
 
 def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, name: str):
-    torch = __import__("torch")
+    import torch
 
     class WgpuAttention(torch_nn.Module):
         """``{name}`` on wgpu: same call and result as the module it replaced."""
@@ -85,8 +85,12 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
             if cache is None:
                 return self.wgpu.forward(hidden_states, attention_mask=mask2d, position_ids=pos), None
             past = cache.get_seq_length(self.layer_idx)
-            if past == 0:
-                self._cache, self._len, self._history = None, 0, None
+            if past == 0:  # a new generation: the device memory of the last one is reused
+                if self._cache is not None and self._cache.batch == b:
+                    self._cache.reset()
+                else:
+                    self._cache = None
+                self._len, self._history = 0, None
             elif past != self._len or self._cache is None or self._cache.batch != b:
                 raise ValueError(
                     f"wgpu_mha.accelerate: `{name}` holds {self._len} tokens on the device but the "
@@ -101,8 +105,7 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
                         f"search?); `{name}` keeps its keys on the device and cannot follow that"
                     )
             if pos is None:
-                pos = (torch.arange(past, past + n) if self.wgpu.uses_rope else None)
-                pos = None if pos is None else pos.view(1, n).expand(b, n)
+                pos = torch.arange(past, past + n).view(1, n).expand(b, n) if self.wgpu.uses_rope else None
             if mask2d is not None and mask2d.shape[-1] != past + n:
                 raise ValueError(
                     f"wgpu_mha.accelerate: attention_mask covers {mask2d.shape[-1]} tokens, the cache "
