@@ -163,7 +163,7 @@ def test_encoder_decoder_forward(kind):
 
 def test_softcap_and_sinks():
     """gemma2 passes softcap (and a sliding window on every other layer), gpt-oss its sinks as
-    s_aux: prompt logits and greedy tokens as eager's."""
+    s_aux: prompt logits and greedy tokens as eager's, through register() and accelerate()."""
     configs = [
         transformers.Gemma2Config(
             **_small(head_dim=8, sliding_window=4, attn_logit_softcapping=2.0, final_logit_softcapping=None)
@@ -180,8 +180,12 @@ def test_softcap_and_sinks():
                 for layer in m.model.layers:
                     layer.self_attn.sinks.data.normal_()
         ids, mask = _prompt()
-        _close(_logits(ours, ids, mask), _logits(eager, ids, mask))
-        assert torch.equal(_generate(ours, ids, mask), _generate(eager, ids, mask))
+        want_logits, want = _logits(eager, ids, mask), _generate(eager, ids, mask)
+        _close(_logits(ours, ids, mask), want_logits)
+        assert torch.equal(_generate(ours, ids, mask), want)
+        assert len(wt.accelerate(eager)) == 2  # and the same through accelerate()
+        _close(_logits(eager, ids, mask), want_logits)
+        assert torch.equal(_generate(eager, ids, mask), want)
 
 
 def test_refusals():
@@ -272,7 +276,40 @@ def test_accelerate_refusals_and_what_it_leaves(caplog):
     with torch.no_grad(), pytest.raises(ValueError, match="4-D attention_mask"):
         model(ids, attention_mask=mask[:, None, None, :].bool())
     assert wt.accelerate(model) == []  # already on the device
-    with torch.no_grad(), pytest.raises(ValueError, match="outside the forward of the model"):
-        model.model(ids, attention_mask=mask)  # the inner model: no 2-D mask captured
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+        assert torch.equal(model.lm_head(model.model(ids, attention_mask=mask).last_hidden_state), want)
+        with pytest.raises(ValueError, match="outside the forward of its model's stack"):
+            model.model.layers[0].self_attn(torch.zeros(2, 7, 32))  # no 2-D mask to read
     # Still works after the refusals.
     assert _generate(model, ids, mask).shape == (2, 7 + NEW_TOKENS)
+
+
+def _bart(attn="eager"):
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+    )
+    return transformers.AutoModelForSeq2SeqLM.from_config(cfg, attn_implementation=attn).eval()
+
+
+def test_accelerate_encoder_decoder_bart():
+    """Encoder self-attention, the decoder's cached self-attention and its cross-attention, each
+    with its own 2-D mask: forward and greedy generate() as eager's."""
+    model = _bart()
+    ids, mask = _prompt(batch=2, length=7)
+    mask[1, 5:] = 0
+    dec, _ = _prompt(batch=2, length=5)
+    kw = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask, decoder_input_ids=dec)
+        want_ids = model.generate(ids, **kw)
+        names = wt.accelerate(model)
+        assert len(names) == 6 and "model.decoder.layers.1.encoder_attn" in names
+        got = model(ids, attention_mask=mask, decoder_input_ids=dec)
+        got_ids = model.generate(ids, **kw)
+    _close(got.encoder_last_hidden_state, want.encoder_last_hidden_state)
+    _close(got.logits, want.logits)
+    assert torch.equal(got_ids, want_ids)

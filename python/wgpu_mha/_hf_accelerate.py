@@ -1,6 +1,8 @@
-"""``wgpu_mha.transformers.accelerate``: a model's causal self-attention modules replaced by
-device-resident ones (weights uploaded once through :func:`wgpu_mha.load`, keys and values kept
-in a device :class:`wgpu_mha.KvCache` across ``generate()`` steps).
+"""``wgpu_mha.transformers.accelerate``: a model's attention modules replaced by device-resident
+ones (weights uploaded once through :func:`wgpu_mha.load`); a causal self-attention keeps its
+keys and values in a device :class:`wgpu_mha.KvCache` across ``generate()`` steps, an encoder's
+self-attention and a cross-attention compute their whole call. Each reads the 2-D padding masks
+its stack (the decoder or encoder, whose forward takes ``inputs_embeds``) was called with.
 
 transformers' cache keeps its bookkeeping: each replaced module appends a one-wide placeholder
 per token to its layer of the ``DynamicCache`` (so ``get_seq_length``, ``cache_position`` and
@@ -27,12 +29,15 @@ log = logging.getLogger("wgpu_mha.transformers")
 
 
 class _Shared:
-    """What every replaced module of one model reads: the 2-D padding mask of the current call
-    (``[B, past + n]``, 1 = a real token), captured by a pre-hook on the model."""
+    """What the replaced modules of one stack (a model's decoder, encoder: the module whose
+    forward takes ``inputs_embeds``) read: the 2-D padding masks of its current call
+    (``attention_mask [B, past + n]``, ``encoder_attention_mask [B, S]``; 1 = a real token),
+    captured by a pre-hook on the stack."""
 
     def __init__(self):
         self.attention_mask = None
-        self.inside = False  # between the model's pre-hook and its forward hook
+        self.encoder_attention_mask = None
+        self.inside = False  # between the stack's pre-hook and its forward hook
 
 
 def _dynamic_layer(cache: Any, layer_idx: int):
@@ -58,7 +63,7 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
             super().__init__()
             self.wgpu = attn
             self.layer_idx = original.layer_idx
-            self.is_causal = True
+            self.is_causal = attn.is_causal
             self.config = getattr(original, "config", None)
             self._cache = None  # device KvCache of the generation in progress
             self._len = 0
@@ -68,15 +73,27 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
         def extra_repr(self) -> str:
             return f"{name!r} on wgpu (was {self.replaced})"
 
-        def forward(self, hidden_states, attention_mask=None, cache=None, past_key_values=None, **kwargs):
+        def forward(
+            self, hidden_states, key_value_states=None, attention_mask=None, cache=None, past_key_values=None, **kwargs
+        ):
             cache = cache if cache is not None else past_key_values
-            if kwargs.get("encoder_hidden_states") is not None:
-                raise ValueError(f"wgpu_mha.accelerate: `{name}` is a self-attention module; got encoder_hidden_states")
             if not shared.inside:
                 raise ValueError(
-                    f"wgpu_mha.accelerate: `{name}` was called outside the forward of the model given "
-                    f"to accelerate(), whose 2-D attention_mask it reads; call that model"
+                    f"wgpu_mha.accelerate: `{name}` was called outside the forward of its model's "
+                    f"stack, whose 2-D attention_mask it reads; call the model"
                 )
+            kv = key_value_states if key_value_states is not None else kwargs.get("encoder_hidden_states")
+            if self.wgpu.is_cross_attention:
+                if kv is None:
+                    raise ValueError(f"wgpu_mha.accelerate: `{name}` is a cross-attention module; it needs key_value_states")
+                # The encoder's keys and values are recomputed each call (the cross cache is not used).
+                return self.wgpu.forward(hidden_states, attention_mask=shared.encoder_attention_mask, key_value_states=kv), None
+            if kv is not None:
+                raise ValueError(f"wgpu_mha.accelerate: `{name}` is a self-attention module; got key_value_states")
+            if not self.wgpu.is_causal:  # an encoder's: the whole sequence each call
+                return self.wgpu.forward(hidden_states, attention_mask=shared.attention_mask), None
+            if hasattr(cache, "self_attention_cache"):  # an EncoderDecoderCache
+                cache = cache.self_attention_cache
             b, n = hidden_states.shape[:2]
             mask2d = shared.attention_mask
             pos = kwargs.get("position_ids")
@@ -153,10 +170,55 @@ def _candidates(model: Any):
             yield name, module
 
 
+def _stack_of(model: Any, name: str):
+    """The nearest enclosing module whose forward takes ``inputs_embeds`` (a decoder or encoder
+    stack, which receives the 2-D masks), else the model."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        m = model.get_submodule(".".join(parts[:i]))
+        try:
+            if "inputs_embeds" in inspect.signature(m.forward).parameters:
+                return m
+        except (TypeError, ValueError):
+            continue
+    return model
+
+
+def _hook(stack: Any, shared: _Shared, layers: set) -> None:
+    signature = inspect.signature(stack.forward)
+
+    def mask_2d(bound, key):
+        mask = bound.get(key)
+        if mask is not None and mask.dim() != 2:
+            raise ValueError(
+                f"wgpu_mha.accelerate: the model got a {mask.dim()}-D {key}; accelerated modules take "
+                f"transformers' 2-D padding mask [batch, tokens] (1 = a real token)"
+            )
+        return mask
+
+    def capture(_module, args, kwargs):
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        for key in ("past_key_values", "cache"):
+            c = bound.get(key)
+            c = getattr(c, "self_attention_cache", c)
+            if c is not None and getattr(c, "layers", None):
+                for i in layers:  # those of the replaced causal modules
+                    _dynamic_layer(c, i)
+        shared.attention_mask = mask_2d(bound, "attention_mask")
+        shared.encoder_attention_mask = mask_2d(bound, "encoder_attention_mask")
+        shared.inside = True
+
+    def release(_module, _args, _output):
+        shared.attention_mask, shared.encoder_attention_mask, shared.inside = None, None, False
+
+    stack.register_forward_pre_hook(capture, with_kwargs=True)
+    stack.register_forward_hook(release, always_call=True)
+
+
 def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]:
-    """Replaces each causal self-attention module of ``model`` that :func:`wgpu_mha.load` reads
-    by a device-resident one and returns their names; logs (logger ``wgpu_mha.transformers``)
-    each attention module left alone and why. See the module's docstring."""
+    """Replaces each attention module of ``model`` that :func:`wgpu_mha.load` reads by a
+    device-resident one and returns their names; logs (logger ``wgpu_mha.transformers``) each
+    attention module left alone and why. See the module's docstring."""
     import torch
     from safetensors.torch import save_file
 
@@ -166,11 +228,18 @@ def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]
     if cfg is None:
         raise ValueError("wgpu_mha.accelerate: the model has no transformers config")
     meta = {"hf_config": json.dumps(cfg.to_dict(), default=str)}
-    shared = _Shared()
+    stacks = {}  # id(stack) -> (stack, _Shared, causal layer indices)
     replaced = []
-    layers = set()
     with tempfile.TemporaryDirectory(prefix="wgpu_mha_") as tmp:
         for name, module in list(_candidates(model)):
+            if getattr(module, "has_relative_attention_bias", None) is not None:
+                log.info(
+                    "wgpu_mha.accelerate: left %s (%s) alone: T5's modules hand their position bias "
+                    "to the next layer (register() computes them on wgpu)",
+                    name,
+                    type(module).__name__,
+                )
+                continue
             prefix = name + "."
             tensors = {prefix + k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
             path = os.path.join(tmp, "module.safetensors")
@@ -182,44 +251,15 @@ def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]
                 continue
             finally:
                 os.unlink(path)
-            if attn.is_cross_attention or not attn.is_causal:
-                log.info(
-                    "wgpu_mha.accelerate: left %s (%s) alone: %s; accelerate() replaces causal "
-                    "self-attention (register() computes the rest on wgpu)",
-                    name,
-                    type(module).__name__,
-                    "a cross-attention" if attn.is_cross_attention else "a bidirectional attention",
-                )
-                continue
+            stack = _stack_of(model, name)
+            _, shared, layers = stacks.setdefault(id(stack), (stack, _Shared(), set()))
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, _make_module(torch.nn, module, attn, shared, name))
             replaced.append(name)
-            layers.add(module.layer_idx)
-    if replaced:
-
-        signature = inspect.signature(model.forward)
-
-        def capture(_module, args, kwargs):
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            for key in ("past_key_values", "cache"):
-                c = bound.get(key)
-                if c is not None and getattr(c, "layers", None):
-                    for i in layers:  # those of the replaced modules
-                        _dynamic_layer(c, i)
-            mask = bound.get("attention_mask")
-            if mask is not None and mask.dim() != 2:
-                raise ValueError(
-                    "wgpu_mha.accelerate: the model got a 4-D attention_mask; accelerated modules take "
-                    "transformers' 2-D padding mask [batch, tokens] (1 = a real token)"
-                )
-            shared.attention_mask = mask
-            shared.inside = True
-
-        def release(_module, _args, _output):
-            shared.attention_mask, shared.inside = None, False
-
-        model.register_forward_pre_hook(capture, with_kwargs=True)
-        model.register_forward_hook(release, always_call=True)
+            if attn.is_causal and not attn.is_cross_attention:
+                layers.add(module.layer_idx)
+    for stack, shared, layers in stacks.values():
+        _hook(stack, shared, layers)
     log.info("wgpu_mha.accelerate: %d attention modules on wgpu: %s", len(replaced), ", ".join(replaced))
     return replaced

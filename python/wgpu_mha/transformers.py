@@ -1,7 +1,7 @@
 """Hugging Face ``transformers`` on wgpu: :func:`register` makes ``attn_implementation="wgpu_mha"``
 compute every attention call of a model on the engine's attention core; :func:`accelerate`
 (in ``wgpu_mha/_hf_accelerate.py``) replaces whole attention modules by device-resident ones
-whose keys and values stay on the GPU across ``generate()`` steps.
+keys and values stay on the GPU across ``generate()`` steps.
 
 Nothing falls back to torch: what the engine cannot compute (dropout while training, an argument
 of the attention call it does not know, a head size the adapter cannot run) is an error naming it.
@@ -193,9 +193,10 @@ def register(device: Optional[_native.Device] = None) -> str:
 
 
 def accelerate(model: Any, device: Optional[_native.Device] = None):
-    """Replaces each causal self-attention module of ``model`` that :func:`wgpu_mha.load` reads
-    by a device-resident one (weights uploaded once, keys and values in a device KvCache across
-    ``generate()`` steps) and returns their names; each attention module left alone is logged
+    """Replaces each attention module of ``model`` that :func:`wgpu_mha.load` reads by a
+    device-resident one (weights uploaded once; a causal self-attention keeps its keys and values
+    in a device KvCache across ``generate()`` steps; encoder and cross-attention modules compute
+    each call whole) and returns their names; each attention module left alone is logged
     (logger ``wgpu_mha.transformers``) with the reason. Greedy search and sampling with
     transformers' DynamicCache are followed; a cache reordered or cropped (beam search, assisted
     decoding) or a static cache is a ValueError."""
