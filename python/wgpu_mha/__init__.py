@@ -5,6 +5,8 @@ PyTorch.
 * :class:`MultiheadAttention` — ``MultiheadAttention.from_torch(nn.MultiheadAttention)``;
 * :func:`load` — one attention module of a saved Hugging Face checkpoint, with a KV cache;
 * :class:`Device`, :func:`adapters` — which GPU (``WGPU_BACKEND``, ``WGPU_ADAPTER_NAME``).
+* :mod:`wgpu_mha.transformers` — ``register()`` (``attn_implementation="wgpu_mha"``) and
+  ``accelerate(model)`` for Hugging Face transformers (imported on its own: needs transformers).
 
 Inputs are numpy arrays or torch CPU tensors (float32, float16; bfloat16 tensors computed in
 float32); results come back as the kind and dtype that came in. torch is optional. The GIL is
