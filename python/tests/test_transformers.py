@@ -256,10 +256,14 @@ def test_accelerate_refusals_and_what_it_leaves(caplog):
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB
     )
     torch.manual_seed(0)
-    bert = transformers.AutoModel.from_config(cfg, attn_implementation="eager").eval()
+    t5 = transformers.AutoModelForSeq2SeqLM.from_config(
+        transformers.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
+                              vocab_size=VOCAB, decoder_start_token_id=0),
+        attn_implementation="eager",
+    ).eval()
     with caplog.at_level("INFO", logger="wgpu_mha.transformers"):
-        assert wt.accelerate(bert) == []
-    assert "left encoder.layer.0.attention.self (BertSelfAttention) alone" in caplog.text
+        assert wt.accelerate(t5) == []
+    assert "left encoder.block.0.layer.0.SelfAttention (T5Attention) alone" in caplog.text
 
     model = _model("llama", "eager")
     model.train()
@@ -283,6 +287,24 @@ def test_accelerate_refusals_and_what_it_leaves(caplog):
             model.model.layers[0].self_attn(torch.zeros(2, 7, 32))  # no 2-D mask to read
     # Still works after the refusals.
     assert _generate(model, ids, mask).shape == (2, 7 + NEW_TOKENS)
+
+
+def test_accelerate_encoder_bert():
+    """BERT's attention is q/k/v under `attention.self` and the output projection under
+    `attention.output` beside its add & norm: the device module takes both projections, the
+    add & norm stays in torch."""
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(cfg, attn_implementation="eager").eval()
+    ids, mask = _prompt(batch=2, length=7, left_pad=0)
+    mask[1, 5:] = 0  # right padding
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).last_hidden_state
+        assert wt.accelerate(model) == ["encoder.layer.0.attention", "encoder.layer.1.attention"]
+        got = model(ids, attention_mask=mask).last_hidden_state
+    _close(got, want)
 
 
 def _bart(attn="eager"):

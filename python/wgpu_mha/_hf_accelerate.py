@@ -161,6 +161,35 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
     return WgpuAttention()
 
 
+def _add_norm(torch_nn, output: Any):
+    """BERT's ``…attention.output`` after its ``dense`` moved into the device module:
+    ``LayerNorm(dropout(h) + input)``, the same submodules (and weights) as before."""
+
+    class AddNorm(torch_nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dropout = output.dropout
+            self.LayerNorm = output.LayerNorm
+
+        def forward(self, hidden_states, input_tensor):
+            return self.LayerNorm(self.dropout(hidden_states) + input_tensor)
+
+    return AddNorm()
+
+
+def _output_beside(model: Any, name: str):
+    """For a ``….self`` attention whose sibling ``output`` holds its output projection and the
+    add & norm after it (BERT's layout, and the families that copy it): the parent's name and
+    that sibling, else None. The loader reads such a module at the parent's prefix."""
+    parent_name, _, child = name.rpartition(".")
+    if child != "self" or not parent_name:
+        return None
+    output = getattr(model.get_submodule(parent_name), "output", None)
+    if all(hasattr(output, a) for a in ("dense", "LayerNorm", "dropout")):
+        return parent_name, output
+    return None
+
+
 def _candidates(model: Any):
     """(name, module) of each attention module transformers built with a layer index."""
     for name, module in model.named_modules():
@@ -240,14 +269,18 @@ def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]
                     type(module).__name__,
                 )
                 continue
-            prefix = name + "."
-            tensors = {prefix + k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+            # BERT's layout: the loader reads q/k/v and the output projection beside them at the
+            # parent's prefix; the device module then ends with that projection.
+            beside = _output_beside(model, name)
+            at, owner = (beside[0], model.get_submodule(beside[0])) if beside else (name, module)
+            prefix = at + "."
+            tensors = {prefix + k: v.detach().to("cpu").contiguous() for k, v in owner.state_dict().items()}
             path = os.path.join(tmp, "module.safetensors")
             save_file(tensors, path, metadata=meta)
             try:
                 attn = load(path, prefix=prefix, device=device)
             except ValueError as e:
-                log.info("wgpu_mha.accelerate: left %s (%s) alone: %s", name, type(module).__name__, e)
+                log.info("wgpu_mha.accelerate: left %s (%s) alone: %s", at, type(owner).__name__, e)
                 continue
             finally:
                 os.unlink(path)
@@ -255,8 +288,10 @@ def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]
             _, shared, layers = stacks.setdefault(id(stack), (stack, _Shared(), set()))
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, _make_module(torch.nn, module, attn, shared, name))
-            replaced.append(name)
+            setattr(parent, child, _make_module(torch.nn, module, attn, shared, at))
+            if beside:
+                parent.output = _add_norm(torch.nn, beside[1])
+            replaced.append(at)
             if attn.is_causal and not attn.is_cross_attention:
                 layers.add(module.layer_idx)
     for stack, shared, layers in stacks.values():
