@@ -107,9 +107,17 @@ impl HfCheckpoint {
             }
         }
         let mut rope = c.rope(dims.qk_rope_head_dim, 1.0, None)?;
+        // V3 reads `rope_interleave` (default true); V2 always rotates interleaved pairs.
         rope.interleaved = match model_type.name {
             "deepseek_v3" => c.flag("rope_interleave")?.unwrap_or(true),
-            _ => true,
+            "deepseek_v2" => true,
+            other => {
+                return Err(Error::UnsupportedModule {
+                    module: format!("mla attention `{prefix}`"),
+                    what: format!("model_type {other:?}"),
+                    why: "multi-head latent attention runs deepseek_v2 and deepseek_v3".into(),
+                })
+            }
         };
         let scale = (dims.qk_head_dim() as f64).powf(-0.5) * c.mla_mscale_squared()?;
         let (config, core_weights) = weights.absorbed(scale, rope)?;

@@ -1,3 +1,5 @@
+//! Unit tests of the config reader (declared `#[cfg(test)] mod tests;` in `config.rs`).
+
 use super::*;
 use crate::model::rope::RopeScaling;
 
