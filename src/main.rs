@@ -194,10 +194,7 @@ fn bench(
             .transpose()?,
     };
     // A --json path that cannot be written fails now, not after minutes of benchmarking.
-    let pending_json = json
-        .as_deref()
-        .map(|p| wgpu_mha::io::files::PendingOutput::create(p, &[]))
-        .transpose()?;
+    let json = JsonOut::open(json)?;
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
     if !gpu.has_timestamps() {
@@ -223,14 +220,36 @@ fn bench(
         print!("{}", r.format());
         decodes.push(r);
     }
-    if let (Some(path), Some(pending)) = (json, pending_json) {
+    if let Some(json) = json {
         let mut list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         list.extend(decodes.iter().map(|r| r.json(&gpu)));
-        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
-        pending.commit(text.as_bytes())?;
-        println!("wrote {}", path.display());
+        json.write(&list)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A bench's `--json FILE`: created before any benchmarking (a path that cannot be written
+/// fails at once, not after minutes), written whole when the results are in.
+struct JsonOut {
+    path: std::path::PathBuf,
+    pending: wgpu_mha::io::files::PendingOutput,
+}
+
+impl JsonOut {
+    fn open(path: Option<std::path::PathBuf>) -> Result<Option<Self>, wgpu_mha::Error> {
+        path.map(|path| {
+            let pending = wgpu_mha::io::files::PendingOutput::create(&path, &[])?;
+            Ok(JsonOut { path, pending })
+        })
+        .transpose()
+    }
+
+    fn write(self, list: &[serde_json::Value]) -> Result<(), wgpu_mha::Error> {
+        let text = serde_json::to_string_pretty(list).unwrap_or_default();
+        self.pending.commit(text.as_bytes())?;
+        println!("wrote {}", self.path.display());
+        Ok(())
+    }
 }
 
 /// `bench --only sdpa`: the attention core on device tensors next to the module forward (see
@@ -240,10 +259,7 @@ fn bench_sdpa(
     iters: usize,
     json: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, wgpu_mha::Error> {
-    let pending_json = json
-        .as_deref()
-        .map(|p| wgpu_mha::io::files::PendingOutput::create(p, &[]))
-        .transpose()?;
+    let json = JsonOut::open(json)?;
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
     let mut results = Vec::new();
@@ -252,11 +268,9 @@ fn bench_sdpa(
         print!("{}", r.format());
         results.push(r);
     }
-    if let (Some(path), Some(pending)) = (json, pending_json) {
+    if let Some(json) = json {
         let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
-        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
-        pending.commit(text.as_bytes())?;
-        println!("wrote {}", path.display());
+        json.write(&list)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -267,10 +281,7 @@ fn bench_compile(
     custom: Option<cli::bench_compile::Custom>,
     json: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, wgpu_mha::Error> {
-    let pending_json = json
-        .as_deref()
-        .map(|p| wgpu_mha::io::files::PendingOutput::create(p, &[]))
-        .transpose()?;
+    let json = JsonOut::open(json)?;
     // Cold means cold: Mesa's on-disk shader cache is read when a device is made, so it is
     // switched off before the first one (no other thread runs yet). Other drivers keep caches
     // of their own that no variable reaches; their figures may be warm.
@@ -278,11 +289,9 @@ fn bench_compile(
     let gpu = Gpu::with_options(options)?;
     println!("adapter: {}", gpu.describe());
     let results = cli::bench_compile::run(&gpu, custom, |r| print!("{}", r.format()))?;
-    if let (Some(path), Some(pending)) = (json, pending_json) {
+    if let Some(json) = json {
         let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
-        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
-        pending.commit(text.as_bytes())?;
-        println!("wrote {}", path.display());
+        json.write(&list)?;
     }
     Ok(ExitCode::SUCCESS)
 }
