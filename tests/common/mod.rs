@@ -20,6 +20,34 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
+/// Lavapipe's storage-binding limit, 128 MiB: the size the limit tests' shapes are made to cross.
+pub const LAVAPIPE_BINDING: u64 = 128 << 20;
+
+/// A GPU like [`gpu`] whose storage bindings are capped at `binding` bytes, so that
+/// tests of what happens past the limit cross it with the same shapes on every adapter — a real
+/// GPU binds 2 GiB or more. Made as an engine makes its device (wgpu's helpers honour
+/// `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`) and wrapped with `Gpu::from_device`.
+pub fn gpu_with_binding_cap(binding: u64) -> Gpu {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
+        &instance, None,
+    ))
+    .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+    let mut limits = adapter.limits();
+    limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(binding);
+    let features = adapter.features()
+        & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY);
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("capped test device"),
+        required_features: features,
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .unwrap_or_else(|e| panic!("a device with capped bindings: {e}"));
+    Gpu::from_device(device, queue).unwrap_or_else(|e| panic!("wrapping the capped device: {e}"))
+}
+
 /// A module of `config` on the test GPU with seeded random weights (the weights come back too,
 /// for the reference).
 pub fn module(config: AttentionConfig, seed: u64) -> (AttentionWeights, MultiHeadAttention) {
