@@ -116,8 +116,12 @@ class MultiheadAttention:
         (the causal mask itself), which is what is applied. Keys appended by ``bias_k``/``bias_v``
         and ``add_zero_attn`` are seen by every query. Weights: ``(N, L, S')`` averaged over heads,
         or ``(N, num_heads, L, S')`` with ``average_attn_weights=False`` (``S'`` counts appended
-        keys); ``None`` when ``need_weights=False``. A row whose every key is masked is NaN, as
-        torch's with weights. Output and weights are of the query's kind and dtype.
+        keys); ``None`` when ``need_weights=False``. A query row that sees no key is torch's
+        ordinary path's: NaN (output and weights) with ``need_weights=True``, ``out_proj.bias``
+        with ``need_weights=False`` (a head that sees no key adds nothing). Output and weights are
+        of the query's kind and dtype. Tensor inputs must have the module's dtype (RuntimeError,
+        torch's rule). There is no backward: an input requiring grad with grad mode on is a
+        RuntimeError (call it under ``torch.no_grad()`` or pass ``.detach()``ed inputs).
         """
         refuse_grad(
             "wgpu_mha.MultiheadAttention",

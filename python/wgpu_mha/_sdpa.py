@@ -44,8 +44,14 @@ def scaled_dot_product_attention(
     keys ``j <= i`` (top-left aligned, torch's rule), and ``attn_mask`` must then be None.
     ``scale`` defaults to ``1/sqrt(E)``. ``dropout_p > 0`` is a ValueError (inference only).
 
-    Inputs: numpy arrays or torch CPU tensors, float32 or float16 (bfloat16 tensors are computed
-    in float32, float64 in float32), any strides. The result is of the query's kind and dtype.
+    ``is_causal`` and ``enable_gqa`` are bools (TypeError otherwise, as torch); a NaN or
+    infinite ``scale`` is a ValueError.
+
+    Inputs: numpy arrays or torch tensors, float32 or float16 (bfloat16 tensors are computed in
+    float32, float64 in float32), any strides. The result is of the query's kind and dtype.
+    With grad mode on and q, k, v or a float ``attn_mask`` requiring grad, the result is
+    differentiable: torch's math on the saved inputs, in float64, is the backward (see
+    ``_autograd.py``).
     """
     if dropout_p:
         raise ValueError(

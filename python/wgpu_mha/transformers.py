@@ -85,7 +85,11 @@ def attention_forward(
     ``1/sqrt(D)``), ``position_bias`` (T5, added), ``sliding_window`` (applied by the engine when
     there is no mask; a mask already carries it), ``softcap`` (``c·tanh(s/c)`` before the mask),
     ``s_aux`` (one sink logit per head). Returns ``(out [B, Lq, H, Dv] contiguous, weights)``,
-    the weights ``[B, H, Lq, Lk]`` only when ``output_attentions=True`` is passed."""
+    the weights ``[B, H, Lq, Lk]`` only when ``output_attentions=True`` is passed.
+
+    Differentiable (grad mode on, an input requiring grad): the backward is torch's math on the
+    saved q, k, v, mask (the T5 bias within it) and sinks; a row whose boolean mask hides every
+    key is the mean of V, eager's answer, constant in q and k."""
     import torch
 
     if dropout:
