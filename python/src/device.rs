@@ -2,9 +2,9 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use wgpu_mha::{list_adapters, Gpu, GpuOptions};
+use wgpu_mha::{list_adapters, Error, Gpu, GpuOptions};
 
-use crate::errors::guard;
+use crate::errors::{guard, to_py};
 
 /// One GPU adapter with its device and queue, shared by every module made on it. Cheap to
 /// share between threads: the engine serialises what must be serialised.
@@ -56,10 +56,19 @@ impl Device {
 }
 
 /// Every adapter wgpu finds (on `backend` only, when given): dicts with `name`, `backend`,
-/// `device_type`, `driver`, `shader_f16`.
+/// `device_type`, `driver`, `shader_f16`. An unknown backend is `Device(backend=...)`'s
+/// ValueError, not an empty list.
 #[pyfunction]
 #[pyo3(signature = (backend=None))]
 pub fn adapters(py: Python<'_>, backend: Option<String>) -> PyResult<Vec<Py<PyDict>>> {
+    if let Some(b) = &backend {
+        if wgpu::Backends::from_comma_list(b).is_empty() {
+            // The words of Gpu::with_options' own check, which Device(backend=...) raises.
+            return Err(to_py(Error::Misuse(format!(
+                "unknown backend `{b}`: use vulkan, metal, dx12 or gl (comma-separated for several)"
+            ))));
+        }
+    }
     let found = py.allow_threads(|| list_adapters(backend.as_deref()));
     found
         .into_iter()

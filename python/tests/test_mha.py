@@ -1,7 +1,8 @@
 """MultiheadAttention.from_torch against nn.MultiheadAttention itself: both batch layouts,
 unbatched inputs, biases, bias_k/bias_v, add_zero_attn, kdim/vdim, every mask polarity,
-weights averaged or per head, f16 inputs, and torch's refusals."""
+weights averaged or per head, f16 inputs to an f16 module, and torch's refusals."""
 
+import copy
 import itertools
 
 import numpy as np
@@ -91,10 +92,12 @@ def test_unbatched_and_numpy_and_f16(torch):
     assert _close(got, want) < TOL and _close(got_w, want_w) < TOL
     out, w = ours(q.numpy(), k.numpy(), k.numpy(), key_padding_mask=kpm.numpy())
     assert isinstance(out, np.ndarray) and np.abs(out - want.numpy()).max() < TOL
-    out16, w16 = ours(q.half(), k.half(), k.half())
+    # float16 inputs take a float16 module (torch's rule: the inputs' dtype is the weights').
+    m16 = copy.deepcopy(m).half()
+    out16, w16 = wgpu_mha.MultiheadAttention.from_torch(m16)(q.half(), k.half(), k.half())
     assert out16.dtype == torch.float16 and w16.dtype == torch.float16
     with torch.no_grad():
-        want16, _ = m(q.half().float(), k.half().float(), k.half().float())
+        want16, _ = m16.float()(q.half().float(), k.half().float(), k.half().float())
     assert (out16.float() - want16).abs().max().item() < 2e-3
 
 

@@ -8,10 +8,12 @@ PyTorch.
 * :mod:`wgpu_mha.transformers` — ``register()`` (``attn_implementation="wgpu_mha"``) and
   ``accelerate(model)`` for Hugging Face transformers (imported on its own: needs transformers).
 
-Inputs are numpy arrays or torch CPU tensors (float32, float16; bfloat16 tensors computed in
-float32); results come back as the kind and dtype that came in. torch is optional. The GIL is
-released while the GPU works; engine errors are ValueError (bad arguments), TypeError (bad
-types) or RuntimeError (the device), with the engine's message.
+Inputs are numpy arrays or torch tensors (float32, float16; bfloat16 and float64 computed in
+float32); results come back as the kind and dtype that came in. torch is optional.
+scaled_dot_product_attention (and the transformers backend) is differentiable; the modules have
+no backward and refuse inputs requiring grad (RuntimeError). The GIL is released while the GPU
+works; engine errors are ValueError (bad arguments), TypeError (bad types) or RuntimeError (the
+device), with the engine's message.
 """
 
 import importlib.util as _ilu

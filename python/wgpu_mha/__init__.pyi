@@ -1,9 +1,12 @@
 """Type stubs of wgpu_mha. Shapes in brackets; polarities stated on each mask argument.
 
-Array = a numpy array or a torch tensor (CPU; float32 or float16, bfloat16 computed in float32,
-float64 computed in float32). Results come back as the kind and dtype of the first input.
-Errors: ValueError (arguments, shapes, masks, files, configs), TypeError (types, dtypes),
-RuntimeError (no adapter, the device), FileNotFoundError (load of a missing path).
+Array = a numpy array or a torch tensor (float32 or float16, bfloat16 computed in float32,
+float64 computed in float32; tensors on another device are copied to the host and back; meta
+tensors: ValueError). Results come back as the kind and dtype of the first input.
+Errors: ValueError (arguments, shapes, masks, sizes, files, configs), TypeError (types, dtypes),
+RuntimeError (no adapter, the device, an input requiring grad where there is no backward),
+FileNotFoundError (load of a missing path). README "From Python" tables every difference from
+torch.
 """
 
 import os
@@ -31,7 +34,8 @@ class Device:
     def __repr__(self) -> str: ...
 
 def adapters(backend: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Every adapter wgpu finds: dicts with name, backend, device_type, driver, shader_f16."""
+    """Every adapter wgpu finds: dicts with name, backend, device_type, driver, shader_f16. An
+    unknown backend: Device(backend=...)'s ValueError."""
 
 def default_device() -> Device:
     """The process-wide Device() every call without device= uses (made on first use)."""
@@ -56,7 +60,12 @@ def scaled_dot_product_attention(
     attn_mask: rank >= 2, broadcast right-aligned to [..., Hq, L, S]. bool: True = the key takes
     part, False = masked out. float: added to the scaled scores. A row with every key masked
     out is zeros (torch's). is_causal: query i sees keys j <= i (top-left); attn_mask must be
-    None then. scale: default 1/sqrt(E). dropout_p > 0: ValueError (inference only)."""
+    None then. is_causal, enable_gqa: bool (TypeError otherwise, as torch). scale: default
+    1/sqrt(E); NaN/inf: ValueError. dropout_p > 0: ValueError (inference only). enable_gqa with
+    key and value of different head counts: ValueError (torch accepts it).
+
+    Differentiable: with grad mode on and q, k, v or a float attn_mask requiring grad (all three
+    torch tensors), the backward is torch's math on the saved inputs in float64."""
 
 class MultiheadAttention:
     """torch.nn.MultiheadAttention with its weights on the GPU."""
@@ -90,7 +99,11 @@ class MultiheadAttention:
         to attend; float: added. is_causal: torch's hint, needs attn_mask (applied as given).
         Output [N, L, E] / [L, N, E] / [L, E]. Weights [N, L, S'] averaged over heads, or
         [N, num_heads, L, S'] with average_attn_weights=False (S' = S + appended bias_k / zero
-        keys); None with need_weights=False. Rows with every key masked: NaN (torch's)."""
+        keys); None with need_weights=False. A query row that sees no key is torch's ordinary
+        path's: NaN (output and weights) with need_weights=True, out_proj.bias with
+        need_weights=False (a head that sees no key adds nothing to its row). Tensor inputs must
+        have the module's dtype (RuntimeError, torch's rule). No backward: an input requiring
+        grad with grad mode on is a RuntimeError (use torch.no_grad() or .detach())."""
     forward = __call__
 
 class KvCache:
@@ -101,7 +114,8 @@ class KvCache:
     ) -> Array:
         """hidden_states [B, n, E] -> [B, n, E]; their keys/values appended. attention_mask
         [B, len + n]: 1 = a real token, 0 = padding, over every token so far and these.
-        position_ids [B, n] (RoPE; default len..len+n). Past capacity: ValueError, cache kept."""
+        position_ids [B, n] (RoPE; default len..len+n). Past capacity: ValueError, cache kept.
+        No backward: hidden_states requiring grad with grad mode on is a RuntimeError."""
     def __len__(self) -> int: ...
     @property
     def capacity(self) -> int: ...
@@ -142,10 +156,12 @@ class HfAttention:
         """hidden_states [B, Lq, E] -> [B, Lq, E], with the module's own mask (causal, sliding
         window, T5 relative bias). attention_mask [B, Lk]: 1 = a real token, 0 = padding.
         position_ids [B, Lq]: RoPE positions (default 0..Lq). key_value_states [B, Lk, E]:
-        cross-attention modules only."""
+        cross-attention modules only. No backward: an input requiring grad with grad mode on
+        is a RuntimeError (use torch.no_grad() or .detach())."""
     __call__ = forward
     def kv_cache(self, batch: int, capacity: int) -> KvCache:
-        """A device KV cache (causal self-attention modules only; ValueError otherwise)."""
+        """A device KV cache (causal self-attention modules only; ValueError otherwise). batch,
+        capacity: integers >= 0 (ValueError naming the argument otherwise)."""
 
 def load(
     path: Union[str, "os.PathLike[str]"],
@@ -155,4 +171,5 @@ def load(
     device: Optional[Device] = None,
 ) -> HfAttention:
     """The attention module of a checkpoint directory (config.json + safetensors, sharded or
-    not) or safetensors file: by prefix, else the one module of layer, else the only one."""
+    not) or safetensors file: by prefix, else the one module of layer (an integer >= 0), else
+    the only one."""

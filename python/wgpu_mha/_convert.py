@@ -6,6 +6,7 @@ torch is never imported here: a torch tensor can only exist once torch is import
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any, Optional, Tuple
 
@@ -47,6 +48,8 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
     """Any array-like as numpy, without a copy where possible (torch CPU tensors share memory)."""
     torch = _torch_tensor(x)
     if torch is not None:
+        if x.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor: it has a shape but no values to compute with")
         t = x.detach()
         if t.dtype == torch.bfloat16:
             t = t.to(torch.float32)
@@ -84,6 +87,20 @@ def bool_or_float_mask(x: Any, name: str) -> np.ndarray:
     if a.dtype.kind == "f":
         return a.astype(np.float32, copy=False)
     raise TypeError(f"{name} must be bool or floating point, got dtype {a.dtype}")
+
+
+def size(x: Any, name: str) -> int:
+    """A count or index given by the caller: an integer (TypeError otherwise), >= 0 (ValueError
+    naming it otherwise; the extension takes unsigned sizes)."""
+    if isinstance(x, bool):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(x).__name__}") from None
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+    return n
 
 
 def index_array(x: Optional[Any], name: str) -> Optional[np.ndarray]:

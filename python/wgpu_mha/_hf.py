@@ -6,7 +6,8 @@ import os
 from typing import Any, Optional, Union
 
 from . import _native
-from ._convert import float_input, index_array, padding_mask
+from ._autograd import refuse_grad
+from ._convert import float_input, index_array, padding_mask, size
 from ._device import resolve
 import numpy as np
 
@@ -41,7 +42,11 @@ class HfAttention:
         transformers' 2-D convention). ``position_ids [B, Lq]``: RoPE positions (default
         ``0..Lq``; ignored by modules without RoPE). ``key_value_states [B, Lk, E]``: the
         encoder's output, for a cross-attention module only. Same kind and dtype as
-        ``hidden_states``."""
+        ``hidden_states``. No backward: an input requiring grad with grad mode on is a
+        RuntimeError (call it under ``torch.no_grad()``)."""
+        refuse_grad(
+            "wgpu_mha.HfAttention.forward", hidden_states=hidden_states, key_value_states=key_value_states
+        )
         x, kind = float_input(hidden_states, "hidden_states")
         kv = None
         if key_value_states is not None:
@@ -59,8 +64,9 @@ class HfAttention:
 
     def kv_cache(self, batch: int, capacity: int) -> "KvCache":
         """A device KV cache of ``batch`` sequences of up to ``capacity`` tokens (a causal
-        self-attention module only; ValueError otherwise)."""
-        return KvCache(self._native.kv_cache(int(batch), int(capacity)))
+        self-attention module only; ValueError otherwise). Both are integers >= 0 (ValueError
+        naming the argument otherwise)."""
+        return KvCache(self._native.kv_cache(size(batch, "batch"), size(capacity, "capacity")))
 
     def __repr__(self) -> str:
         return (
@@ -79,7 +85,9 @@ class KvCache:
         """The module's output ``[B, n, E]`` for the next ``n`` tokens ``hidden_states [B, n,
         E]``, whose keys and values are appended. ``attention_mask [B, len + n]``: padding of all
         tokens so far and these (1 = real); ``position_ids [B, n]`` (default ``len..len + n``).
-        A step past ``capacity`` is a ValueError and leaves the cache as it was."""
+        A step past ``capacity`` is a ValueError and leaves the cache as it was. No backward:
+        ``hidden_states`` requiring grad with grad mode on is a RuntimeError."""
+        refuse_grad("wgpu_mha.KvCache.step", hidden_states=hidden_states)
         x, kind = float_input(hidden_states, "hidden_states")
         out = self._native.step(
             np.ascontiguousarray(x),
@@ -119,4 +127,5 @@ def load(
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(path)
+    layer = None if layer is None else size(layer, "layer")
     return HfAttention(_native.HfModule(resolve(device), path, layer, prefix))

@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from . import _native
+from ._autograd import refuse_grad
 from ._convert import bool_or_float_mask, float_input
 from ._device import resolve
 
@@ -37,15 +38,34 @@ def _additive(mask: np.ndarray) -> np.ndarray:
     return mask.astype(np.float32, copy=False)
 
 
+def _projections(state: Dict[str, np.ndarray], module: Any) -> Dict[str, np.ndarray]:
+    """The value and output projections (float64): the value weight and bias, the output
+    weight and bias (zeros where the module has no bias)."""
+    e = int(module.embed_dim)
+    wv = state["in_proj_weight"][2 * e :] if "in_proj_weight" in state else state["v_proj_weight"]
+    bv = state["in_proj_bias"][2 * e :] if "in_proj_bias" in state else np.zeros(e)
+    bo = state.get("out_proj.bias", np.zeros(e))
+    return {
+        "wv": wv.astype(np.float64),
+        "bv": bv.astype(np.float64),
+        "wo": state["out_proj.weight"].astype(np.float64),
+        "bo": np.asarray(bo, np.float64),
+    }
+
+
 class MultiheadAttention:
     """A ``torch.nn.MultiheadAttention`` whose weights live on the GPU.
 
     Make one with :meth:`from_torch`; call it as the module's ``forward``.
     """
 
-    def __init__(self, native: _native.Mha, batch_first: bool):
+    def __init__(self, native: _native.Mha, batch_first: bool, dtype: Any = None, host: Optional[Dict[str, np.ndarray]] = None):
         self._native = native
         self.batch_first = batch_first
+        # The torch module's dtype (inputs must have it, torch's rule) and its value and output
+        # projections on the host (float64), for rows that see no key (see _no_key_rows).
+        self._dtype = dtype
+        self._host = host
         self.embed_dim = native.embed_dim
         self.kdim = native.kdim
         self.vdim = native.vdim
@@ -73,7 +93,7 @@ class MultiheadAttention:
         native = _native.Mha(
             resolve(device), safetensors_bytes(state), int(module.num_heads), bool(module.add_zero_attn)
         )
-        return cls(native, bool(module.batch_first))
+        return cls(native, bool(module.batch_first), module.out_proj.weight.dtype, _projections(state, module))
 
     def __call__(
         self,
@@ -96,9 +116,22 @@ class MultiheadAttention:
         (the causal mask itself), which is what is applied. Keys appended by ``bias_k``/``bias_v``
         and ``add_zero_attn`` are seen by every query. Weights: ``(N, L, S')`` averaged over heads,
         or ``(N, num_heads, L, S')`` with ``average_attn_weights=False`` (``S'`` counts appended
-        keys); ``None`` when ``need_weights=False``. A row whose every key is masked is NaN, as
-        torch's with weights. Output and weights are of the query's kind and dtype.
+        keys); ``None`` when ``need_weights=False``. A query row that sees no key is torch's
+        ordinary path's: NaN (output and weights) with ``need_weights=True``, ``out_proj.bias``
+        with ``need_weights=False`` (a head that sees no key adds nothing). Output and weights are
+        of the query's kind and dtype. Tensor inputs must have the module's dtype (RuntimeError,
+        torch's rule). There is no backward: an input requiring grad with grad mode on is a
+        RuntimeError (call it under ``torch.no_grad()`` or pass ``.detach()``ed inputs).
         """
+        refuse_grad(
+            "wgpu_mha.MultiheadAttention",
+            query=query,
+            key=key,
+            value=value,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+        )
+        self._check_dtypes(query=query, key=key, value=value)
         if is_causal and attn_mask is None:
             raise ValueError(
                 "Need attn_mask if specifying the is_causal hint. You may use the Transformer "
@@ -147,9 +180,11 @@ class MultiheadAttention:
         if bias is not None:
             bias = np.ascontiguousarray(bias, dtype=np.float32)
 
-        out, weights = self._native.forward(
-            np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), bias, bool(need_weights)
-        )
+        q, k, v = (np.ascontiguousarray(a) for a in (q, k, v))
+        if need_weights or bias is None or self._native.appended_keys:
+            out, weights = self._native.forward(q, k, v, bias, bool(need_weights))
+        else:
+            out, weights = self._no_key_rows(q, k, v, bias), None
         if not batched:
             out = out[0]
         elif not self.batch_first:
@@ -163,6 +198,45 @@ class MultiheadAttention:
         return kind.back(out), weights
 
     forward = __call__
+
+    def _check_dtypes(self, **inputs: Any) -> None:
+        """torch's rule: a tensor input of another dtype than the module's weights is a
+        RuntimeError (torch's linear: "mat1 and mat2 must have the same dtype")."""
+        if self._dtype is None:
+            return
+        import torch
+
+        for name, x in inputs.items():
+            if isinstance(x, torch.Tensor) and x.dtype != self._dtype:
+                raise RuntimeError(
+                    f"{name} has dtype {x.dtype} but the module's weights are {self._dtype} (torch: mat1 "
+                    f"and mat2 must have the same dtype): convert the input, or the module before from_torch"
+                )
+
+    def _no_key_rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        """The output with ``need_weights=False`` as torch's ordinary path gives it (its sdpa
+        gives zeros for a query row that sees no key): a row no head lets see any key is
+        ``out_proj.bias``; a head that sees no key adds nothing to its row. The engine computes
+        such a head's row as 0/0, so that row's mask is lifted (0) and the head's contribution,
+        from its probabilities and the value projection on the host, taken back out."""
+        n, lq, h = q.shape[0], q.shape[1], self.num_heads
+        dead = np.broadcast_to(np.isneginf(bias).all(-1), (n, h, lq))
+        if not dead.any():
+            return self._native.forward(q, k, v, bias, False)[0]
+        every = dead.all(1)  # [n, lq]: no head sees a key
+        some = dead & ~every[:, None, :]  # [n, h, lq]: this head sees none, another does
+        lifted = np.where(np.broadcast_to(dead, (n, h, lq))[..., None], np.float32(0), bias)
+        if not some.any():
+            out = self._native.forward(q, k, v, np.ascontiguousarray(lifted, np.float32), False)[0]
+        else:
+            out, probs = self._native.forward(q, k, v, np.ascontiguousarray(lifted, np.float32), True)
+            wv, bv, wo = self._host["wv"], self._host["bv"], self._host["wo"]
+            e = wo.shape[0]
+            vh = (v.astype(np.float64) @ wv.T + bv).reshape(n, -1, h, e // h).transpose(0, 2, 1, 3)
+            o = np.einsum("nhls,nhsd->nhld", probs.astype(np.float64), vh) * some[..., None]
+            out = (out - np.einsum("nhld,ehd->nle", o, wo.reshape(e, h, e // h))).astype(np.float32)
+        out[every] = self._host["bo"].astype(np.float32)
+        return out
 
     def __repr__(self) -> str:
         return (

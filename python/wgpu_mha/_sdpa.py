@@ -4,11 +4,13 @@ broadcast)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import numpy as np
 
 from . import _native
+from ._autograd import Spec, attention, needs_grad
 from ._convert import bool_or_float_mask, float_input
 from ._device import resolve
 
@@ -42,15 +44,58 @@ def scaled_dot_product_attention(
     keys ``j <= i`` (top-left aligned, torch's rule), and ``attn_mask`` must then be None.
     ``scale`` defaults to ``1/sqrt(E)``. ``dropout_p > 0`` is a ValueError (inference only).
 
-    Inputs: numpy arrays or torch CPU tensors, float32 or float16 (bfloat16 tensors are computed
-    in float32, float64 in float32), any strides. The result is of the query's kind and dtype.
+    ``is_causal`` and ``enable_gqa`` are bools (TypeError otherwise, as torch); a NaN or
+    infinite ``scale`` is a ValueError.
+
+    Inputs: numpy arrays or torch tensors, float32 or float16 (bfloat16 tensors are computed in
+    float32, float64 in float32), any strides. The result is of the query's kind and dtype.
+    With grad mode on and q, k, v or a float ``attn_mask`` requiring grad, the result is
+    differentiable: torch's math on the saved inputs, in float64, is the backward (see
+    ``_autograd.py``).
     """
     if dropout_p:
         raise ValueError(
             f"dropout_p={dropout_p}: wgpu_mha computes attention for inference only; pass dropout_p=0.0"
         )
+    _bool_arg(is_causal, "is_causal")
+    _bool_arg(enable_gqa, "enable_gqa")
     if attn_mask is not None and is_causal:
         raise ValueError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scaled_dot_product_attention(): argument 'scale' must be float, not {type(scale).__name__}")
+        scale = float(scale)
+        if not math.isfinite(scale):
+            # torch computes NaN outputs from it; the engine refuses it up front.
+            raise ValueError(f"scale must be finite, got {scale}")
+    if not needs_grad(query, key, value, attn_mask):
+        return _forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, device)
+    import torch
+
+    if not all(isinstance(x, torch.Tensor) for x in (query, key, value)):
+        raise RuntimeError(
+            "scaled_dot_product_attention: an input requires_grad, so query, key and value must all "
+            "be torch tensors for the backward; or call it under torch.no_grad() / with .detach()ed inputs"
+        )
+    mask = attn_mask
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        mask = torch.as_tensor(np.asarray(mask))
+
+    def engine(q, k, v, m, _sinks):
+        return _forward(q, k, v, m, is_causal, scale, enable_gqa, device), None
+
+    spec = Spec(causal=bool(is_causal), scale=scale, gqa=bool(enable_gqa))
+    return attention(engine, spec, query, key, value, mask)
+
+
+def _bool_arg(x: Any, name: str) -> None:
+    # torch's argument parser: a bool, nothing else truthy.
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be bool, not {type(x).__name__}")
+
+
+def _forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, device):
+    """The forward on the engine, torch's rules and broadcasting (no autograd)."""
     q, kind = float_input(query, "query")
     k, _ = float_input(key, "key")
     v, _ = float_input(value, "value")
@@ -137,7 +182,7 @@ def scaled_dot_product_attention(
         v4,
         m4,
         bool(is_causal),
-        None if scale is None else float(scale),
+        scale,
     )
     if dead is not None and dead.any():
         out[np.broadcast_to(dead, (B, hq, L))] = 0.0

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _native
+from ._autograd import Spec, attention, needs_grad
 from ._convert import float_input, to_numpy
 from ._device import resolve
 from ._hf_accelerate import accelerate as _accelerate
@@ -84,7 +85,11 @@ def attention_forward(
     ``1/sqrt(D)``), ``position_bias`` (T5, added), ``sliding_window`` (applied by the engine when
     there is no mask; a mask already carries it), ``softcap`` (``c·tanh(s/c)`` before the mask),
     ``s_aux`` (one sink logit per head). Returns ``(out [B, Lq, H, Dv] contiguous, weights)``,
-    the weights ``[B, H, Lq, Lk]`` only when ``output_attentions=True`` is passed."""
+    the weights ``[B, H, Lq, Lk]`` only when ``output_attentions=True`` is passed.
+
+    Differentiable (grad mode on, an input requiring grad): the backward is torch's math on the
+    saved q, k, v, mask (the T5 bias within it) and sinks; a row whose boolean mask hides every
+    key is the mean of V, eager's answer, constant in q and k."""
     import torch
 
     if dropout:
@@ -116,15 +121,33 @@ def attention_forward(
             mask = torch.where(mask, bias, torch.finfo(bias.dtype).min)
         else:
             mask = bias + mask
+    if mask is not None and mask.dim() != 4:
+        raise _refuse(module, f"attention_mask of shape {tuple(mask.shape)}: it needs 4 dims [B, 1|H, Lq, Lk]")
+    window = int(sliding_window) if (sliding_window is not None and causal) else None
+    softcap = None if softcap is None else float(softcap)
+    want_weights = bool(kwargs.get("output_attentions"))
+
+    def engine(query, key, value, mask, s_aux):
+        return _engine(module, query, key, value, mask, s_aux, causal, scaling, window, softcap, want_weights)
+
+    if needs_grad(query, key, value, mask, s_aux):
+        spec = Spec(causal=causal, scale=None if scaling is None else float(scaling), gqa=True, window=window,
+                    softcap=softcap, dead="mean")
+        res = attention(engine, spec, query, key, value, mask, s_aux)
+        out, weights = res if want_weights else (res, None)
+    else:
+        out, weights = engine(query, key, value, mask, s_aux)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def _engine(module, query, key, value, mask, s_aux, causal, scaling, window, softcap, want_weights):
+    """The engine's attention of torch tensors ``[B, H, L, D]`` → ``(out [B, H, Lq, Dv],
+    weights | None)`` as torch tensors of the query's dtype."""
+    mask_np = None
     if mask is not None:
-        if mask.dim() != 4:
-            raise _refuse(module, f"attention_mask of shape {tuple(mask.shape)}: it needs 4 dims [B, 1|H, Lq, Lk]")
         m = to_numpy(mask, "attention_mask")
         m = m if m.dtype == np.bool_ else m.astype(np.float32, copy=False)
         mask_np = np.ascontiguousarray(m)
-    else:
-        mask_np = None
-
     q, kind = float_input(query, "query")
     k, _ = float_input(key, "key")
     v, _ = float_input(value, "value")
@@ -133,8 +156,6 @@ def attention_forward(
     sinks = None
     if s_aux is not None:
         sinks = np.ascontiguousarray(to_numpy(s_aux, "s_aux"), dtype=np.float32).reshape(-1)
-    window = int(sliding_window) if (sliding_window is not None and causal) else None
-    want_weights = bool(kwargs.get("output_attentions"))
     if want_weights:
         q, k, v = (a.astype(np.float32, copy=False) for a in (q, k, v))
     try:
@@ -148,14 +169,13 @@ def attention_forward(
             None if scaling is None else float(scaling),
             want_weights,
             window=window,
-            softcap=None if softcap is None else float(softcap),
+            softcap=softcap,
             sinks=sinks,
         )
     except ValueError as e:
         raise _refuse(module, str(e)) from None
-    out = kind.back(np.ascontiguousarray(out.transpose(0, 2, 1, 3)))
     weights = None if probs is None else kind.back(probs)
-    return out, weights
+    return kind.back(out), weights
 
 
 def _require() -> None:
