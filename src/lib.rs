@@ -43,7 +43,8 @@ pub mod sdpa;
 pub use attention::gpu_tensor::{GpuTensor, ReadFuture};
 pub use attention::kv_cache::{KvCache, KvCacheBytes, StepOptions};
 pub use attention::{
-    AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention, Precision,
+    AttentionPath, DeviceForwardOutput, ForwardOptions, ForwardOutput, GpuForwardOutput,
+    MultiHeadAttention, Precision,
 };
 pub use error::{Error, Result};
 pub use gpu::timer::PassTimer;

@@ -16,6 +16,7 @@ pub mod mla_stage;
 mod plan;
 mod row_passes;
 mod run;
+mod views;
 mod workspace;
 
 use std::sync::Mutex;
@@ -31,6 +32,8 @@ use crate::model::weights::AttentionWeights;
 use gpu_tensor::GpuTensor;
 use gpu_weights::GpuWeights;
 use workspace::Workspace;
+
+pub use views::DeviceForwardOutput;
 
 /// Which attention core runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -11,7 +11,7 @@
 use super::KvCache;
 use crate::attention::gpu_tensor::GpuTensor;
 use crate::attention::run::Source;
-use crate::attention::workspace::{dispatches, Bound, Geometry, RopeTables};
+use crate::attention::workspace::{dispatches, Bound, Geometry, Placement, RopeTables};
 use crate::attention::MultiHeadAttention;
 use crate::error::{Error, Result};
 use crate::gpu::pass::Dispatch;
@@ -393,6 +393,7 @@ impl MultiHeadAttention {
                 v: &cache.v_chunks,
                 keys: cache.chunk_keys,
             }),
+            at: Placement::default(),
         };
         dispatches(self, &geometry, &bound)
     }
