@@ -41,7 +41,7 @@ pub mod reference;
 pub mod sdpa;
 
 pub use attention::gpu_tensor::{GpuTensor, ReadFuture};
-pub use attention::kv_cache::{KvCache, KvCacheBytes, StepOptions};
+pub use attention::kv_cache::{KvCache, KvCacheBytes, KvView, StepOptions};
 pub use attention::{
     AttentionPath, DeviceForwardOutput, ForwardOptions, ForwardOutput, GpuForwardOutput,
     MultiHeadAttention, Precision,

@@ -331,3 +331,276 @@ fn every_bad_argument_is_named_and_the_encoder_still_runs() {
         "the caller's copy ran"
     );
 }
+
+/// `x`'s projections through `layer` (f64), each head row rotated by its position `0..L`
+/// when `rope` is given: `[B, L, heads·d]`.
+fn projected(x: &Tensor, layer: &wgpu_mha::Linear, rope: Option<&Rope>, d: usize) -> Vec<f64> {
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let wide: Vec<f64> = x.data().iter().map(|&v| v as f64).collect();
+    let mut y = reference::linear(&wide, b * l, layer);
+    if let Some(rope) = rope {
+        let width = y.len() / (b * l);
+        for (row, r) in y.chunks_mut(width).enumerate() {
+            for head in r.chunks_mut(d) {
+                rope.rotate(head, row % l, l);
+            }
+        }
+    }
+    y
+}
+
+/// Rows `range` of every sequence of a `[B, L, W]` f64 tensor.
+fn rows(x: &[f64], b: usize, l: usize, range: std::ops::Range<usize>) -> Vec<f64> {
+    let w = x.len() / (b * l);
+    (0..b)
+        .flat_map(|bi| x[(bi * l + range.start) * w..(bi * l + range.end) * w].to_vec())
+        .collect()
+}
+
+/// sdpa of the last `n` queries of `q` (f64 `[B, L, H·dk]`) over each of the cache's key and
+/// value views against the f64 core over the same tokens (no mask: each view alone).
+fn check_cache_views(
+    label: &str,
+    mha: &wgpu_mha::MultiHeadAttention,
+    cache: &wgpu_mha::KvCache,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    n: usize,
+) {
+    let c = *mha.config();
+    let (b, l) = (cache.batch(), cache.len());
+    let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
+    let q_new = rows(q, b, l, l - n..l);
+    let q_f32: Vec<f32> = q_new.iter().map(|&x| x as f32).collect();
+    let q_buf = buffer(&q_f32, ALL);
+    let q_view = DeviceTensor::new(&q_buf, [b, h, n, dk], Layout::Blhd);
+    let (keys, values) = (cache.keys(), cache.values());
+    assert_eq!(
+        keys.len(),
+        values.len(),
+        "{label}: one value view per key view"
+    );
+    assert_eq!(
+        keys.last().map(|v| v.tokens.end),
+        Some(l),
+        "{label}: views cover the cache"
+    );
+    for (kv, vv) in keys.iter().zip(&values) {
+        assert_eq!(kv.tokens, vv.tokens, "{label}");
+        let out_buf = buffer(&vec![0.0; b * n * h * dv], ALL);
+        let out = DeviceTensor::new(&out_buf, [b, h, n, dv], Layout::Blhd);
+        wgpu_mha::scaled_dot_product_attention(
+            gpu(),
+            &q_view,
+            &kv.tensor,
+            &vv.tensor,
+            &out,
+            &Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{label}: sdpa over the cache: {e}"));
+        let lk = kv.tokens.len();
+        let want = reference::Core {
+            batch: b,
+            heads: h,
+            kv_heads: c.kv_heads,
+            lq: n,
+            lk,
+            dk,
+            dv,
+            scale: c.scale() as f64,
+            softcap: None,
+            alibi_max_bias: None,
+            sinks: None,
+            mask: &Mask::None,
+            top_left: false,
+        }
+        .run(
+            &q_new,
+            &rows(k, b, l, kv.tokens.clone()),
+            &rows(v, b, l, kv.tokens.clone()),
+        )
+        .0;
+        assert_close(
+            &format!("{label}: tokens {:?}", kv.tokens),
+            &read(&out_buf, 0, b * n * h * dv),
+            &want,
+        );
+    }
+}
+
+#[test]
+fn a_caches_keys_and_values_feed_sdpa() {
+    let config = gqa_rope();
+    let (weights, mha) = module(config, 21);
+    let rope = config.rope.as_ref();
+    let (b, dk) = (2, config.qk_head_dim);
+    let x = Tensor::random([b, 5, 16], 22);
+    let (x0, x1) = (
+        Tensor::new([b, 3, 16], rows_f32(&x, 0..3)).unwrap(),
+        Tensor::new([b, 2, 16], rows_f32(&x, 3..5)).unwrap(),
+    );
+    let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
+    assert!(cache.keys().is_empty(), "an empty cache has no views");
+    mha.forward_step(&mut cache, &x0).unwrap();
+    let step = mha.forward_step(&mut cache, &x1).unwrap();
+    let q = projected(&x, &weights.q, rope, dk);
+    let k = projected(&x, &weights.k, rope, dk);
+    let v = projected(&x, &weights.v, None, dk);
+    check_cache_views("one buffer", &mha, &cache, &q, &k, &v, 2);
+    // The engine's own decode over the views, W_o on the host: the module's step output.
+    let (h, n) = (config.heads, 2);
+    let q_f32: Vec<f32> = rows(&q, b, 5, 3..5).iter().map(|&x| x as f32).collect();
+    let q_buf = buffer(&q_f32, ALL);
+    let out_buf = buffer(&vec![0.0; b * n * h * dk], ALL);
+    let options = wgpu_mha::SdpaOptions {
+        mask: Mask::Causal,
+        ..Default::default()
+    };
+    wgpu_mha::scaled_dot_product_attention(
+        gpu(),
+        &DeviceTensor::new(&q_buf, [b, h, n, dk], Layout::Blhd),
+        &cache.keys()[0].tensor,
+        &cache.values()[0].tensor,
+        &DeviceTensor::new(&out_buf, [b, h, n, dk], Layout::Blhd),
+        &options,
+    )
+    .unwrap();
+    let combined: Vec<f64> = read(&out_buf, 0, b * n * h * dk)
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
+    let engine = reference::linear(&combined, b * n, weights.o.as_ref().unwrap());
+    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    assert_close(
+        "engine decode vs f64",
+        &step.data().to_vec(),
+        &rows(&want.output, b, 5, 3..5),
+    );
+    let engine_f32: Vec<f32> = engine.iter().map(|&x| x as f32).collect();
+    assert_close(
+        "engine decode vs the module's step",
+        &engine_f32,
+        &step.data().iter().map(|&x| x as f64).collect::<Vec<_>>(),
+    );
+
+    // A chunked cache: one view per chunk holding tokens.
+    let unit = wgpu_mha::KvCache::chunk_unit(&mha);
+    let long = Tensor::random([1, unit + 2, 16], 23);
+    let mut chunked = wgpu_mha::KvCache::chunked(&mha, 1, 2 * unit, unit).unwrap();
+    mha.forward_step(&mut chunked, &long).unwrap();
+    assert_eq!(chunked.keys().len(), 2, "two chunks hold tokens");
+    let q = projected(&long, &weights.q, rope, dk);
+    let k = projected(&long, &weights.k, rope, dk);
+    let v = projected(&long, &weights.v, None, dk);
+    check_cache_views("chunked", &mha, &chunked, &q, &k, &v, 1);
+}
+
+/// Rows `range` of every sequence of a `[B, L, W]` tensor.
+fn rows_f32(x: &Tensor, range: std::ops::Range<usize>) -> Vec<f32> {
+    let (b, l) = (x.shape()[0], x.shape()[1]);
+    let wide: Vec<f64> = x.data().iter().map(|&v| v as f64).collect();
+    rows(&wide, b, l, range).iter().map(|&v| v as f32).collect()
+}
+
+/// The sequence rule: a step recorded into an encoder that is dropped makes the next step
+/// an `Err` naming the rule, until `truncate` rolls the cache back; so do two steps whose
+/// encoders are submitted in the wrong order.
+#[test]
+fn steps_dropped_or_submitted_out_of_order_are_refused_until_rolled_back() {
+    let config = gqa_rope();
+    let (weights, mha) = module(config, 31);
+    let b = 1;
+    let x = Tensor::random([b, 4, 16], 32);
+    let x0 = Tensor::new([b, 2, 16], rows_f32(&x, 0..2)).unwrap();
+    let x1 = Tensor::new([b, 1, 16], rows_f32(&x, 2..3)).unwrap();
+    let x2 = Tensor::new([b, 1, 16], rows_f32(&x, 3..4)).unwrap();
+    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let gpu_x1 = wgpu_mha::GpuTensor::upload(gpu(), &x1).unwrap();
+    let gpu_x2 = wgpu_mha::GpuTensor::upload(gpu(), &x2).unwrap();
+    let options = wgpu_mha::StepOptions::default();
+    let encoder = || gpu().device().create_command_encoder(&Default::default());
+
+    // Dropped.
+    let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
+    mha.forward_step(&mut cache, &x0).unwrap();
+    let mut dropped = encoder();
+    mha.forward_step_gpu_into(&mut dropped, &mut cache, &gpu_x1, &options)
+        .unwrap();
+    drop(dropped);
+    let err = mha
+        .forward_step(&mut cache, &x2)
+        .expect_err("a step after a dropped one")
+        .to_string();
+    assert!(
+        err.contains("sequence rule") && err.contains("dropped") && err.contains("truncate(2)"),
+        "{err}"
+    );
+    let mut later = encoder();
+    let err = mha
+        .forward_step_gpu_into(&mut later, &mut cache, &gpu_x2, &options)
+        .expect_err("recorded too")
+        .to_string();
+    assert!(err.contains("sequence rule"), "{err}");
+    cache.truncate(2).unwrap();
+    mha.forward_step(&mut cache, &x1).unwrap();
+    let last = mha.forward_step(&mut cache, &x2).expect("rolled back");
+    assert_close(
+        "after the rollback",
+        last.data(),
+        &rows(&want.output, b, 4, 3..4),
+    );
+
+    // Out of order: the later step's encoder submitted first.
+    let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
+    mha.forward_step(&mut cache, &x0).unwrap();
+    let (mut first, mut second) = (encoder(), encoder());
+    mha.forward_step_gpu_into(&mut first, &mut cache, &gpu_x1, &options)
+        .unwrap();
+    mha.forward_step_gpu_into(&mut second, &mut cache, &gpu_x2, &options)
+        .unwrap();
+    gpu().queue().submit([second.finish()]);
+    gpu().queue().submit([first.finish()]);
+    gpu()
+        .device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .unwrap();
+    let err = mha
+        .forward_step(&mut cache, &x2)
+        .expect_err("after a reordered pair")
+        .to_string();
+    assert!(
+        err.contains("sequence rule")
+            && err.contains("ran on the GPU before")
+            && err.contains("truncate(2)"),
+        "{err}"
+    );
+    cache.truncate(2).unwrap();
+    mha.forward_step(&mut cache, &x1).unwrap();
+    let last = mha.forward_step(&mut cache, &x2).expect("rolled back");
+    assert_close(
+        "after the rollback",
+        last.data(),
+        &rows(&want.output, b, 4, 3..4),
+    );
+
+    // In order, in one encoder or two: no fault.
+    let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
+    mha.forward_step(&mut cache, &x0).unwrap();
+    let (mut first, mut second) = (encoder(), encoder());
+    mha.forward_step_gpu_into(&mut first, &mut cache, &gpu_x1, &options)
+        .unwrap();
+    let out = mha
+        .forward_step_gpu_into(&mut second, &mut cache, &gpu_x2, &options)
+        .unwrap();
+    gpu().queue().submit([first.finish(), second.finish()]);
+    assert_close(
+        "in order",
+        out.read(gpu()).unwrap().data(),
+        &rows(&want.output, b, 4, 3..4),
+    );
+    assert_eq!(cache.len(), 4);
+    cache.truncate(3).unwrap();
+    mha.forward_step(&mut cache, &x2)
+        .expect("in-order steps leave no fault");
+}

@@ -134,6 +134,7 @@ impl MultiHeadAttention {
         let result = result.and_then(|r| r);
         if result.is_err() {
             cache.len = len0;
+            cache.ledger.truncate(len0);
         }
         result
     }
@@ -178,6 +179,7 @@ impl MultiHeadAttention {
             let step = &cache.step;
             let result = step.output.as_ref().unwrap_or(&step.combined);
             encoder.copy_buffer_to_buffer(result, 0, output.buffer(), 0, output.byte_len());
+            cache.ledger.track(encoder, cache.len..plan.lk);
         })?;
         cache.len = plan.lk;
         Ok(output)
@@ -197,9 +199,12 @@ impl MultiHeadAttention {
             let step = &cache.step;
             let result = step.output.as_ref().unwrap_or(&step.combined);
             encoder.copy_buffer_to_buffer(result, 0, &step.staging, 0, 4 * out_len as u64);
+            cache.ledger.track(&encoder, cache.len..plan.lk);
             self.gpu.queue().submit([encoder.finish()]);
             self.gpu.read_f32(&step.staging, out_len)
         })??;
+        // The wait ran this step's ticket: it overtook a recorded step not yet submitted?
+        cache.ledger.check()?;
         // Only now do the appended rows count; after any error the cache is as it was.
         cache.len = plan.lk;
         Tensor::new([b, plan.n, out_dim], values)
@@ -220,6 +225,13 @@ impl MultiHeadAttention {
                 "this KV cache was made for another attention module".into(),
             ));
         }
+        // The sequence rule: the tickets of steps that have run or were dropped settle in
+        // the poll (it does not wait).
+        {
+            let _serial = self.gpu.serialize();
+            let _ = self.gpu.device().poll(wgpu::PollType::Poll);
+        }
+        cache.ledger.check()?;
         let b = cache.batch;
         let qs = x_q.shape();
         if qs.len() != 3 || qs[0] != b || qs[2] != c.model_dim {
