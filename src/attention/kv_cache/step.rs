@@ -157,6 +157,13 @@ impl MultiHeadAttention {
     /// [`KvCache::reset`]). Nothing else needs cleaning up; the step's scratch buffers stay the
     /// cache's, and wgpu keeps alive every buffer a recorded command uses until it has run.
     ///
+    /// **The sequence rule is checked**: each step's encoder carries a ticket that wgpu runs
+    /// when its command buffer has run (in submission order) and drops with an encoder dropped
+    /// unsubmitted. After a step whose encoder was dropped, or one that ran before a step
+    /// recorded earlier, the cache's next step (any form) is `Err(Misuse)` naming the "KV cache
+    /// sequence rule" and the length to [`KvCache::truncate`] to; the truncate clears it. A
+    /// reordering is seen once the GPU has run both steps (this checks without waiting).
+    ///
     /// Every argument is checked, and every buffer and bind group made, before the first
     /// command is recorded: an `Err` leaves `encoder` and `cache` as they were (but for running
     /// out of memory while recording, see [`crate::gpu::record`]). wgpu checks
