@@ -474,7 +474,7 @@ fn a_caches_keys_and_values_feed_sdpa() {
     let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
     assert_close(
         "engine decode vs f64",
-        &step.data().to_vec(),
+        step.data(),
         &rows(&want.output, b, 5, 3..5),
     );
     let engine_f32: Vec<f32> = engine.iter().map(|&x| x as f32).collect();
