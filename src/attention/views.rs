@@ -43,7 +43,7 @@ impl<'a> Rows<'a> {
     fn of(mha: &MultiHeadAttention, view: &DeviceTensor<'a>, name: &str) -> Result<Self> {
         if view.elem != Elem::F32 {
             return Err(Error::Misuse(format!(
-                "{name}: the module's activations are f32 (the projections read f32 rows), not {:?}",
+                "{name}: the module reads and writes f32 activations, not {:?}",
                 view.elem
             )));
         }
@@ -186,17 +186,19 @@ impl MultiHeadAttention {
             false => None,
         };
         let mut ws = self.take_workspace(plan.whole)?;
-        let result = self.gpu.scoped("record_forward", || -> Result<()> {
-            let window = plan.mask.window((0, d.batch), (0, d.lq));
-            let words = &plan.mask.words[window.words];
+        let window = plan.mask.window((0, d.batch), (0, d.lq));
+        let words = &plan.mask.words[window.words];
+        // Dense inputs are bound where they lie; others go to the workspace's (one per
+        // distinct input, as its sharing numbers them).
+        let distinct = match sharing {
+            Sharing::SelfAttention => [0, 0, 0],
+            Sharing::SharedKeyValue => [0, 1, 1],
+            Sharing::Distinct => [0, 1, 2],
+        };
+        // Everything that can fail — the mask buffer, every bind group — is made and its error
+        // scope popped before the first command goes into the caller's encoder.
+        let chain = self.gpu.scoped("record_forward", || {
             ws.fit_mask(self, words.len())?;
-            // Dense inputs are bound where they lie; others go to the workspace's (one per
-            // distinct input, as its sharing numbers them).
-            let distinct = match sharing {
-                Sharing::SelfAttention => [0, 0, 0],
-                Sharing::SharedKeyValue => [0, 1, 1],
-                Sharing::Distinct => [0, 1, 2],
-            };
             let bound: [(&wgpu::Buffer, u32); 3] = std::array::from_fn(|i| {
                 let input = &inputs[i];
                 match input.dense() {
@@ -213,8 +215,14 @@ impl MultiHeadAttention {
                     out_rows: out.view.capacity as u32,
                 },
             };
-            let chain = ws.chain_on(self, Some(&io))?;
-            // Everything that can fail is made: now the commands.
+            ws.chain_on(self, Some(&io))
+        });
+        let chain = match chain.and_then(|c| c) {
+            Ok(chain) => chain,
+            // A workspace that saw an error is dropped (`keep_if_ok`).
+            Err(e) => return self.keep_if_ok(ws, Err(e)),
+        };
+        let result = self.gpu.scoped("record_forward", || {
             ws.write_mask(self, encoder, words, &window.params);
             if let Some(positions) = &plan.positions {
                 ws.write_rope(self, encoder, positions, d.lq, (0, 0));
@@ -245,9 +253,8 @@ impl MultiHeadAttention {
             if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
                 encoder.copy_buffer_to_buffer(scores, 0, probs.buffer(), 0, probs.byte_len());
             }
-            Ok(())
         });
-        self.keep_if_ok(ws, result.and_then(|r| r))?;
+        self.keep_if_ok(ws, result)?;
         Ok(DeviceForwardOutput {
             path: plan.path,
             probs,
