@@ -7,6 +7,7 @@
 //! * [`run`] — one submit per chunk, host or device tensors in and out;
 //! * [`kv_cache`], [`gpu_tensor`], [`gpu_weights`].
 
+mod appended_kv;
 pub mod gpu_tensor;
 mod gpu_weights;
 pub mod kv_cache;
