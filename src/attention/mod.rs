@@ -5,6 +5,7 @@
 //! * [`workspace`] — buffers per shape and the dispatch chain; `workspace::dispatches` reads
 //!   top to bottom like the seeds' `forward`, and the KV cache builds its steps with it too;
 //! * [`run`] — one submit per chunk, host or device tensors in and out;
+//! * [`views`] — the forward on the caller's buffers (`DeviceTensor` views in and out);
 //! * [`kv_cache`], [`gpu_tensor`], [`gpu_weights`].
 
 mod appended_kv;
@@ -336,7 +337,8 @@ impl MultiHeadAttention {
     /// wgpu checks recorded commands when the encoder is finished (wgpu 30): an error there
     /// reaches the caller's error scope, not this call. Probabilities, when requested, come
     /// back as a device tensor; [`forward_profiled`](Self::forward_profiled)'s timing has no
-    /// recording form.
+    /// recording form. To read inputs from and write the output into buffers of your own (at
+    /// offsets, in slabs), see [`record_forward`](Self::record_forward).
     pub fn forward_gpu_into(
         &self,
         encoder: &mut wgpu::CommandEncoder,
