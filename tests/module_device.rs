@@ -584,6 +584,24 @@ fn steps_dropped_or_submitted_out_of_order_are_refused_until_rolled_back() {
         &rows(&want.output, b, 4, 3..4),
     );
 
+    // Out of order in one submission: the same.
+    cache.truncate(2).unwrap();
+    let (mut first, mut second) = (encoder(), encoder());
+    mha.forward_step_gpu_into(&mut first, &mut cache, &gpu_x1, &options)
+        .unwrap();
+    mha.forward_step_gpu_into(&mut second, &mut cache, &gpu_x2, &options)
+        .unwrap();
+    gpu().queue().submit([second.finish(), first.finish()]);
+    gpu()
+        .device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .unwrap();
+    let err = mha
+        .forward_step(&mut cache, &x2)
+        .expect_err("reordered in one submit")
+        .to_string();
+    assert!(err.contains("ran on the GPU before"), "{err}");
+
     // In order, in one encoder or two: no fault.
     let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
     mha.forward_step(&mut cache, &x0).unwrap();
