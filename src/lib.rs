@@ -41,9 +41,10 @@ pub mod reference;
 pub mod sdpa;
 
 pub use attention::gpu_tensor::{GpuTensor, ReadFuture};
-pub use attention::kv_cache::{KvCache, KvCacheBytes, StepOptions};
+pub use attention::kv_cache::{KvCache, KvCacheBytes, KvView, StepOptions};
 pub use attention::{
-    AttentionPath, ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention, Precision,
+    AttentionPath, DeviceForwardOutput, ForwardOptions, ForwardOutput, GpuForwardOutput,
+    MultiHeadAttention, Precision,
 };
 pub use error::{Error, Result};
 pub use gpu::timer::PassTimer;

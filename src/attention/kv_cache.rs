@@ -15,6 +15,7 @@
 //! ([`MultiHeadAttention::forward_step_gpu_into`]).
 //! Growing past `capacity` is an [`Error::KvCacheFull`] and leaves the cache unchanged.
 
+mod sequence;
 mod step;
 
 pub use step::StepOptions;
@@ -26,6 +27,7 @@ use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
 use crate::kernels::mask::MaskBuffers;
 use crate::kernels::QkvLayout;
+use crate::sdpa::{DeviceTensor, Elem, Layout};
 
 /// Projected keys and values of the tokens seen so far, on the GPU, for one module.
 ///
@@ -56,6 +58,21 @@ pub struct KvCache {
     values_from_keys: bool,
     /// Bytes one token of one sequence takes in the keys and values.
     per_token: u64,
+    /// Key/value heads, key and value head sizes, element type: the shape of
+    /// [`keys`](Self::keys) and [`values`](Self::values).
+    kv_dims: [usize; 3],
+    elem: Elem,
+    /// Steps as recorded and as run: the sequence rule (see `kv_cache/sequence.rs`).
+    ledger: sequence::Ledger,
+}
+
+/// A run of a cache's tokens as a read-only [`DeviceTensor`] ([`KvCache::keys`],
+/// [`KvCache::values`]): tokens `tokens` of every sequence, `[B, H_kv, tokens.len(), d]` in
+/// [`Layout::Bhld`] with the chunk's (or cache's) capacity as its rows per (batch, head).
+#[derive(Debug, Clone)]
+pub struct KvView<'a> {
+    pub tokens: std::ops::Range<usize>,
+    pub tensor: DeviceTensor<'a>,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -264,6 +281,12 @@ impl KvCache {
                 mask: MaskBuffers::new(gpu, 0),
                 values_from_keys: c.values_from_keys,
                 per_token: elem * (c.kv_heads * (dk + dv * !c.values_from_keys as usize)) as u64,
+                kv_dims: [c.kv_heads, dk, dv],
+                elem: match elem {
+                    2 => Elem::F16,
+                    _ => Elem::F32,
+                },
+                ledger: Default::default(),
             }
         })
     }
@@ -379,6 +402,74 @@ impl KvCache {
         }
     }
 
+    /// The cached keys as device tensors, so an engine can attend to them itself (e.g. with
+    /// [`scaled_dot_product_attention`](crate::scaled_dot_product_attention)): one view per
+    /// buffer holding cached tokens, in token order — one for a cache in one buffer, one per
+    /// chunk holding any of the first [`len`](Self::len) tokens of a chunked cache — and none
+    /// for an empty cache. Each is `[B, H_kv, n, dk]`, [`Layout::Bhld`], with spare rows up to
+    /// the cache's (or chunk's) capacity, f16 in a cache over an f16 module; RoPE, when the
+    /// module has it, is already applied.
+    ///
+    /// Read-only: the borrow keeps the cache from stepping while the views live, but wgpu
+    /// cannot stop a view being bound for writing; writing one corrupts the cache. Commands
+    /// reading them see the rows of every step recorded before them in submission order (see
+    /// the sequence rule at [`MultiHeadAttention::forward_step_gpu_into`]).
+    pub fn keys(&self) -> Vec<KvView<'_>> {
+        self.views(true)
+    }
+
+    /// The cached values, as [`keys`](Self::keys) lays them out: `[B, H_kv, n, dv]`. A cache
+    /// that reads its values from its keys (MLA's latent cache) returns the keys' buffers.
+    pub fn values(&self) -> Vec<KvView<'_>> {
+        self.views(false)
+    }
+
+    fn views(&self, keys: bool) -> Vec<KvView<'_>> {
+        let [kv_heads, dk, dv] = self.kv_dims;
+        let d = if keys { dk } else { dv };
+        let tensor = |buffer, n, capacity, offset| {
+            let t = DeviceTensor::new(buffer, [self.batch, kv_heads, n, d], Layout::Bhld)
+                .with_capacity(capacity)
+                .at_offset(offset);
+            match self.elem {
+                Elem::F16 => t.f16(),
+                Elem::F32 => t,
+            }
+        };
+        if self.len == 0 {
+            return Vec::new();
+        }
+        match &self.kv {
+            Some(kv) => {
+                let offset = match keys || self.values_from_keys {
+                    true => 0,
+                    false => self.batch * kv_heads * self.capacity * dk,
+                };
+                vec![KvView {
+                    tokens: 0..self.len,
+                    tensor: tensor(kv, self.len, self.capacity, offset),
+                }]
+            }
+            None => {
+                let chunks = if keys { &self.k_chunks } else { &self.v_chunks };
+                let per = self.chunk_keys;
+                chunks
+                    .iter()
+                    .take(self.len.div_ceil(per))
+                    .enumerate()
+                    .map(|(c, buffer)| {
+                        let tokens = c * per..self.len.min((c + 1) * per);
+                        let n = tokens.len();
+                        KvView {
+                            tokens,
+                            tensor: tensor(buffer, n, per, 0),
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
     /// Tokens cached so far (per sequence).
     pub fn len(&self) -> usize {
         self.len
@@ -409,6 +500,7 @@ impl KvCache {
     /// are never read).
     pub fn reset(&mut self) {
         self.len = 0;
+        self.ledger.truncate(0);
     }
 
     /// Forgets the tokens past the first `len` (as [`reset`](Self::reset) forgets all), e.g.
@@ -423,6 +515,7 @@ impl KvCache {
             )));
         }
         self.len = len;
+        self.ledger.truncate(len);
         Ok(())
     }
 }

@@ -5,8 +5,10 @@
 //! * [`workspace`] — buffers per shape and the dispatch chain; `workspace::dispatches` reads
 //!   top to bottom like the seeds' `forward`, and the KV cache builds its steps with it too;
 //! * [`run`] — one submit per chunk, host or device tensors in and out;
+//! * [`views`] — the forward on the caller's buffers (`DeviceTensor` views in and out);
 //! * [`kv_cache`], [`gpu_tensor`], [`gpu_weights`].
 
+mod appended_kv;
 pub mod gpu_tensor;
 mod gpu_weights;
 pub mod kv_cache;
@@ -16,6 +18,7 @@ pub mod mla_stage;
 mod plan;
 mod row_passes;
 mod run;
+mod views;
 mod workspace;
 
 use std::sync::Mutex;
@@ -31,6 +34,8 @@ use crate::model::weights::AttentionWeights;
 use gpu_tensor::GpuTensor;
 use gpu_weights::GpuWeights;
 use workspace::Workspace;
+
+pub use views::DeviceForwardOutput;
 
 /// Which attention core runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -332,7 +337,8 @@ impl MultiHeadAttention {
     /// wgpu checks recorded commands when the encoder is finished (wgpu 30): an error there
     /// reaches the caller's error scope, not this call. Probabilities, when requested, come
     /// back as a device tensor; [`forward_profiled`](Self::forward_profiled)'s timing has no
-    /// recording form.
+    /// recording form. To read inputs from and write the output into buffers of your own (at
+    /// offsets, in slabs), see [`record_forward`](Self::record_forward).
     pub fn forward_gpu_into(
         &self,
         encoder: &mut wgpu::CommandEncoder,

@@ -357,7 +357,7 @@ impl MultiHeadAttention {
     /// Empty problems, answered on the host with PyTorch's semantics: no rows → empty output;
     /// no keys → the attention output is 0 (a sum over nothing), so the module returns W_o's
     /// bias (classic) or zeros (per-head).
-    fn empty_forward(&self, plan: &Plan) -> ForwardOutput {
+    pub(super) fn empty_forward(&self, plan: &Plan) -> ForwardOutput {
         let d = plan.dims;
         let out_dim = self.config.output_dim();
         let mut output = Tensor::zeros([d.batch, d.lq, out_dim]);
@@ -377,7 +377,7 @@ impl MultiHeadAttention {
         }
     }
 
-    fn take_workspace(&self, shape: Shape) -> Result<Workspace> {
+    pub(super) fn take_workspace(&self, shape: Shape) -> Result<Workspace> {
         if let Ok(mut cache) = self.workspaces.lock() {
             if let Some(pos) = cache.iter().position(|w| w.shape == shape) {
                 return Ok(cache.swap_remove(pos));
@@ -389,7 +389,7 @@ impl MultiHeadAttention {
 
     /// Returns the workspace to the cache when the call succeeded; a workspace that saw an
     /// error may hold half-written state, so it is dropped then.
-    fn keep_if_ok<T>(&self, ws: Workspace, result: Result<T>) -> Result<T> {
+    pub(super) fn keep_if_ok<T>(&self, ws: Workspace, result: Result<T>) -> Result<T> {
         if result.is_ok() {
             if let Ok(mut cache) = self.workspaces.lock() {
                 if cache.len() >= MAX_CACHED_WORKSPACES {

@@ -10,9 +10,10 @@ use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Seg
 use crate::kernels::mask::{MaskBuffers, MaskParams};
 use crate::kernels::{
     av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, KvChunks, QkvBuffers,
-    QkvLayout,
+    QkvLayout, RowStrides,
 };
 
+use super::appended_kv::appended_kv_images;
 use super::plan::{Shape, Sharing};
 use super::row_passes;
 use super::{MultiHeadAttention, Precision};
@@ -52,6 +53,29 @@ pub(crate) struct Bound<'a> {
     /// A KV cache stored in chunks: new keys and values are projected to rows `0..` of
     /// `qkv`'s K/V (a scratch) and appended to the chunks at `kv_pos`, which attention reads.
     pub chunks: Option<KvChunks<'a>>,
+    /// Where in `query`, `key`, `value` and the result the rows lie.
+    pub at: Placement,
+}
+
+/// Where a chain reads its inputs and writes its result inside the buffers of [`Bound`]:
+/// the element offsets of query, key and value (rows of each contiguous from there), and the
+/// result's offset and rows per sequence (a caller's slab, see `attention::views`). The
+/// default is the workspace's and the cache's own buffers: everything at 0, `Lq` rows.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Placement {
+    pub inputs: [u32; 3],
+    pub out_offset: u32,
+    /// Rows per sequence of the result; 0 means `Lq`.
+    pub out_rows: u32,
+}
+
+/// A chain's inputs and result in buffers other than its workspace's
+/// ([`Workspace::chain_on`]): query, key, value (the same buffer where they are one tensor)
+/// and the module's result, at `at`.
+pub(crate) struct ChainIo<'a> {
+    pub inputs: [&'a wgpu::Buffer; 3],
+    pub output: &'a wgpu::Buffer,
+    pub at: Placement,
 }
 
 /// `[B, n, rotary_dims / 2, 2]` cos/sin tables ([`crate::model::rope::Rope::table`]).
@@ -107,7 +131,15 @@ pub(crate) fn dispatches(
         qk_head_dim: dk,
         v_head_dim: dv,
     };
-    let core = CoreProblem::head_split(dims, c.scale(), layout);
+    let mut core = CoreProblem::head_split(dims, c.scale(), layout);
+    let out_rows = match b.at.out_rows {
+        0 => g.lq,
+        rows => rows as usize,
+    };
+    if b.output.is_none() || mha.weights.w_o.is_none() {
+        // No output projection: the core writes the module's result, where it is placed.
+        core.layout.out = RowStrides::sequence_major(b.at.out_offset, h, out_rows, dv);
+    }
     match (&mha.flash, b.scores) {
         (Some(_), _) if g.fused && mha.decodes(g.lq) => {
             // combined = combine_heads(softmax(mask(Q·Kᵀ·scale))·V) for a few query rows: key
@@ -176,13 +208,11 @@ pub(crate) fn dispatches(
         let seg = Segment {
             heads: 1,
             head_dim: c.model_dim as u32,
-            dst: 0,
+            dst: b.at.out_offset,
         };
-        let p = LinearParams::new(rows, c.v_width() as u32, g.lq as u32, &[seg]).weights_at(
-            0,
-            0,
-            b_o.is_some(),
-        );
+        let p = LinearParams::new(rows, c.v_width() as u32, g.lq as u32, &[seg])
+            .weights_at(0, 0, b_o.is_some())
+            .appending(out_rows as u32, 0);
         let buffers = LinearBuffers {
             x: b.combined,
             w: w_o,
@@ -220,16 +250,22 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
             dst: l.v_offset,
         },
     );
-    let new_keys = g.lk - g.kv_pos - g.appended;
     let plain_kv = g.kv_pos == 0 && g.appended == 0 && l.kv_stride as usize == g.lk;
-    let sharing = Sharing::of(b.query == b.key, b.key == b.value);
+    let new_keys = g.lk - g.kv_pos - g.appended;
+    let [q_at, k_at, v_at] = b.at.inputs;
+    // The same rows (buffer, offset, width, count) are one input, read by one GEMM.
+    let sharing = Sharing::of(
+        b.query == b.key && q_at == k_at && c.model_dim == c.key_dim && g.lq == new_keys,
+        b.key == b.value && k_at == v_at && c.key_dim == c.value_dim,
+    );
     // One GEMM may write several of Q, K, V only when they share a buffer.
     let packed = b.qkv.is_packed();
     let fused_qkv = packed && sharing == Sharing::SelfAttention && plain_kv && g.lq == g.lk;
     let has_bias = w.b_qkv.is_some();
-    // (input, rows per sequence, input width, first weight row, first bias, segments, output)
+    // (input and its offset, rows per sequence, input width, first weight row, first bias,
+    // segments, output)
     type Gemm<'a> = (
-        &'a wgpu::Buffer,
+        (&'a wgpu::Buffer, u32),
         usize,
         usize,
         u32,
@@ -237,11 +273,25 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
         Vec<Segment>,
         &'a wgpu::Buffer,
     );
-    let query = (b.query, g.lq, c.model_dim, 0, 0, vec![q_seg], b.qkv.q);
-    let key = (b.key, new_keys, c.key_dim, w.w_k_offset, w.b_k_offset);
+    let query = (
+        (b.query, q_at),
+        g.lq,
+        c.model_dim,
+        0,
+        0,
+        vec![q_seg],
+        b.qkv.q,
+    );
+    let key = (
+        (b.key, k_at),
+        new_keys,
+        c.key_dim,
+        w.w_k_offset,
+        w.b_k_offset,
+    );
     let gemms: Vec<Gemm> = if fused_qkv {
         vec![(
-            b.query,
+            (b.query, q_at),
             g.lq,
             c.model_dim,
             0,
@@ -264,7 +314,7 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
             query,
             (x, seq, width, w_off, b_off, vec![k_seg], b.qkv.k),
             (
-                b.value,
+                (b.value, v_at),
                 new_keys,
                 c.value_dim,
                 w.w_v_offset,
@@ -279,25 +329,25 @@ fn projections(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<
         .enumerate()
         // No input keys (only appended ones): nothing to project.
         .filter(|(_, (_, seq, ..))| *seq > 0)
-        .map(|(i, (x, seq, width, w_offset, bias_offset, segments, y))| {
-            let rows = (g.batch * seq) as u32;
-            let mut p = LinearParams::new(rows, width as u32, seq as u32, &segments).weights_at(
-                w_offset,
-                bias_offset,
-                has_bias,
-            );
-            // Every GEMM but the query one writes keys and values.
-            if i > 0 || fused_qkv {
-                p = p.appending(l.kv_stride, new_kv_row(g, b) as u32);
-            }
-            let buffers = LinearBuffers {
-                x,
-                w: &w.w_qkv,
-                bias: w.b_qkv.as_ref(),
-                y,
-            };
-            Ok(linear::dispatch(&mha.gpu, mha.linear_elems(true), None, &p, buffers)?.0)
-        })
+        .map(
+            |(i, ((x, x_offset), seq, width, w_offset, bias_offset, segments, y))| {
+                let rows = (g.batch * seq) as u32;
+                let mut p = LinearParams::new(rows, width as u32, seq as u32, &segments)
+                    .weights_at(w_offset, bias_offset, has_bias);
+                p.x_offset = x_offset;
+                // Every GEMM but the query one writes keys and values.
+                if i > 0 || fused_qkv {
+                    p = p.appending(l.kv_stride, new_kv_row(g, b) as u32);
+                }
+                let buffers = LinearBuffers {
+                    x,
+                    w: &w.w_qkv,
+                    bias: w.b_qkv.as_ref(),
+                    y,
+                };
+                Ok(linear::dispatch(&mha.gpu, mha.linear_elems(true), None, &p, buffers)?.0)
+            },
+        )
         .collect::<Result<Vec<Vec<Dispatch>>>>()
         .map(|gemms| gemms.into_iter().flatten().collect())
 }
@@ -450,6 +500,17 @@ impl Workspace {
     }
 
     fn chain(&self, mha: &MultiHeadAttention) -> Result<Vec<Dispatch>> {
+        self.chain_on(mha, None)
+    }
+
+    /// This shape's chain over the workspace's buffers, or — with `io` — reading its inputs
+    /// from and writing its result to the given buffers at `io.at` (a caller's views, see
+    /// `attention::views`); the workspace's Q/K/V, scores, carry, mask and tables either way.
+    pub fn chain_on(
+        &self,
+        mha: &MultiHeadAttention,
+        io: Option<&ChainIo>,
+    ) -> Result<Vec<Dispatch>> {
         let s = self.shape;
         let qkv = match &self.qkv[..] {
             [q, k, v] => QkvBuffers { q, k, v },
@@ -470,18 +531,29 @@ impl Workspace {
             Sharing::SharedKeyValue => (input(1), input(1)),
             Sharing::Distinct => (input(1), input(2)),
         };
+        let [query, key, value] = match io {
+            Some(io) => io.inputs,
+            None => [input(0), key, value],
+        };
+        // The result is W_o's output, or the combined heads of a module without W_o.
+        let (combined, output) = match (io, &self.output) {
+            (Some(io), Some(_)) => (&self.combined, Some(io.output)),
+            (Some(io), None) => (io.output, None),
+            (None, output) => (&self.combined, output.as_ref()),
+        };
         let bound = Bound {
-            query: input(0),
+            query,
             key,
             value,
             qkv,
             scores: self.scores.as_ref(),
-            combined: &self.combined,
-            output: self.output.as_ref(),
+            combined,
+            output,
             carry: &self.carry,
             mask: &self.mask,
             chunks: None,
             rope: self.rope.as_ref().map(|[q, k]| RopeTables { q, k }),
+            at: io.map_or(Placement::default(), |io| io.at),
         };
         dispatches(mha, &geometry, &bound)
     }
@@ -573,7 +645,7 @@ impl Workspace {
 }
 
 /// Where Q, K, V of `shape` lie: packed one after the other, or each at 0 of its own buffer.
-fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
+pub(super) fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
     let c = &mha.config;
     let q_elems = s.batch * c.heads * s.lq * c.qk_head_dim;
     let k_elems = s.batch * c.kv_heads * s.lk * c.qk_head_dim;
@@ -588,52 +660,6 @@ fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
         kv_stride: s.lk as u32,
         kv_group: c.kv_group() as u32,
     }
-}
-
-/// The initial contents of the Q/K/V buffer(s) (labelled, as [`qkv_layout`] lays them out) of
-/// a module with appended keys: zero but for rows `Lk_in..Lk` of every (batch, head) of K and
-/// V, which hold the appended keys and values. `None` for a module without them.
-fn appended_kv_images(
-    mha: &MultiHeadAttention,
-    s: Shape,
-    split: bool,
-) -> Option<Vec<(&'static str, Vec<f32>)>> {
-    let c = &mha.config;
-    let appended = c.appended_keys();
-    if appended == 0 {
-        return None;
-    }
-    let (h, kv_h, dk, dv) = (c.heads, c.kv_heads, c.qk_head_dim, c.v_head_dim);
-    let lk_in = s.input_keys(c);
-    let l = qkv_layout(mha, s, split);
-    let (k_rows, v_rows) = &mha.weights.appended_kv;
-    // Rows are `[appended, H_kv·head_dim]`; head `hi` of row `r` goes to (batch, hi), key
-    // lk_in + r.
-    let put = |image: &mut [f32], offset: u32, head_dim: usize, rows: &[f32]| {
-        for bh in 0..s.batch * kv_h {
-            for r in 0..appended {
-                let dst = offset as usize + (bh * s.lk + lk_in + r) * head_dim;
-                let src = (r * kv_h + bh % kv_h) * head_dim;
-                image[dst..dst + head_dim].copy_from_slice(&rows[src..src + head_dim]);
-            }
-        }
-    };
-    let [q, k, v] = [h * s.lq * dk, kv_h * s.lk * dk, kv_h * s.lk * dv].map(|n| s.batch * n);
-    Some(if split {
-        let (mut k_image, mut v_image) = (vec![0.0; k], vec![0.0; v]);
-        put(&mut k_image, 0, dk, k_rows);
-        put(&mut v_image, 0, dv, v_rows);
-        vec![
-            ("Q head-split", vec![0.0; q]),
-            ("K head-split", k_image),
-            ("V head-split", v_image),
-        ]
-    } else {
-        let mut image = vec![0.0; q + k + v];
-        put(&mut image, l.k_offset, dk, k_rows);
-        put(&mut image, l.v_offset, dv, v_rows);
-        vec![("Q|K|V head-split", image)]
-    })
 }
 
 /// Whether Q, K and V (of `bytes` each) need a buffer each: when packed they would exceed one

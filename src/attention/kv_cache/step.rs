@@ -11,7 +11,7 @@
 use super::KvCache;
 use crate::attention::gpu_tensor::GpuTensor;
 use crate::attention::run::Source;
-use crate::attention::workspace::{dispatches, Bound, Geometry, RopeTables};
+use crate::attention::workspace::{dispatches, Bound, Geometry, Placement, RopeTables};
 use crate::attention::MultiHeadAttention;
 use crate::error::{Error, Result};
 use crate::gpu::pass::Dispatch;
@@ -134,6 +134,7 @@ impl MultiHeadAttention {
         let result = result.and_then(|r| r);
         if result.is_err() {
             cache.len = len0;
+            cache.ledger.truncate(len0);
         }
         result
     }
@@ -155,6 +156,13 @@ impl MultiHeadAttention {
     /// written: roll it back with [`KvCache::truncate`] to the length before the step (or
     /// [`KvCache::reset`]). Nothing else needs cleaning up; the step's scratch buffers stay the
     /// cache's, and wgpu keeps alive every buffer a recorded command uses until it has run.
+    ///
+    /// **The sequence rule is checked**: each step's encoder carries a ticket that wgpu runs
+    /// when its command buffer has run (in submission order) and drops with an encoder dropped
+    /// unsubmitted. After a step whose encoder was dropped, or one that ran before a step
+    /// recorded earlier, the cache's next step (any form) is `Err(Misuse)` naming the "KV cache
+    /// sequence rule" and the length to [`KvCache::truncate`] to; the truncate clears it. A
+    /// reordering is seen once the GPU has run both steps (this checks without waiting).
     ///
     /// Every argument is checked, and every buffer and bind group made, before the first
     /// command is recorded: an `Err` leaves `encoder` and `cache` as they were (but for running
@@ -178,6 +186,7 @@ impl MultiHeadAttention {
             let step = &cache.step;
             let result = step.output.as_ref().unwrap_or(&step.combined);
             encoder.copy_buffer_to_buffer(result, 0, output.buffer(), 0, output.byte_len());
+            cache.ledger.track(encoder, cache.len..plan.lk);
         })?;
         cache.len = plan.lk;
         Ok(output)
@@ -197,9 +206,12 @@ impl MultiHeadAttention {
             let step = &cache.step;
             let result = step.output.as_ref().unwrap_or(&step.combined);
             encoder.copy_buffer_to_buffer(result, 0, &step.staging, 0, 4 * out_len as u64);
+            cache.ledger.track(&encoder, cache.len..plan.lk);
             self.gpu.queue().submit([encoder.finish()]);
             self.gpu.read_f32(&step.staging, out_len)
         })??;
+        // The wait ran this step's ticket: it overtook a recorded step not yet submitted?
+        cache.ledger.check()?;
         // Only now do the appended rows count; after any error the cache is as it was.
         cache.len = plan.lk;
         Tensor::new([b, plan.n, out_dim], values)
@@ -220,6 +232,13 @@ impl MultiHeadAttention {
                 "this KV cache was made for another attention module".into(),
             ));
         }
+        // The sequence rule: the tickets of steps that have run or were dropped settle in
+        // the poll (it does not wait).
+        {
+            let _serial = self.gpu.serialize();
+            let _ = self.gpu.device().poll(wgpu::PollType::Poll);
+        }
+        cache.ledger.check()?;
         let b = cache.batch;
         let qs = x_q.shape();
         if qs.len() != 3 || qs[0] != b || qs[2] != c.model_dim {
@@ -393,6 +412,7 @@ impl MultiHeadAttention {
                 v: &cache.v_chunks,
                 keys: cache.chunk_keys,
             }),
+            at: Placement::default(),
         };
         dispatches(self, &geometry, &bound)
     }
