@@ -9,12 +9,10 @@
 
 mod common;
 
-use common::{gpu, module, relative_tolerance};
-use wgpu::util::DeviceExt;
-use wgpu_mha::reference::{self, Core};
+use common::{gpu, module, relative_tolerance, sdpa_bhld};
+use wgpu_mha::reference;
 use wgpu_mha::{
-    scaled_dot_product_attention, AttentionConfig, AttentionPath, DeviceTensor, ForwardOptions,
-    KvCache, Layout, Mask, SdpaOptions, StepOptions, Tensor,
+    AttentionConfig, AttentionPath, ForwardOptions, KvCache, Mask, SdpaOptions, StepOptions, Tensor,
 };
 
 const MIN: f32 = -f32::MAX;
@@ -68,107 +66,26 @@ fn finite(x: &[f64]) -> Vec<f64> {
     x.iter().copied().filter(|v| v.is_finite()).collect()
 }
 
-/// One device-tensor call (`[B, H, L, D]` tensors, H_kv = H) against [`Core`].
+/// One device-tensor call (`[2, 2, Lq, 7]` keys, head size 8) against the reference core.
 fn sdpa_case(label: &str, lq: usize, f16: bool, options: SdpaOptions) {
-    let gpu = gpu();
-    let (b, h, lk, d) = (2, 2, 7, 8);
-    let round = |t: Tensor| -> Vec<f32> {
-        let x = t.into_data();
-        match f16 {
-            // The reference sees what the device stores.
-            true => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
-            false => x,
-        }
-    };
-    let q = round(Tensor::random([b, h, lq, d], 1));
-    let k = round(Tensor::random([b, h, lk, d], 2));
-    let v = round(Tensor::random([b, h, lk, d], 3));
-    let upload = |x: &[f32], f16: bool| {
-        let bytes: Vec<u8> = match f16 {
-            true => {
-                let half: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
-                bytemuck::cast_slice(&half).to_vec()
-            }
-            false => bytemuck::cast_slice(x).to_vec(),
-        };
-        gpu.device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("finite masks tensor"),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            })
-    };
-    let (bq, bk, bv) = (upload(&q, f16), upload(&k, f16), upload(&v, f16));
-    let out = wgpu_mha::GpuTensor::zeros(gpu, &[b, h, lq, d]).expect("out");
-    let t = |buf, l| {
-        let t = DeviceTensor::new(buf, [b, h, l, d], Layout::Bhld);
-        if f16 {
-            t.f16()
-        } else {
-            t
-        }
-    };
-    let result = scaled_dot_product_attention(
-        gpu,
-        &t(&bq, lq),
-        &t(&bk, lk),
-        &t(&bv, lk),
-        &DeviceTensor::new(out.buffer(), [b, h, lq, d], Layout::Bhld),
-        &options,
-    )
-    .unwrap_or_else(|e| panic!("{label}: {e}"));
-    let got = out.read(gpu).expect("read").into_data();
-    // The reference takes the combined-heads layouts [B, L, H·D].
-    let combined = |x: &[f32], l: usize| -> Vec<f64> {
-        let mut y = vec![0.0; x.len()];
-        for (n, &val) in x.iter().enumerate() {
-            let (di, rest) = (n % d, n / d);
-            let (li, rest) = (rest % l, rest / l);
-            let (hi, bi) = (rest % h, rest / h);
-            y[((bi * l + li) * h + hi) * d + di] = val as f64;
-        }
-        y
-    };
-    let (want, probs) = Core {
-        batch: b,
-        heads: h,
-        kv_heads: h,
-        lq,
-        lk,
-        dk: d,
-        dv: d,
-        scale: 1.0 / (d as f64).sqrt(),
-        softcap: options.softcap,
-        alibi_max_bias: options.alibi_max_bias,
-        sinks: options.sinks.as_deref(),
-        mask: &options.mask,
-        top_left: false,
-    }
-    .run(&combined(&q, lq), &combined(&k, lk), &combined(&v, lk));
-    // Back to [B, H, Lq, D].
-    let want: Vec<f64> = (0..got.len())
-        .map(|n| {
-            let (di, rest) = (n % d, n / d);
-            let (li, rest) = (rest % lq, rest / lq);
-            let (hi, bi) = (rest % h, rest / h);
-            want[((bi * lq + li) * h + hi) * d + di]
-        })
-        .collect();
-    assert!(want.iter().any(|x| x.is_finite()), "{label}: finite rows");
+    let run = sdpa_bhld(label, [2, 2, lq, 7, 8], f16, &options);
+    assert!(
+        run.want.iter().any(|x| x.is_finite()),
+        "{label}: finite rows"
+    );
     let relative = if f16 { 2e-3 } else { 1e-5 };
-    let tol = relative_tolerance(relative, &finite(&want));
-    assert_matches(label, &got, &want, tol);
-    if let Some(p) = result.probs {
-        let p = p.read(gpu).expect("probs").into_data();
-        assert_matches(&format!("{label} probs"), &p, &probs, 1e-5);
+    let tol = relative_tolerance(relative, &finite(&run.want));
+    assert_matches(label, &run.got, &run.want, tol);
+    if let Some((got, want)) = run.probs {
+        assert_matches(&format!("{label} probs"), &got, &want, 1e-5);
     }
 }
 
 #[test]
 fn device_tensor_sdpa_on_every_path_gives_torchs_finite_answer() {
-    // Decode: 2 query rows per head; flash: 9; multi-pass with probabilities.
+    // Decode: 4 query rows per head; flash: 9; multi-pass with probabilities.
     for (label, lq, path, probs) in [
-        ("decode", 2, AttentionPath::Fused, false),
+        ("decode", 4, AttentionPath::Fused, false),
         ("flash", 9, AttentionPath::Fused, false),
         ("multi-pass", 9, AttentionPath::MultiPass, true),
     ] {
@@ -191,7 +108,7 @@ fn soft_cap_alibi_and_sinks_beside_finfo_min() {
     // −f32::MAX exactly as in f32; a sink keeps a row of −inf at 0 (no NaN) and joins the
     // denominator of a row of −f32::MAX, whose scores it then outweighs.
     for (lq, path, sinks) in [
-        (2, AttentionPath::Fused, None),
+        (4, AttentionPath::Fused, None),
         (9, AttentionPath::Fused, Some(vec![0.3, -0.5])),
         (9, AttentionPath::MultiPass, Some(vec![0.3, -0.5])),
     ] {
@@ -225,7 +142,12 @@ fn the_module_and_a_kv_cache_give_torchs_finite_answer() {
         let got = mha
             .forward_with(&x, &x, &x, &mask, &options)
             .unwrap_or_else(|e| panic!("{path:?}: {e}"));
-        assert_matches(&format!("module {path:?}"), got.output.data(), &want.output, tol);
+        assert_matches(
+            &format!("module {path:?}"),
+            got.output.data(),
+            &want.output,
+            tol,
+        );
         if let Some(p) = &got.probs {
             assert_matches("module probabilities", p.data(), &want.probs, 1e-5);
         }
@@ -235,7 +157,7 @@ fn the_module_and_a_kv_cache_give_torchs_finite_answer() {
     for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
         let mut cache = KvCache::with_path(&mha, b, l, path).expect("cache");
         let mut pos = 0;
-        for n in [4, 1, 3, 1] {
+        for n in [4, 1, 4] {
             let rows = |from: usize, to: usize| {
                 let e = 16;
                 let data: Vec<f32> = (0..b)
@@ -280,23 +202,18 @@ fn the_reference_models_the_f32_sum_of_score_and_bias() {
     let config = AttentionConfig::classic(8, 1).expect("config");
     let weights = wgpu_mha::AttentionWeights::random(&config, 3);
     let x = Tensor::random([1, 3, 8], 4);
-    let rows = [
-        vec![MIN; 3],
-        vec![-1e30; 3],
-        vec![-2e38, -1e38, -1e38],
-    ];
+    let rows = [vec![MIN; 3], vec![-1e30; 3], vec![-2e38, -1e38, -1e38]];
     let mask = Mask::Bias(Tensor::new([3, 3], rows.concat()).expect("bias"));
     let want = reference::forward(&config, &weights, &x, &x, &x, &mask).expect("reference");
     let third = 1.0 / 3.0;
-    let expected = [
-        [third; 3],
-        [third; 3],
-        [0.0, 0.5, 0.5],
-    ];
+    let expected = [[third; 3], [third; 3], [0.0, 0.5, 0.5]];
     for (i, row) in expected.iter().enumerate() {
         for (j, &p) in row.iter().enumerate() {
             let got = want.probs[i * 3 + j];
-            assert!((got - p).abs() < 1e-12, "row {i} key {j}: {got}, expected {p}");
+            assert!(
+                (got - p).abs() < 1e-12,
+                "row {i} key {j}: {got}, expected {p}"
+            );
         }
     }
 }
