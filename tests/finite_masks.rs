@@ -83,9 +83,9 @@ fn sdpa_case(label: &str, lq: usize, f16: bool, options: SdpaOptions) {
 
 #[test]
 fn device_tensor_sdpa_on_every_path_gives_torchs_finite_answer() {
-    // Decode: 4 query rows per head; flash: 9; multi-pass with probabilities.
+    // Decode: 8 query rows per head; flash: 9; multi-pass with probabilities.
     for (label, lq, path, probs) in [
-        ("decode", 4, AttentionPath::Fused, false),
+        ("decode", 8, AttentionPath::Fused, false),
         ("flash", 9, AttentionPath::Fused, false),
         ("multi-pass", 9, AttentionPath::MultiPass, true),
     ] {
@@ -108,7 +108,7 @@ fn soft_cap_alibi_and_sinks_beside_finfo_min() {
     // −f32::MAX exactly as in f32; a sink keeps a row of −inf at 0 (no NaN) and joins the
     // denominator of a row of −f32::MAX, whose scores it then outweighs.
     for (lq, path, sinks) in [
-        (4, AttentionPath::Fused, None),
+        (8, AttentionPath::Fused, None),
         (9, AttentionPath::Fused, Some(vec![0.3, -0.5])),
         (9, AttentionPath::MultiPass, Some(vec![0.3, -0.5])),
     ] {
@@ -157,7 +157,7 @@ fn the_module_and_a_kv_cache_give_torchs_finite_answer() {
     for path in [AttentionPath::Fused, AttentionPath::MultiPass] {
         let mut cache = KvCache::with_path(&mha, b, l, path).expect("cache");
         let mut pos = 0;
-        for n in [4, 1, 4] {
+        for n in [8, 1] {
             let rows = |from: usize, to: usize| {
                 let e = 16;
                 let data: Vec<f32> = (0..b)
