@@ -18,14 +18,15 @@ use wgpu_mha::{
 const MIN: f32 = -f32::MAX;
 const NEG_INF: f32 = f32::NEG_INFINITY;
 
-/// Bias row `r` of `lk` keys, by kind (`r % 9`): whole rows of −f32::MAX, −1e38, −1e30; those
+/// Bias row `r` of `lk` keys, by kind (`r % 10`): whole rows of −f32::MAX, −1e38, −1e30; those
 /// mixed with ordinary scores (partial rows); −inf beside −f32::MAX (uniform over the latter);
 /// −2e38 beside −1e38 (the latter win: f32 rounding keeps a 1e38 gap); ordinary values with a
-/// few −1e38; a row of −inf (NaN); and an ordinary row.
+/// few −1e38; a row of −inf (NaN); an ordinary row; and a row of −1e10, uniform in f32 (whose
+/// rounding loses the scores) but not in exact f64 addition.
 fn bias_row(r: usize, lk: usize, seed: u64) -> Vec<f32> {
     let ordinary = Tensor::random([lk], seed + r as u64).data().to_vec();
     (0..lk)
-        .map(|j| match r % 9 {
+        .map(|j| match r % 10 {
             0 => MIN,
             1 => -1e38,
             2 => -1e30,
@@ -34,7 +35,8 @@ fn bias_row(r: usize, lk: usize, seed: u64) -> Vec<f32> {
             5 => [-2e38, -1e38, MIN][j % 3],
             6 => [ordinary[j], -1e38, -1e30][j % 3],
             7 => NEG_INF,
-            _ => ordinary[j],
+            8 => ordinary[j],
+            _ => -1e10,
         })
         .collect()
 }
@@ -196,13 +198,13 @@ fn the_module_and_a_kv_cache_give_torchs_finite_answer() {
 
 #[test]
 fn the_reference_models_the_f32_sum_of_score_and_bias() {
-    // Independent of the reference's code: a row of one bias value of −1e30 or below loses
-    // every score in f32 rounding, so its probabilities are exactly uniform; −2e38 beside −1e38
-    // keeps a gap of 1e38 and weighs 0.
+    // Independent of the reference's code: a row of one bias value of −1e10 or below loses
+    // every score in f32 rounding (f64 would keep them next to −1e10), so its probabilities are
+    // exactly uniform; −2e38 beside −1e38 keeps a gap of 1e38 and weighs 0.
     let config = AttentionConfig::classic(8, 1).expect("config");
     let weights = wgpu_mha::AttentionWeights::random(&config, 3);
     let x = Tensor::random([1, 3, 8], 4);
-    let rows = [vec![MIN; 3], vec![-1e30; 3], vec![-2e38, -1e38, -1e38]];
+    let rows = [vec![MIN; 3], vec![-1e10; 3], vec![-2e38, -1e38, -1e38]];
     let mask = Mask::Bias(Tensor::new([3, 3], rows.concat()).expect("bias"));
     let want = reference::forward(&config, &weights, &x, &x, &x, &mask).expect("reference");
     let third = 1.0 / 3.0;

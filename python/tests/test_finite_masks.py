@@ -29,6 +29,7 @@ def _rows(L, S, seed):
         lambda o: np.where(np.arange(S) % 3 == 0, o, -1e30),
         lambda o: np.full(S, -INF),  # torch's sdpa: zeros
         lambda o: o,
+        lambda o: np.full(S, -1e10),  # uniform too: f32 rounding loses the scores
     ]
     return np.stack([kinds[(i + seed) % len(kinds)](g.standard_normal(S)) for i in range(L)]).astype(np.float32)
 
