@@ -167,7 +167,7 @@ fn the_module_and_a_kv_cache_give_torchs_finite_answer() {
                     .collect();
                 Tensor::new([b, to - from, e], data).expect("rows")
             };
-            let step_mask = bias(b, n, pos + n, 20 + pos as u64);
+            let step_mask = bias(b, n, pos + n, 20 + 3 * pos as u64);
             let step = mha
                 .forward_step_with(
                     &mut cache,
