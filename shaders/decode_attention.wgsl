@@ -16,8 +16,9 @@
 //   3. every lane takes the rows' new max over the tile from the lanes' maxima, rescales what
 //      it accumulated, and turns its keys' scores into weights exp(s - max);
 //   4. each lane adds weight · V over its part of the tile's keys (V_PARTS parts).
-// The running max starts at -f32::MAX, so keys whose score is -inf weigh exactly 0 and a row
-// with every score -inf keeps max -f32::MAX (the reduce pass returns NaN for it, as PyTorch).
+// The running max starts at exactly -f32::MAX (LOWEST), so keys whose score is -inf weigh
+// exactly 0, a score of -f32::MAX weighs exp(0) = 1 where it is the max (torch's finfo.min mask),
+// and a row with every score -inf keeps sum 0 (the reduce pass returns NaN for it, as PyTorch).
 // Each split writes, per row, (max, sum, accumulator) to `partials`; decode_reduce combines
 // the splits in a fixed order. The host bounds keys per split so that one invocation's loops
 // stay far under the 65,535 iterations a software rasteriser allows.

@@ -15,8 +15,9 @@
 // Two passes instead of an online softmax: the accumulator (ROWS · DV4 vec4s a lane) is never
 // rescaled per key. Then the lanes' states are combined (M = the lanes' largest max, each lane's
 // sum and accumulator scaled by exp(m - M)) and written to `partials` as decode_attention writes
-// them; decode_reduce combines the splits. A row whose every score is -inf keeps max -f32::MAX,
-// and the reduce returns NaN for it, as PyTorch.
+// them; decode_reduce combines the splits. A row whose every score is -inf keeps max -f32::MAX
+// (LOWEST) and sum 0, and the reduce returns NaN for it, as PyTorch; scores of -f32::MAX are
+// finite ones (exp(0) = 1 at that max).
 // Dispatch: as decode_attention: (splits, B·H_kv, 1) workgroups of THREADS, one dispatch per
 // chunk of a KV cache.
 //

@@ -7,7 +7,11 @@
 const DK4: u32 = (HEAD_CAP_QK + 3u) / 4u;
 const DV4: u32 = (HEAD_CAP_V + 3u) / 4u;
 const ROW_VECS: u32 = (ROWS + 3u) / 4u;  // vec4s of per-row values, rows 4n..4n+3 in vec4 n
-const LOWEST: f32 = -3.402823e38;        // the running max's start: -f32::MAX
+// The running max's start: exactly -f32::MAX, so a row's max is finite from the start and no
+// exponent is -inf - (-inf); a score of -f32::MAX (torch.finfo(float32).min added) then weighs
+// exp(0) = 1 at a max it reaches. (-3.402823e38 rounds 2 ulps above -f32::MAX: such a score
+// would weigh exp(-4e31) = 0 and leave its row 0/0.)
+const LOWEST: f32 = -3.4028234663852886e38;
 
 struct DecodeParams {
     q: RowStrides, // where each tensor's rows lie (rows.wgsl): K's and V's heads are

@@ -1,7 +1,8 @@
 // decode_reduce: combines decode_attention's per-split (max, sum, accumulator) of each query
 // row, in split order: M = max m_s, L = Σ l_s·exp(m_s − M), O = Σ acc_s·exp(m_s − M) / L,
 // written at the output's row strides (the combined layout [B, Lq, H·dv] in a module). A row whose every score was -inf
-// (an additive mask) never raised its max above -f32::MAX: its softmax is 0/0, NaN, as
+// (an additive mask) has L < 1 (a finite score, even -f32::MAX, adds exp(0) = 1 at its split's
+// max, which is finite: it starts at -f32::MAX, and so does M): its softmax is 0/0, NaN, as
 // PyTorch returns.
 // Dispatch: one workgroup of 64 per query row, spread over x then y.
 // Nothing is specialised: the head size comes with the parameters, so one pipeline serves all.
@@ -39,7 +40,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let first = row * p.splits * part_stride;
     let h = (row / p.lq) % p.heads;
     // A sink is one more split: max its logit, sum exp(0) = 1, accumulator 0.
-    var m = -3.402823e38;
+    var m = -3.4028234663852886e38;  // exactly -f32::MAX, as the splits' maxima start
     var sink = m;
     if (p.sinks == 1u) {
         sink = sinks[h];
@@ -53,7 +54,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let base = first + s * part_stride;
         l += partials[base + 1u] * exp(partials[base] - m);
     }
-    let inv = select(1.0 / l, nan(), m <= -3.402823e38);
+    // Tested on the sum, not the max: a row of -f32::MAX scores keeps max -f32::MAX and is
+    // uniform; -inf ones add exp(-inf), 0 (or next to it where fast math rounds).
+    let inv = select(1.0 / l, nan(), l < 0.5);
     let i = row % p.lq;
     let b = row / p.lq / p.heads;
     let out_base = row_start(p.o, b, h, i);

@@ -18,7 +18,11 @@
 // 8-key groups with their row loops in halves ran 1.6x the speed of the kernel whose loops
 // stayed rolled, and 16-key groups in quarters 1.7x that again.
 // Masked scores are replaced by -1e9 like the multi-pass path, so a fully masked row still
-// averages V over all keys. Keys past Lk in the last tile score -f32::MAX and weigh exactly 0.
+// averages V over all keys. Keys past Lk in the last tile score -inf and weigh exactly 0.
+// Finite scores as low as -f32::MAX (an additive mask of torch.finfo(float32).min) are ordinary
+// scores: the running max starts at exactly -f32::MAX, so it is finite from the start and every
+// exponent s - max is either -inf - finite or finite - finite, never -inf - (-inf) = NaN; a row
+// whose scores are all -f32::MAX is uniform, as torch's f32 softmax gives it (see LOWEST).
 // Tiles that are masked for every row of the block (causal, key padding) are skipped, but
 // only when every row of the block sees at least one key: skipping is then exact, because
 // exp(-1e9 - m) is 0 in f32.
@@ -39,6 +43,9 @@ const BLOCK_Q: u32 = ROWS * THREADS;
 const DK4: u32 = (HEAD_CAP_QK + 3u) / 4u;      // vec4s per q/k row held
 const DV4: u32 = (HEAD_CAP_V + 3u) / 4u;       // vec4s per v row held
 const GROUP_VECS: u32 = KEY_GROUP / 4u;        // a row's scores of one key group, as vec4s
+// The running max's start: exactly -f32::MAX (-3.402823e38 would round 2 ulps above it, and
+// a score of -f32::MAX would then weigh exp(-4e31) = 0 and leave its row 0/0).
+const LOWEST: f32 = -3.4028234663852886e38;
 
 // Each owned row's scores (then weights) of one key group: vec4s 2 and 3 only with 16 keys.
 alias GroupScores = array<array<vec4<f32>, 4>, ROWS>;
@@ -111,12 +118,13 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
 // MASK_CAUSAL_KEEP: whether every row of [i0, i1) (with i0 + offset >= 0) sees a real key
 // among its keys (i + offset - window, i + offset]. A row that sees none averages V over all Lk
 // keys (every score -1e9), so its block must skip no tile. One sweep over the block's keys,
-// tracking the last real one; plain causal stops at the first real key.
+// tracking the last real one; plain causal stops at the first real key. Top-left aligned with
+// Lq > Lk, a diagonal lies past the last key: keys from Lk on do not exist (never real).
 fn every_row_sees_a_real_key(b: u32, i0: u32, i1: u32) -> bool {
     let first = i32(i0) + mask.causal_offset;
     if (mask.window == 0u) {
         // Each row sees every key the row before it sees: the first row decides.
-        for (var j = 0; j <= first; j++) {
+        for (var j = 0; j <= min(first, i32(p.lk) - 1); j++) {
             if (key_kept(b, u32(j))) {
                 return true;
             }
@@ -127,7 +135,7 @@ fn every_row_sees_a_real_key(b: u32, i0: u32, i1: u32) -> bool {
     let last = i32(i1 - 1u) + mask.causal_offset;
     var last_real = -2147483647;  // none yet: at most j - w for every j >= 0
     for (var j = max(0, first - w + 1); j <= last; j++) {
-        if (key_kept(b, u32(j))) {
+        if (u32(j) < p.lk && key_kept(b, u32(j))) {
             last_real = j;
         }
         // Row j - offset's newest key is j: it sees a real one iff the last is within w.
@@ -260,12 +268,17 @@ fn poison(o: vec4<f32>, c: u32, poisoned: bool) -> vec4<f32> {
     return o;
 }
 
+// -inf, made a runtime value (WGSL rejects infinite constants).
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u | (p.lk & 0u));
+}
+
 // Row i's scaled score of key j with the mask applied. A key past Lk (`exists` false, in the
-// last tile) gets -f32::MAX, so it weighs exactly 0 (a row's max is at least MASKED_SCORE once
-// it has seen one key) without counting as masked.
+// last tile) gets -inf, so it weighs exactly 0 (a row's max is at least LOWEST, finite) without
+// counting as masked, even in a row whose real scores are all -f32::MAX.
 fn masked_score(scaled: f32, b: u32, h: u32, i: u32, j: u32, exists: bool) -> f32 {
     if (!exists) {
-        return -3.402823e38;
+        return neg_inf();
     }
     if (mask.kind == MASK_NONE && mask.softcap == 0.0 && mask.alibi_heads == 0u) {
         return scaled;
@@ -381,7 +394,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var row_sum: array<f32, ROWS>;
     // A sink is a key of value zero every query sees: the online softmax starts from it
     // (max = its logit, sum = exp(0) = 1) in the first key range; later ranges carry it.
-    var start_max = -3.402823e38;
+    var start_max = LOWEST;
     var start_sum = 0.0;
     if (p.sinks == 1u) {
         start_max = sinks[h];
@@ -518,10 +531,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var r = 0u; r < ROWS; r++) {
         let i = i0 + lid.x + THREADS * r;
         if (i < p.lq) {
-            // Every score of the row was -inf (an additive mask) iff its max never rose above
-            // the start value, -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN. Tested on the
-            // max, since fast math need not keep exp(-inf) = 0 exact.
-            let inv = select(1.0 / final_sum[r], nan(), final_max[r] <= -3.402823e38);
+            // Every score of the row was -inf (an additive mask) iff its sum stayed below 1: a
+            // finite score (even -f32::MAX) at the row's finite max adds exp(0) = 1, a sink
+            // starts the sum at 1, and -inf scores add exp(-inf - finite), 0 (or, where fast math
+            // keeps no exact exp(-inf), next to it). The softmax is then 0/0, NaN, as PyTorch's.
+            let inv = select(1.0 / final_sum[r], nan(), final_sum[r] < 0.5);
             let out_base = row_start(p.o, b, h, i);
             for (var c = 0u; c < DV4; c++) {
                 let o = poison(acc[r][c] * inv, c, poisoned);

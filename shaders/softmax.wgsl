@@ -57,7 +57,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     let base = row * p.cols;
     // A sink is a column of value zero outside the row: in the max and the sum only.
-    var sink = -3.402823e38;
+    // Exactly -f32::MAX: the max is finite from the start, so no exponent is -inf - (-inf),
+    // and a score of -f32::MAX (torch.finfo(float32).min added) weighs exp(0) at that max.
+    var sink = -3.4028234663852886e38;
     if (p.sinks == 1u) {
         sink = sinks[(row / p.lq) % p.heads];
     }
@@ -74,10 +76,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if (p.sinks == 1u) {
         sum += exp(sink - m);
     }
-    // Every score of the row was -inf (an additive mask) iff the max stayed at its start,
-    // -f32::MAX (a masked score is -1e9): the softmax is 0/0, NaN, as the reference's. WGSL has no NaN
-    // constant, and fast math need not keep exp(-inf) = 0 exact, so both are spelled out.
-    let inv = select(1.0 / sum, bitcast<f32>(0x7fc00000u | (p.cols & 0u)), m <= -3.402823e38);
+    // Every score of the row was -inf (an additive mask) iff the sum stayed below 1: a finite
+    // score at the (finite) max adds exp(0) = 1, a sink joins the same way, and -inf scores add
+    // exp(-inf), 0 (or next to it: fast math need not keep it exact). The softmax is then 0/0,
+    // NaN, as the reference's. WGSL has no NaN constant, so it is spelled out.
+    let inv = select(1.0 / sum, bitcast<f32>(0x7fc00000u | (p.cols & 0u)), sum < 0.5);
     for (var j = lid.x; j < p.cols; j += WG) {
         s[base + j] = exp(s[base + j] - m) * inv;
     }

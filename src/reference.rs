@@ -262,6 +262,12 @@ pub fn linear(x: &[f64], rows: usize, layer: &Linear) -> Vec<f64> {
 }
 
 /// The seeds' masking rule for one score: a hidden score is replaced by −1e9, a bias is added.
+/// The biased score is rounded to f32, as PyTorch (and the engine) add an f32 mask to f32
+/// scores: next to a bias of about 1e8 times the scores' spread or more (−1e10, and on to
+/// `torch.finfo(float32).min`) their differences vanish in the rounding, so such a row is
+/// uniform, where f64 addition keeps them up to a bias of about 1e16 times the spread; a sum
+/// past −f32::MAX is −inf, as in f32. For ordinary values the rounding moves a score by at most
+/// 6e-8 of itself.
 fn mask_score(
     mask: &Mask,
     score: f64,
@@ -270,7 +276,10 @@ fn mask_score(
     at: (usize, usize, usize, usize),
 ) -> f64 {
     match mask {
-        Mask::Bias(t) => score + t.data()[broadcast_index(t.shape(), at)] as f64,
+        Mask::Bias(t) => {
+            let biased = score + t.data()[broadcast_index(t.shape(), at)] as f64;
+            biased as f32 as f64
+        }
         _ if mask.hides(at, lq, lk) => MASKED_SCORE as f64,
         _ => score,
     }

@@ -99,9 +99,13 @@ impl EncodedMask {
             Mask::None => (MaskKind::None, Vec::new()),
             Mask::Causal => (MaskKind::Causal, Vec::new()),
             Mask::SlidingWindow(w) => {
-                // The shaders compare in i32: a window of Lk keys or more is no window, so it
-                // is passed as Lk (a window of 2^31 or usize::MAX would wrap negative).
-                params.window = (*w).min(dims.lk.max(1)).min(i32::MAX as usize) as u32;
+                // The shaders compare in i32, so a long window is passed shortened to one that
+                // hides the same keys (a window of 2^31 or usize::MAX would wrap negative). A
+                // query's diagonal lies at most at key max(Lq, Lk) − 1 under either alignment
+                // (Lk − 1 bottom-right; Lq − 1 top-left, past the keys when Lq > Lk), so a
+                // window of max(Lq, Lk) keys or more hides nothing: Lk alone is too short
+                // top-left, where query i ≥ Lk + w − 1 sees no key at all.
+                params.window = (*w).min(no_window(dims)) as u32;
                 (MaskKind::SlidingWindow, Vec::new())
             }
             Mask::KeyPadding(lengths) => {
@@ -120,11 +124,12 @@ impl EncodedMask {
             }
             Mask::CausalKeep { window, keep } => {
                 // Keep bytes over (b, j) only; window 0 stands for plain causal, and so does a
-                // window of Lk keys or more (the same mask; the shaders compare in i32, and
-                // the fused pass's padded-row check then stops at the first real key).
+                // window of max(Lq, Lk) keys or more (the same mask under either alignment, as
+                // for SlidingWindow; the shaders compare in i32, and the fused pass's
+                // padded-row check then stops at the first real key).
                 params.strides = [dims.lk as u32, 0, 0, 1];
                 params.window = match window {
-                    Some(w) if *w < dims.lk.min(i32::MAX as usize) => *w as u32,
+                    Some(w) if *w < no_window(dims) => *w as u32,
                     _ => 0,
                 };
                 let bytes = keep.data().iter().map(|&v| (v != 0) as u8);
@@ -276,6 +281,12 @@ impl MaskBuffers {
     }
 }
 
+/// The shortest window that hides nothing behind any query's diagonal, under either causal
+/// alignment: max(Lq, Lk) (at least 1), at most `i32::MAX` (the shaders compare in i32).
+fn no_window(dims: AttnDims) -> usize {
+    dims.lq.max(dims.lk).clamp(1, i32::MAX as usize)
+}
+
 fn pack_bytes(bytes: impl Iterator<Item = u8>, len: usize) -> Vec<u32> {
     let mut words = vec![0u32; len.div_ceil(4)];
     for (i, b) in bytes.enumerate() {
@@ -358,6 +369,14 @@ mod tests {
         for w in [5, 1 << 31, (1 << 32) + 4, usize::MAX] {
             assert_eq!(window(Some(w)), 0, "window {w}");
         }
+        // With more queries than keys, a window past Lk still hides keys from the queries a
+        // top-left diagonal puts past the last key: only max(Lq, Lk) keys or more is none.
+        let wide = |m: &Mask| EncodedMask::new(m, dims(1, 9, 4)).unwrap().params.window;
+        assert_eq!(wide(&Mask::SlidingWindow(6)), 6);
+        assert_eq!(wide(&Mask::SlidingWindow(usize::MAX)), 9);
+        let keep4 = MaskTensor::new([1, 4], vec![1; 4]).unwrap();
+        assert_eq!(wide(&Mask::causal_with_padding(Some(6), &keep4)), 6);
+        assert_eq!(wide(&Mask::causal_with_padding(Some(9), &keep4)), 0);
         // One keep byte per (b, j), shared by every head and query.
         let m = EncodedMask::new(&Mask::causal_with_padding(None, &keep), dims(2, 3, 5)).unwrap();
         assert_eq!(m.params.strides, [5, 0, 0, 1]);

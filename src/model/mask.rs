@@ -288,10 +288,12 @@ impl Mask {
             Mask::None | Mask::Bias(_) => false,
             Mask::Causal => j as i64 > i as i64 + lk as i64 - lq as i64,
             Mask::SlidingWindow(w) => {
-                // A window of Lk keys or more hides nothing behind the diagonal; so bounded, it
-                // cannot wrap (a window of usize::MAX is no window, never a negative one).
+                // Saturating, not clamped to Lk: a window of usize::MAX is no window (never a
+                // negative one), and one longer than Lk still hides keys from a query whose
+                // diagonal lies past the last key (top-left alignment with Lq > Lk).
                 let last = i as i64 + lk as i64 - lq as i64;
-                j as i64 > last || j as i64 <= last - (*w).min(lk) as i64
+                let w = i64::try_from(*w).unwrap_or(i64::MAX);
+                j as i64 > last || j as i64 <= last.saturating_sub(w)
             }
             Mask::KeyPadding(len) => j >= len[b],
             Mask::CausalKeep { window, keep } => {

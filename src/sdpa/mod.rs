@@ -52,7 +52,8 @@ pub struct SdpaOptions {
     /// Logit soft-cap `c`: scores become `c · tanh(s / c)` before the mask (Gemma 2).
     pub softcap: Option<f32>,
     /// ALiBi's `max_bias`: per-head slopes `2^(−max_bias·(h+1)/H)` (BLOOM's order for head
-    /// counts that are not powers of two), the bias `slope · (j − i')` generated in the shader.
+    /// counts that are not powers of two), the bias `slope · (j − i')` generated in the shader,
+    /// `i'` the key on query `i`'s causal diagonal: `i + Lk − Lq` bottom-right, `i` top-left.
     pub alibi_max_bias: Option<f32>,
     /// One logit per query head joining each softmax's denominator only (gpt-oss's sinks).
     pub sinks: Option<Vec<f32>>,

@@ -264,3 +264,122 @@ pub fn assert_steps_match_causal_forward(
         pos += n;
     }
 }
+
+/// One `scaled_dot_product_attention` on the test GPU over seeded `[B, H, L, D]` tensors
+/// (`Layout::Bhld`, H_kv = H, f16 storage when asked), and the f64 reference core of the same
+/// call: `(output, reference, probabilities with their reference)`, all `[B, H, Lq, ·]`.
+pub struct SdpaRun {
+    pub got: Vec<f32>,
+    pub want: Vec<f64>,
+    pub probs: Option<(Vec<f32>, Vec<f64>)>,
+}
+
+/// The seeded `[B, H, L, D]` q, k, v of [`sdpa_bhld`] (rounded through f16 when asked: the
+/// reference sees what the device stores).
+fn sdpa_inputs([b, h, lq, lk, d]: [usize; 5], f16: bool) -> [Vec<f32>; 3] {
+    let round = |t: Tensor| -> Vec<f32> {
+        let x = t.into_data();
+        match f16 {
+            true => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+            false => x,
+        }
+    };
+    [
+        round(Tensor::random([b, h, lq, d], 1)),
+        round(Tensor::random([b, h, lk, d], 2)),
+        round(Tensor::random([b, h, lk, d], 3)),
+    ]
+}
+
+/// The f64 reference core of [`sdpa_bhld`]'s call: `(output [B, H, Lq, D], probabilities)`.
+pub fn sdpa_reference(
+    [b, h, lq, lk, d]: [usize; 5],
+    f16: bool,
+    options: &wgpu_mha::SdpaOptions,
+) -> (Vec<f64>, Vec<f64>) {
+    let [q, k, v] = sdpa_inputs([b, h, lq, lk, d], f16);
+    // The reference takes the combined-heads layouts [B, L, H·D]: element (b, h, l, e).
+    let at = |n: usize, l: usize| {
+        let (di, rest) = (n % d, n / d);
+        let (li, rest) = (rest % l, rest / l);
+        let (hi, bi) = (rest % h, rest / h);
+        ((bi * l + li) * h + hi) * d + di
+    };
+    let combined = |x: &[f32], l: usize| -> Vec<f64> {
+        let mut y = vec![0.0; x.len()];
+        for (n, &val) in x.iter().enumerate() {
+            y[at(n, l)] = val as f64;
+        }
+        y
+    };
+    let (want, probs) = reference::Core {
+        batch: b,
+        heads: h,
+        kv_heads: h,
+        lq,
+        lk,
+        dk: d,
+        dv: d,
+        scale: options.scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64),
+        softcap: options.softcap,
+        alibi_max_bias: options.alibi_max_bias,
+        sinks: options.sinks.as_deref(),
+        mask: &options.mask,
+        top_left: options.causal_alignment == wgpu_mha::CausalAlignment::TopLeft,
+    }
+    .run(&combined(&q, lq), &combined(&k, lk), &combined(&v, lk));
+    let want = (0..b * h * lq * d).map(|n| want[at(n, lq)]).collect();
+    (want, probs)
+}
+
+pub fn sdpa_bhld(
+    label: &str,
+    [b, h, lq, lk, d]: [usize; 5],
+    f16: bool,
+    options: &wgpu_mha::SdpaOptions,
+) -> SdpaRun {
+    use wgpu::util::DeviceExt;
+    use wgpu_mha::{DeviceTensor, Layout};
+    let gpu = gpu();
+    let [q, k, v] = sdpa_inputs([b, h, lq, lk, d], f16);
+    let upload = |x: &[f32]| {
+        let bytes: Vec<u8> = match f16 {
+            true => {
+                let half: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+                bytemuck::cast_slice(&half).to_vec()
+            }
+            false => bytemuck::cast_slice(x).to_vec(),
+        };
+        gpu.device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("test tensor"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            })
+    };
+    let (bq, bk, bv) = (upload(&q), upload(&k), upload(&v));
+    let out = wgpu_mha::GpuTensor::zeros(gpu, &[b, h, lq, d]).expect("out");
+    let t = |buf, l| {
+        let t = DeviceTensor::new(buf, [b, h, l, d], Layout::Bhld);
+        if f16 {
+            t.f16()
+        } else {
+            t
+        }
+    };
+    let result = wgpu_mha::scaled_dot_product_attention(
+        gpu,
+        &t(&bq, lq),
+        &t(&bk, lk),
+        &t(&bv, lk),
+        &DeviceTensor::new(out.buffer(), [b, h, lq, d], Layout::Bhld),
+        options,
+    )
+    .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let got = out.read(gpu).expect("read").into_data();
+    let (want, probs) = sdpa_reference([b, h, lq, lk, d], f16, options);
+    let probs = result
+        .probs
+        .map(|p| (p.read(gpu).expect("probs").into_data(), probs));
+    SdpaRun { got, want, probs }
+}
