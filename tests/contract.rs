@@ -1,0 +1,747 @@
+//! The engine author's contract, on devices an engine makes itself (`Gpu::from_device`):
+//!
+//! * **Limits as stated**: every path (decode, flash with sinks, multi-pass, and the module)
+//!   runs on a device made with `wgpu::Limits::default()`, and on one whose limits are lowered
+//!   to exactly what the README states (6 storage buffers per stage, 2 uniform buffers, 16 KiB
+//!   of workgroup memory, 256 invocations) — with no wgpu error anywhere.
+//! * **An `Err` leaves the encoder as it was**: after each refused call (a buffer of another
+//!   device, a destroyed buffer, an f16 view in a buffer whose size is not a multiple of 4, a
+//!   view too large for one binding) the caller records its own copy into the same encoder,
+//!   submits it, and the copy ran, with no validation error.
+//! * **Views into arenas**: a view into a buffer larger than one storage binding runs when its
+//!   own extent fits one (the device's binding limit is lowered to 1 MiB to keep this cheap),
+//!   on the vec4 and scalar decode loads, the flash and the multi-pass paths.
+//! * A property test records random sequences of valid and invalid calls between the caller's
+//!   own copies into one encoder, submits it, and checks every output and copy against the f64
+//!   reference.
+//!
+//! Every result is checked against `wgpu_mha::reference` in f64. Devices are made through
+//! wgpu's helpers (honouring `WGPU_BACKEND`), so CI's GL pass runs these on GL too. One head
+//! size (8) throughout, so the file compiles few pipelines.
+
+mod common;
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use common::{assert_close, assert_within, relative_tolerance};
+use proptest::prelude::*;
+use wgpu::util::DeviceExt;
+use wgpu_mha::reference::Core;
+use wgpu_mha::{
+    record_scaled_dot_product_attention, reference, AttentionConfig, AttentionPath,
+    AttentionWeights, DeviceTensor, Error, ForwardOptions, GpuTensor, KvCache, Layout, Mask,
+    MultiHeadAttention, SdpaOptions, StepOptions, Tensor,
+};
+
+const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// A device the test made, wrapped, and every uncaptured wgpu error on it (recorded, not a
+/// panic, so that a test can say which call caused it).
+struct Engine {
+    gpu: wgpu_mha::Gpu,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    uncaptured: Arc<Mutex<Vec<String>>>,
+}
+
+/// One adapter (so one instance) for every device of the file, as in an engine: a buffer of
+/// one device is then *another device's* to the other, which wgpu checks.
+fn adapter() -> &'static wgpu::Adapter {
+    static A: OnceLock<wgpu::Adapter> = OnceLock::new();
+    A.get_or_init(|| {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
+            &instance, None,
+        ))
+        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+    })
+}
+
+fn engine(label: &str, limits: wgpu::Limits) -> Engine {
+    let adapter = adapter();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some(label),
+        required_features: adapter.features() & wgpu::Features::SHADER_F16,
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let uncaptured = Arc::new(Mutex::new(Vec::new()));
+    let sink = uncaptured.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        sink.lock().unwrap().push(e.to_string());
+    }));
+    let gpu = wgpu_mha::Gpu::from_device(device.clone(), queue.clone())
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    Engine {
+        gpu,
+        device,
+        queue,
+        uncaptured,
+    }
+}
+
+/// wgpu's defaults (where the adapter offers less, its own value: GL's llvmpipe).
+fn default_engine() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| {
+        let limits = wgpu::Limits::default().or_worse_values_from(&adapter().limits());
+        engine("wgpu::Limits::default()", limits)
+    })
+}
+
+/// The README's numbers exactly ("Use it inside your engine"), and one storage binding of
+/// 1 MiB so that an arena larger than a binding is cheap.
+fn stated_engine() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| {
+        let mut limits = wgpu::Limits::default().or_worse_values_from(&adapter().limits());
+        limits.max_storage_buffers_per_shader_stage = 6;
+        limits.max_uniform_buffers_per_shader_stage = 2;
+        limits.max_compute_workgroup_storage_size = 16 * 1024;
+        limits.max_compute_invocations_per_workgroup = 256;
+        limits.max_storage_buffer_binding_size = BINDING_LIMIT;
+        engine("the README's limits", limits)
+    })
+}
+
+const BINDING_LIMIT: u64 = 1 << 20;
+
+impl Engine {
+    fn buffer(&self, data: &[f32]) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("caller data"),
+                contents: bytemuck::cast_slice(data),
+                usage: USAGE,
+            })
+    }
+
+    fn zeros(&self, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("caller buffer"),
+            size: bytes,
+            usage: USAGE,
+            mapped_at_creation: false,
+        })
+    }
+
+    fn read(&self, buffer: &wgpu::Buffer, at: u64, len: usize) -> Vec<f32> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: 4 * len as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(buffer, at, &staging, 0, 4 * len as u64);
+        self.queue.submit([encoder.finish()]);
+        staging.slice(..).map_async(wgpu::MapMode::Read, |r| {
+            r.expect("map");
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("poll");
+        let view = staging.slice(..).get_mapped_range().expect("mapped");
+        bytemuck::cast_slice(&view).to_vec()
+    }
+
+    /// Finishes and submits `encoder` inside a validation scope: `Err` with wgpu's message if
+    /// anything in it (the crate's commands or the caller's) failed validation.
+    fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<(), String> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        self.queue.submit([encoder.finish()]);
+        let error = pollster::block_on(scope.pop());
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("poll");
+        match error {
+            Some(e) => Err(e.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    fn assert_no_uncaptured(&self, label: &str) {
+        let errors = self.uncaptured.lock().unwrap();
+        assert!(
+            errors.is_empty(),
+            "{label}: uncaptured wgpu errors {errors:?}"
+        );
+    }
+}
+
+/// The caller's own pass: a copy of known data into a buffer of its own, recorded into the
+/// encoder the crate records into.
+struct CallerCopy {
+    dst: wgpu::Buffer,
+    data: Vec<f32>,
+}
+
+impl CallerCopy {
+    fn record(e: &Engine, encoder: &mut wgpu::CommandEncoder, seed: u64) -> Self {
+        let data = Tensor::random([12], seed).data().to_vec();
+        let src = e.buffer(&data);
+        let dst = e.zeros(48);
+        encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, 48);
+        CallerCopy { dst, data }
+    }
+
+    fn check(&self, e: &Engine, label: &str) {
+        assert_eq!(
+            e.read(&self.dst, 0, 12),
+            self.data,
+            "{label}: the caller's copy"
+        );
+    }
+}
+
+/// One sdpa problem: q `[B, H, Lq, 8]`, k/v `[B, Hkv, Lk, 8]`, in `Bhld` or `Blhd`, each at an
+/// element offset of its buffer; out `[B, H, Lq, 8]` f32.
+#[derive(Debug, Clone)]
+struct Problem {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    lq: usize,
+    lk: usize,
+    layout: Layout,
+    offsets: [usize; 4],
+    options: SdpaOptions,
+}
+
+const D: usize = 8;
+
+impl Problem {
+    fn new(lq: usize, lk: usize) -> Self {
+        Problem {
+            batch: 1,
+            heads: 2,
+            kv_heads: 2,
+            lq,
+            lk,
+            layout: Layout::Bhld,
+            offsets: [0; 4],
+            options: SdpaOptions::default(),
+        }
+    }
+
+    fn shapes(&self) -> [[usize; 4]; 4] {
+        let (b, h, kh) = (self.batch, self.heads, self.kv_heads);
+        [
+            [b, h, self.lq, D],
+            [b, kh, self.lk, D],
+            [b, kh, self.lk, D],
+            [b, h, self.lq, D],
+        ]
+    }
+
+    /// q, k, v in `[B, L, H, D]` order (the reference's).
+    fn inputs(&self, seed: u64) -> [Vec<f32>; 3] {
+        let s = self.shapes();
+        [0, 1, 2].map(|i| {
+            let n: usize = s[i].iter().product();
+            Tensor::random([n], seed + i as u64).data().to_vec()
+        })
+    }
+
+    /// Element index of row `l` of head `h` of batch `b` of tensor `i` (dense, at its offset).
+    fn index(&self, i: usize, (b, h, l): (usize, usize, usize)) -> usize {
+        let [_, heads, len, d] = self.shapes()[i];
+        self.offsets[i]
+            + match self.layout {
+                Layout::Bhld => ((b * heads + h) * len + l) * d,
+                Layout::Blhd => ((b * len + l) * heads + h) * d,
+            }
+    }
+
+    /// Elements tensor `i` spans from the start of its buffer.
+    fn extent(&self, i: usize) -> usize {
+        self.offsets[i] + self.shapes()[i].iter().product::<usize>()
+    }
+
+    /// Writes tensor `i`'s `[B, L, H, D]` data into `host` at its place.
+    fn place(&self, i: usize, data: &[f32], host: &mut [f32]) {
+        let [b, h, l, d] = self.shapes()[i];
+        for bi in 0..b {
+            for li in 0..l {
+                for hi in 0..h {
+                    let at = self.index(i, (bi, hi, li));
+                    let src = ((bi * l + li) * h + hi) * d;
+                    host[at..at + d].copy_from_slice(&data[src..src + d]);
+                }
+            }
+        }
+    }
+
+    /// Tensor `i` back in `[B, L, H, D]` order from `host` (its buffer from element 0).
+    fn gather(&self, i: usize, host: &[f32]) -> Vec<f32> {
+        let [b, h, l, d] = self.shapes()[i];
+        let mut out = Vec::new();
+        for bi in 0..b {
+            for li in 0..l {
+                for hi in 0..h {
+                    let at = self.index(i, (bi, hi, li));
+                    out.extend_from_slice(&host[at..at + d]);
+                }
+            }
+        }
+        out
+    }
+
+    fn reference(&self, seed: u64) -> Vec<f64> {
+        let [q, k, v] = self
+            .inputs(seed)
+            .map(|x| x.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        let o = &self.options;
+        Core {
+            batch: self.batch,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            lq: self.lq,
+            lk: self.lk,
+            dk: D,
+            dv: D,
+            scale: o.scale.map_or(1.0 / (D as f64).sqrt(), |s| s as f64),
+            softcap: o.softcap,
+            alibi_max_bias: o.alibi_max_bias,
+            sinks: o.sinks.as_deref(),
+            mask: &o.mask,
+            top_left: false,
+        }
+        .run(&q, &k, &v)
+        .0
+    }
+
+    /// q, k, v each in its own buffer (every other element NaN: never read), out zeroed.
+    fn buffers(&self, e: &Engine, seed: u64) -> [wgpu::Buffer; 4] {
+        let data = self.inputs(seed);
+        let [q, k, v] = [0, 1, 2].map(|i| {
+            let mut host = vec![f32::NAN; self.extent(i) + 3];
+            self.place(i, &data[i], &mut host);
+            e.buffer(&host)
+        });
+        [q, k, v, e.zeros(4 * (self.extent(3) as u64 + 1))]
+    }
+
+    fn tensors<'a>(&self, buffers: [&'a wgpu::Buffer; 4]) -> [DeviceTensor<'a>; 4] {
+        let s = self.shapes();
+        [0, 1, 2, 3]
+            .map(|i| DeviceTensor::new(buffers[i], s[i], self.layout).at_offset(self.offsets[i]))
+    }
+
+    fn check_out(&self, e: &Engine, out: &wgpu::Buffer, seed: u64, label: &str) {
+        let host = e.read(out, 0, self.extent(3));
+        let got = self.gather(3, &host);
+        let want = self.reference(seed);
+        assert_within(label, &got, &want, relative_tolerance(1e-5, &want));
+    }
+}
+
+/// Sinks on every path; decode (1 and 2 rows), flash (9 rows), multi-pass.
+fn every_path() -> Vec<(&'static str, Problem)> {
+    let sinks = Some(vec![0.7, -1.3]);
+    let with = |lq, f: &dyn Fn(&mut Problem)| {
+        let mut p = Problem::new(lq, 11);
+        p.options.sinks = sinks.clone();
+        p.options.mask = Mask::Causal;
+        f(&mut p);
+        p
+    };
+    vec![
+        ("decode", with(1, &|_| {})),
+        ("decode gqa", with(1, &|p| p.kv_heads = 1)),
+        ("flash", with(9, &|_| {})),
+        ("multi-pass", with(9, &|p| p.options.return_probs = true)),
+        (
+            "flash blhd",
+            with(9, &|p| {
+                p.layout = Layout::Blhd;
+                p.options.path = AttentionPath::Fused;
+            }),
+        ),
+    ]
+}
+
+/// Every path of `scaled_dot_product_attention` recorded into one encoder with the caller's
+/// copies between, and a module with sinks (flash and decode), on `e`.
+fn run_every_path(e: &Engine, label: &str) {
+    let mut encoder = e.device.create_command_encoder(&Default::default());
+    let mut copies = vec![CallerCopy::record(e, &mut encoder, 1)];
+    let mut outs = Vec::new();
+    for (n, (name, p)) in every_path().into_iter().enumerate() {
+        let seed = 10 * n as u64;
+        let b = p.buffers(e, seed);
+        let [q, k, v, out] = p.tensors([&b[0], &b[1], &b[2], &b[3]]);
+        record_scaled_dot_product_attention(&e.gpu, &mut encoder, &q, &k, &v, &out, &p.options)
+            .unwrap_or_else(|err| panic!("{label} {name}: {err}"));
+        copies.push(CallerCopy::record(e, &mut encoder, 2 + n as u64));
+        outs.push((name, p, b, seed));
+    }
+    e.submit(encoder)
+        .unwrap_or_else(|err| panic!("{label}: validation error {err}"));
+    for copy in &copies {
+        copy.check(e, label);
+    }
+    for (name, p, b, seed) in &outs {
+        p.check_out(e, &b[3], *seed, &format!("{label} {name}"));
+    }
+
+    // The module: sinks, flash (9 rows) and decode (a cache step of 1), on the same device.
+    let config = AttentionConfig::classic(16, 2)
+        .unwrap()
+        .with_sinks()
+        .unwrap();
+    let weights = AttentionWeights::random(&config, 5);
+    let mha = MultiHeadAttention::new(&e.gpu, config.clone(), &weights)
+        .unwrap_or_else(|err| panic!("{label} module: {err}"));
+    let x = Tensor::random([1, 9, 16], 6);
+    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let got = mha
+        .forward(&x, &x, &x, &Mask::Causal)
+        .unwrap_or_else(|err| panic!("{label} module: {err}"));
+    assert_close(&format!("{label} module"), got.data(), &want.output);
+    let mut cache = KvCache::new(&mha, 1, 16).unwrap();
+    let prompt = Tensor::random([1, 8, 16], 7);
+    mha.forward_step(&mut cache, &prompt).unwrap();
+    let last = Tensor::random([1, 1, 16], 8);
+    let got = mha.forward_step(&mut cache, &last).unwrap();
+    let mut whole = prompt.data().to_vec();
+    whole.extend_from_slice(last.data());
+    let whole = Tensor::new([1, 9, 16], whole).unwrap();
+    let want = reference::forward(&config, &weights, &whole, &whole, &whole, &Mask::Causal)
+        .unwrap()
+        .output;
+    assert_close(&format!("{label} module step"), got.data(), &want[8 * 16..]);
+    e.assert_no_uncaptured(label);
+}
+
+#[test]
+fn every_path_runs_with_wgpus_default_limits() {
+    run_every_path(default_engine(), "Limits::default()");
+}
+
+#[test]
+fn every_path_runs_with_exactly_the_stated_limits() {
+    let e = stated_engine();
+    assert_eq!(e.device.limits().max_storage_buffers_per_shader_stage, 6);
+    run_every_path(e, "the README's limits");
+}
+
+/// A refused call into `encoder`, then the caller's copy, submitted: the call was an `Err`,
+/// the copy ran, and nothing failed validation.
+fn refused_then_copy(
+    e: &Engine,
+    label: &str,
+    call: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), Error>,
+    expected: &str,
+) {
+    let mut encoder = e.device.create_command_encoder(&Default::default());
+    let before = CallerCopy::record(e, &mut encoder, 30);
+    let err = match call(&mut encoder) {
+        Ok(()) => panic!("{label}: accepted"),
+        Err(err) => err.to_string(),
+    };
+    assert!(err.contains(expected), "{label}: {err}");
+    let after = CallerCopy::record(e, &mut encoder, 31);
+    e.submit(encoder)
+        .unwrap_or_else(|v| panic!("{label}: the caller's encoder failed validation: {v}"));
+    before.check(e, label);
+    after.check(e, label);
+    e.assert_no_uncaptured(label);
+}
+
+#[test]
+fn a_refused_sdpa_call_leaves_the_callers_encoder_as_it_was() {
+    let e = stated_engine();
+    let p = Problem::new(9, 11);
+    let seed = 40;
+    let b = p.buffers(e, seed);
+    let sdpa = |encoder: &mut wgpu::CommandEncoder, t: [DeviceTensor; 4]| {
+        record_scaled_dot_product_attention(&e.gpu, encoder, &t[0], &t[1], &t[2], &t[3], &p.options)
+            .map(|_| ())
+    };
+
+    // q in a buffer of another device.
+    let foreign = default_engine().buffer(&vec![0.0; p.extent(0)]);
+    refused_then_copy(
+        e,
+        "another device's buffer",
+        |enc| sdpa(enc, p.tensors([&foreign, &b[1], &b[2], &b[3]])),
+        "",
+    );
+
+    // k in a destroyed buffer.
+    let dead = e.buffer(&vec![0.0; p.extent(1)]);
+    dead.destroy();
+    refused_then_copy(
+        e,
+        "a destroyed buffer",
+        |enc| sdpa(enc, p.tensors([&b[0], &dead, &b[2], &b[3]])),
+        "destroyed",
+    );
+
+    // An f16 q in a buffer of 2·n + 2 bytes (not a multiple of 4): refused by name.
+    let n: usize = p.shapes()[0].iter().product();
+    let odd = e.zeros(2 * n as u64 + 2);
+    refused_then_copy(
+        e,
+        "an f16 view in a buffer of an odd number of halves",
+        |enc| {
+            let mut t = p.tensors([&odd, &b[1], &b[2], &b[3]]);
+            t[0] = t[0].f16();
+            t[1] = t[1].f16();
+            t[2] = t[2].f16();
+            sdpa(enc, t)
+        },
+        if e.gpu.has_f16() {
+            "not a multiple of 4"
+        } else {
+            "f16"
+        },
+    );
+
+    // A view whose own extent exceeds one binding (at the device's lowered limit).
+    let rows = (BINDING_LIMIT as usize / 4) / (p.heads * D) + 1;
+    let big = e.zeros(4 * (rows * p.heads * D) as u64);
+    refused_then_copy(
+        e,
+        "a view larger than one binding",
+        |enc| {
+            let mut t = p.tensors([&b[0], &big, &big, &b[3]]);
+            for k in &mut t[1..3] {
+                *k = DeviceTensor::new(&big, [1, p.heads, rows, D], Layout::Bhld);
+            }
+            t[0] = DeviceTensor::new(&b[0], [1, p.heads, p.lq, D], Layout::Bhld);
+            t[3] = DeviceTensor::new(&b[3], [1, p.heads, p.lq, D], Layout::Bhld);
+            let mut o = p.options.clone();
+            o.path = AttentionPath::Fused;
+            record_scaled_dot_product_attention(&e.gpu, enc, &t[0], &t[1], &t[2], &t[3], &o)
+                .map(|_| ())
+        },
+        "the aligned range of its buffer its view spans",
+    );
+
+    // And the same encoder still takes a valid call afterwards.
+    let mut encoder = e.device.create_command_encoder(&Default::default());
+    let _ = sdpa(&mut encoder, p.tensors([&foreign, &b[1], &b[2], &b[3]]));
+    sdpa(&mut encoder, p.tensors([&b[0], &b[1], &b[2], &b[3]])).unwrap();
+    e.submit(encoder).unwrap();
+    p.check_out(e, &b[3], seed, "valid after refused");
+}
+
+#[test]
+fn a_refused_module_call_leaves_the_callers_encoder_as_it_was() {
+    let e = stated_engine();
+    let config = AttentionConfig::classic(16, 2).unwrap();
+    let weights = AttentionWeights::random(&config, 50);
+    let mha = MultiHeadAttention::new(&e.gpu, config.clone(), &weights).unwrap();
+    let x = Tensor::random([1, 3, 16], 51);
+    let good = GpuTensor::upload(&e.gpu, &x).unwrap();
+    let other = GpuTensor::upload(&default_engine().gpu, &x).unwrap();
+    let dead = GpuTensor::upload(&e.gpu, &x).unwrap();
+    dead.buffer().destroy();
+    for (name, bad) in [
+        ("another device's tensor", &other),
+        ("a destroyed tensor", &dead),
+    ] {
+        refused_then_copy(
+            e,
+            &format!("forward_gpu_into with {name}"),
+            |enc| {
+                mha.forward_gpu_into(
+                    enc,
+                    &good,
+                    bad,
+                    bad,
+                    &Mask::Causal,
+                    &ForwardOptions::default(),
+                )
+                .map(|_| ())
+            },
+            "key",
+        );
+        let mut cache = KvCache::new(&mha, 1, 8).unwrap();
+        refused_then_copy(
+            e,
+            &format!("forward_step_gpu_into with {name}"),
+            |enc| {
+                mha.forward_step_gpu_into(enc, &mut cache, bad, &StepOptions::default())
+                    .map(|_| ())
+            },
+            "step input",
+        );
+        assert_eq!(cache.len(), 0, "{name}: the cache did not advance");
+    }
+    // The module still runs right on this device afterwards, recorded.
+    let mut encoder = e.device.create_command_encoder(&Default::default());
+    let out = mha
+        .forward_gpu_into(
+            &mut encoder,
+            &good,
+            &good,
+            &good,
+            &Mask::Causal,
+            &Default::default(),
+        )
+        .unwrap();
+    e.submit(encoder).unwrap();
+    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    assert_close(
+        "module after refusals",
+        out.output.read(&e.gpu).unwrap().data(),
+        &want.output,
+    );
+}
+
+/// q, k and v as small views deep inside one arena larger than a binding (1 MiB here): each
+/// binds only the aligned range it spans. Decode with vec4 loads (offsets multiples of 4) and
+/// scalar ones (odd offsets), flash and multi-pass.
+#[test]
+fn views_into_an_arena_larger_than_a_binding_run() {
+    let e = stated_engine();
+    let arena_len = 4 * BINDING_LIMIT as usize / 4; // 4 MiB of f32
+    for (n, (name, lq, base, probs)) in [
+        ("decode vec4", 1, 600_000, false),
+        ("decode scalar", 1, 600_003, false),
+        ("flash", 9, 700_001, false),
+        ("multi-pass", 9, 500_002, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut p = Problem::new(lq, 11);
+        p.options.return_probs = probs;
+        p.options.mask = Mask::Causal;
+        // q, k and v one after another from `base` (k and v in the second MiB and past it).
+        p.offsets = [base, base + 60_000, base + 200_000, 5];
+        let seed = 60 + n as u64;
+        let data = p.inputs(seed);
+        let mut host = vec![f32::NAN; arena_len];
+        for i in 0..3 {
+            p.place(i, &data[i], &mut host);
+        }
+        let arena = e.buffer(&host);
+        assert!(arena.size() > 2 * BINDING_LIMIT);
+        let out = e.zeros(4 * (p.extent(3) as u64 + 1));
+        let t = p.tensors([&arena, &arena, &arena, &out]);
+        let mut encoder = e.device.create_command_encoder(&Default::default());
+        record_scaled_dot_product_attention(
+            &e.gpu,
+            &mut encoder,
+            &t[0],
+            &t[1],
+            &t[2],
+            &t[3],
+            &p.options,
+        )
+        .unwrap_or_else(|err| panic!("{name}: {err}"));
+        e.submit(encoder).unwrap_or_else(|v| panic!("{name}: {v}"));
+        p.check_out(e, &out, seed, &format!("arena {name}"));
+    }
+    e.assert_no_uncaptured("arenas");
+}
+
+/// One step of a recorded sequence.
+#[derive(Debug, Clone)]
+enum Op {
+    /// The caller's own copy.
+    Copy,
+    /// A valid call: (query rows, key/value heads, layout, offset, sinks, probabilities).
+    Valid(usize, usize, bool, usize, bool, bool),
+    /// An invalid one: 0 another device's buffer, 1 a destroyed buffer, 2 `out` sharing q's
+    /// buffer, 3 a wrong `k` shape, 4 an f16 view in an odd-sized buffer.
+    Invalid(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        Just(Op::Copy),
+        (
+            prop::sample::select(vec![1usize, 9]),
+            1usize..=2,
+            any::<bool>(),
+            0usize..9,
+            any::<bool>(),
+            any::<bool>()
+        )
+            .prop_map(|(lq, kh, blhd, off, sinks, probs)| Op::Valid(
+                lq, kh, blhd, off, sinks, probs
+            )),
+        (0u8..5).prop_map(Op::Invalid),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random sequences of valid and invalid calls between the caller's copies, in one encoder:
+    /// every invalid call is an `Err`, and after one submit every valid output and every copy
+    /// matches, with no validation error.
+    #[test]
+    fn recorded_sequences_of_valid_and_invalid_calls_hold(ops in prop::collection::vec(op(), 1..7)) {
+        let e = stated_engine();
+        let mut encoder = e.device.create_command_encoder(&Default::default());
+        let mut copies = Vec::new();
+        let mut valid = Vec::new();
+        let foreign = default_engine().buffer(&[0.0; 256]);
+        for (n, op) in ops.iter().enumerate() {
+            let seed = 100 + 7 * n as u64;
+            match *op {
+                Op::Copy => copies.push(CallerCopy::record(e, &mut encoder, seed)),
+                Op::Valid(lq, kv_heads, blhd, off, sinks, probs) => {
+                    let mut p = Problem::new(lq, 5 + off);
+                    p.kv_heads = kv_heads;
+                    p.layout = if blhd { Layout::Blhd } else { Layout::Bhld };
+                    // Offsets multiples of 4: the vec4 decode loads (fewer pipelines).
+                    p.offsets = [4 * off, 8 * off, 4 * off + 4, 3];
+                    p.options.mask = Mask::Causal;
+                    p.options.sinks = sinks.then(|| vec![0.5, -0.25]);
+                    p.options.return_probs = probs;
+                    let b = p.buffers(e, seed);
+                    let t = p.tensors([&b[0], &b[1], &b[2], &b[3]]);
+                    let r = record_scaled_dot_product_attention(
+                        &e.gpu, &mut encoder, &t[0], &t[1], &t[2], &t[3], &p.options,
+                    );
+                    prop_assert!(r.is_ok(), "{op:?}: {:?}", r.err());
+                    valid.push((p, b, seed));
+                }
+                Op::Invalid(kind) => {
+                    let p = Problem::new(1, 5);
+                    let b = p.buffers(e, seed);
+                    let dead = e.zeros(256);
+                    dead.destroy();
+                    let odd = e.zeros(2 * 16 + 2);
+                    let mut t = p.tensors([&b[0], &b[1], &b[2], &b[3]]);
+                    match kind {
+                        0 => t[1].buffer = &foreign,
+                        1 => t[2].buffer = &dead,
+                        2 => t[3].buffer = &b[0],
+                        3 => t[1].shape[3] = D + 1,
+                        _ => {
+                            t[0].buffer = &odd;
+                            for x in &mut t[..3] {
+                                *x = x.f16();
+                            }
+                        }
+                    }
+                    let r = record_scaled_dot_product_attention(
+                        &e.gpu, &mut encoder, &t[0], &t[1], &t[2], &t[3], &p.options,
+                    );
+                    prop_assert!(r.is_err(), "{op:?} was accepted");
+                }
+            }
+        }
+        let submitted = e.submit(encoder);
+        prop_assert!(submitted.is_ok(), "{ops:?}: {submitted:?}");
+        for copy in &copies {
+            copy.check(e, "property");
+        }
+        for (p, b, seed) in &valid {
+            p.check_out(e, &b[3], *seed, &format!("{p:?}"));
+        }
+        e.assert_no_uncaptured("property");
+    }
+}
