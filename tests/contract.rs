@@ -395,7 +395,7 @@ fn run_every_path(e: &Engine, label: &str) {
         .with_sinks()
         .unwrap();
     let weights = AttentionWeights::random(&config, 5);
-    let mha = MultiHeadAttention::new(&e.gpu, config.clone(), &weights)
+    let mha = MultiHeadAttention::new(&e.gpu, config, &weights)
         .unwrap_or_else(|err| panic!("{label} module: {err}"));
     let x = Tensor::random([1, 9, 16], 6);
     let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
@@ -537,7 +537,7 @@ fn a_refused_module_call_leaves_the_callers_encoder_as_it_was() {
     let e = stated_engine();
     let config = AttentionConfig::classic(16, 2).unwrap();
     let weights = AttentionWeights::random(&config, 50);
-    let mha = MultiHeadAttention::new(&e.gpu, config.clone(), &weights).unwrap();
+    let mha = MultiHeadAttention::new(&e.gpu, config, &weights).unwrap();
     // One row: the decode pass every other test here compiles too.
     let x = Tensor::random([1, 1, 16], 51);
     let good = GpuTensor::upload(&e.gpu, &x).unwrap();
@@ -621,8 +621,8 @@ fn views_into_an_arena_larger_than_a_binding_run() {
         let seed = 60 + n as u64;
         let data = p.inputs(seed);
         let mut host = vec![f32::NAN; arena_len];
-        for i in 0..3 {
-            p.place(i, &data[i], &mut host);
+        for (i, x) in data.iter().enumerate() {
+            p.place(i, x, &mut host);
         }
         let arena = e.buffer(&host);
         assert!(arena.size() > 2 * BINDING_LIMIT);
@@ -642,6 +642,34 @@ fn views_into_an_arena_larger_than_a_binding_run() {
         e.submit(encoder).unwrap_or_else(|v| panic!("{name}: {v}"));
         p.check_out(e, &out, seed, &format!("arena {name}"));
     }
+    // An f32 q in a buffer of 4·n + 2 bytes (sizes need not be words; bindings must be).
+    let p = Problem::new(1, 11);
+    let seed = 70;
+    let [_, k, v, out] = p.buffers(e, seed);
+    let n = p.extent(0);
+    let q = e.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("odd-sized q"),
+        size: 4 * n as u64 + 2,
+        usage: USAGE,
+        mapped_at_creation: false,
+    });
+    let mut host = vec![0.0; n];
+    p.place(0, &p.inputs(seed)[0], &mut host);
+    e.queue.write_buffer(&q, 0, bytemuck::cast_slice(&host));
+    let t = p.tensors([&q, &k, &v, &out]);
+    let mut encoder = e.device.create_command_encoder(&Default::default());
+    record_scaled_dot_product_attention(
+        &e.gpu,
+        &mut encoder,
+        &t[0],
+        &t[1],
+        &t[2],
+        &t[3],
+        &p.options,
+    )
+    .unwrap();
+    e.submit(encoder).unwrap();
+    p.check_out(e, &out, seed, "f32 view in an odd-sized buffer");
     e.assert_no_uncaptured("arenas");
 }
 

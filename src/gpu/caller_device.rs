@@ -202,10 +202,12 @@ mod tests {
     fn limits_below_what_the_passes_need_are_each_named() {
         assert!(check_limits("a", &wgpu::Limits::default()).is_ok());
         // Exactly what the README states is enough.
-        let mut exact = wgpu::Limits::default();
-        exact.max_storage_buffers_per_shader_stage = 6;
-        exact.max_uniform_buffers_per_shader_stage = 2;
-        exact.max_compute_workgroup_storage_size = 16 * 1024;
+        let exact = wgpu::Limits {
+            max_storage_buffers_per_shader_stage: 6,
+            max_uniform_buffers_per_shader_stage: 2,
+            max_compute_workgroup_storage_size: 16 * 1024,
+            ..Default::default()
+        };
         assert!(check_limits("a", &exact).is_ok());
         // wgpu's downlevel defaults allow 4 storage buffers per stage; the flash pass binds 6.
         let mut low = wgpu::Limits::downlevel_defaults();

@@ -169,7 +169,8 @@ impl<'a> DeviceTensor<'a> {
         let rel_end = end - base;
         let vec4_end = start + rel_end.next_multiple_of(4) * eb;
         let word_end = bytes.next_multiple_of(4).min(self.buffer.size());
-        let stop = vec4_end.min(self.buffer.size()).max(word_end);
+        // Whole words: a storage binding's size is a multiple of 4 (an f32 buffer may not be).
+        let stop = (vec4_end.min(self.buffer.size()) / 4 * 4).max(word_end);
         let size = (stop - start).max(4).min(self.buffer.size() - start);
         if rel_end > u32::MAX as u64 {
             return Err(Error::TooLarge {
