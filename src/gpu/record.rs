@@ -50,9 +50,10 @@ impl Gpu {
     /// destroyed source only fails the copy at `submit`, a bind group at once). The sources
     /// are storage buffers (`GpuTensor`s).
     pub(crate) fn check_copy_sources(&self, sources: &[(&str, &wgpu::Buffer)]) -> Result<()> {
-        for (name, buffer) in sources {
-            if buffer.size() < 4 {
-                continue; // the crate's tensors are never this small; nothing is copied
+        for (i, (name, buffer)) in sources.iter().enumerate() {
+            // The crate's tensors are never under a word; one buffer given twice is tried once.
+            if buffer.size() < 4 || sources[..i].iter().any(|(_, b)| b == buffer) {
+                continue;
             }
             self.scoped(&format!("checking {name}'s buffer"), || {
                 let scratch = self.device().create_buffer(&wgpu::BufferDescriptor {
