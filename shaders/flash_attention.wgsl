@@ -70,7 +70,7 @@ struct FlashParams {
     head_dim_qk: u32, // the module's head sizes (at most HEAD_CAP_QK, HEAD_CAP_V)
     head_dim_v: u32,
     sinks: u32,       // 1: each head's softmax starts from its sink logit (gpt-oss)
-    _pad0: u32,
+    sink_base: u32,   // where those logits lie in `carry` (one per query head)
     _pad1: u32,
     _pad2: u32,
 }
@@ -86,9 +86,9 @@ fn carry_stride() -> u32 {
 @group(0) @binding(2) var<storage, read> k_in: array<QkvElem>;
 @group(0) @binding(3) var<storage, read> v_in: array<QkvElem>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// Carried state; with sinks, also one logit per query head at p.sink_base (folded in here so
+// that the pass binds 6 storage buffers, what the crate asks of a device).
 @group(0) @binding(5) var<storage, read_write> carry: array<f32>;
-// One logit per query head, read when p.sinks is 1.
-@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 var<workgroup> k_tile: array<vec4<f32>, KV_TILE * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
@@ -397,7 +397,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var start_max = LOWEST;
     var start_sum = 0.0;
     if (p.sinks == 1u) {
-        start_max = sinks[h];
+        start_max = carry[p.sink_base + h];
         start_sum = 1.0;
     }
     for (var r = 0u; r < ROWS; r++) {

@@ -49,7 +49,8 @@ pub use attention::{
 pub use error::{Error, Result};
 pub use gpu::timer::PassTimer;
 pub use gpu::{
-    list_adapters, DeviceOptions, Gpu, GpuOptions, KernelClass, LiveObjects, PipelineCacheDir,
+    list_adapters, DeviceOptions, Gpu, GpuOptions, KernelClass, LiveObjects, PathNeeds,
+    PipelineCacheDir, PATH_NEEDS,
 };
 pub use io::case::{Case, CaseResult, CaseVariant};
 pub use io::layouts::{LoadedWeights, WeightLayout};

@@ -286,7 +286,7 @@ fn uniform_structs_match_their_wgsl_layout() {
                     head_dim_qk,
                     head_dim_v,
                     sinks,
-                    _pad0,
+                    sink_base,
                     _pad1,
                     _pad2
                 ]

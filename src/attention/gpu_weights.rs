@@ -27,6 +27,9 @@ pub(crate) struct GpuWeights {
     /// One sink logit per query head (zeros, unread, for a module without sinks): bound by
     /// every pass that finishes a softmax.
     pub sinks: wgpu::Buffer,
+    /// Host copy of the sink logits (module with sinks): the flash pass reads them from the
+    /// end of its carry buffer (see `flash_attention::carry_buffer`).
+    pub sink_logits: Option<Vec<f32>>,
 }
 
 impl GpuWeights {
@@ -78,6 +81,7 @@ impl GpuWeights {
                     let values = w.sinks.as_deref().unwrap_or(&zeros);
                     gpu.upload("sinks", values, wgpu::BufferUsages::empty())
                 },
+                sink_logits: w.sinks.clone().filter(|_| config.sinks),
                 qk_norm: w.qk_norm.as_ref().map(|n| {
                     [&n.q, &n.k].map(|v| {
                         let buffer = gpu.upload("qk_norm weight", v, wgpu::BufferUsages::empty());

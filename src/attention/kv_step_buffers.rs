@@ -3,7 +3,7 @@
 
 use crate::attention::MultiHeadAttention;
 use crate::kernels::decode::{partials_for, MAX_ROWS};
-use crate::kernels::flash_attention::carry_stride;
+use crate::kernels::flash_attention::{carry_buffer, carry_stride};
 
 /// What one step writes besides the cache, for steps of up to `tokens` new tokens: allocated
 /// for a few tokens and grown (doubling, up to `max_step`) when a longer step comes, so that a
@@ -110,7 +110,13 @@ impl StepBuffers {
                 .output_projection
                 .then(|| gpu.storage("step output", f32s(b * t * c.output_dim()), copy)),
             staging: gpu.staging("step readback", f32s(b * t * c.output_dim())),
-            carry: gpu.storage("step carry", f32s(carry_len(mha, b, cap, t, fused)), none),
+            carry: carry_buffer(
+                gpu,
+                "step carry",
+                carry_len(mha, b, cap, t, fused),
+                mha.weights.sink_logits.as_deref(),
+                none,
+            ),
             rope: c
                 .rope
                 .map(|r| gpu.storage("step RoPE table", f32s(b * t * r.rotary_dims), none)),

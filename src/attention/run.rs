@@ -144,7 +144,20 @@ impl MultiHeadAttention {
             )?),
             false => None,
         };
+        // The caller's tensors, tried before anything goes into its encoder (see
+        // `crate::gpu::record`), and the workspace's mask room made (which may rebuild its
+        // bind groups) inside a scope of its own.
+        let [q, k, v] = inputs;
+        self.gpu.check_copy_sources(&[
+            ("query", q.buffer()),
+            ("key", k.buffer()),
+            ("value", v.buffer()),
+        ])?;
         let mut ws = self.take_workspace(plan.whole)?;
+        let words = plan.mask.window((0, d.batch), (0, d.lq)).words.len();
+        self.gpu
+            .scoped("forward (mask room)", || ws.fit_mask(self, words))
+            .and_then(|r| r)?;
         let result = self.gpu.scoped("forward", || {
             self.record(
                 &mut ws,

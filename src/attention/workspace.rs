@@ -164,7 +164,7 @@ pub(crate) fn dispatches(
                 carry: b.carry,
                 mask: b.mask,
                 chunks: b.chunks,
-                sinks: (&mha.weights.sinks, c.sinks),
+                sinks: c.sinks,
             };
             chain.extend(flash.dispatches(gpu, &core, &buffers)?);
         }
@@ -483,7 +483,13 @@ impl Workspace {
             output: c
                 .output_projection
                 .then(|| gpu.storage("output", 4 * out_len as u64, copy)),
-            carry: gpu.storage("flash carry state", 4 * carry_len as u64, none),
+            carry: flash_attention::carry_buffer(
+                gpu,
+                "flash carry state",
+                carry_len,
+                mha.weights.sink_logits.as_deref(),
+                none,
+            ),
             staging: gpu.staging("readback", 4 * (out_len + probs_len) as u64),
             mask: MaskBuffers::new(gpu, 0),
             rope: c.rope.map(|r| {

@@ -18,38 +18,113 @@ pub struct DeviceOptions {
     pub pipeline_cache: PipelineCacheDir,
 }
 
-/// The least of each limit the passes need whatever the problem: (name, least value). Below
-/// one of them no forward can run (the fused pass binds 6 storage buffers, the GEMMs run
-/// 16×16 workgroups, the fused and decode passes 64 lanes), so a device under it is refused
-/// when it is wrapped, by the limit's name, rather than failing in every forward.
-pub(super) fn required_limits(l: &wgpu::Limits) -> [(&'static str, u32, u32); 6] {
+/// What one path's passes need of a device, at most over its passes: storage buffers bound
+/// by one pass (all compute, so per stage), uniform buffers, workgroup memory in bytes and
+/// invocations per workgroup. A unit test counts every pass's binding table against these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathNeeds {
+    pub path: &'static str,
+    pub storage_buffers: u32,
+    pub uniform_buffers: u32,
+    pub workgroup_bytes: u32,
+    pub invocations: u32,
+}
+
+/// Every path's needs (the README's table, "Use it inside your engine"):
+/// * projections and row passes: the GEMM (x, W, bias, y) in 16×16 workgroups of 16×16-vec4
+///   tiles (8 KiB), RoPE, norms, cache appends;
+/// * fused decode (a few query rows): q, k, v, partials, mask words; up to 16 KiB of tiles;
+/// * fused flash: q, k, v, out, carry (with the sinks folded in), mask words; its K/V tile is
+///   sized to the device's workgroup memory (at least 8 keys of both head sizes, else the
+///   multi-pass path runs), 64 lanes on GPUs;
+/// * multi-pass: scores (q, k, scores, mask words), softmax, `P·V`: GEMM tiles.
+pub const PATH_NEEDS: [PathNeeds; 4] = [
+    PathNeeds {
+        path: "projections",
+        storage_buffers: 4,
+        uniform_buffers: 1,
+        workgroup_bytes: 8 * 1024,
+        invocations: 256,
+    },
+    PathNeeds {
+        path: "fused decode",
+        storage_buffers: 5,
+        uniform_buffers: 2,
+        workgroup_bytes: 16 * 1024,
+        invocations: 64,
+    },
+    PathNeeds {
+        path: "fused flash",
+        storage_buffers: 6,
+        uniform_buffers: 2,
+        workgroup_bytes: 1024,
+        invocations: 64,
+    },
+    PathNeeds {
+        path: "multi-pass",
+        storage_buffers: 4,
+        uniform_buffers: 2,
+        workgroup_bytes: 8 * 1024,
+        invocations: 256,
+    },
+];
+
+/// The most of one need over every path, with the path that needs it.
+fn most(need: impl Fn(&PathNeeds) -> u32) -> (u32, &'static str) {
+    PATH_NEEDS
+        .iter()
+        .map(|p| (need(p), p.path))
+        .max_by_key(|(n, _)| *n)
+        .unwrap_or((0, ""))
+}
+
+/// The least of each limit the passes need whatever the problem: (name, device's value, least
+/// value, the path that needs it). Every path runs on a device that has them all (the module
+/// picks a path per problem, and the caller may force any), so a device under one is refused
+/// when it is wrapped, by the limit's name, rather than failing in a forward.
+pub(super) fn required_limits(l: &wgpu::Limits) -> [(&'static str, u32, u32, &'static str); 7] {
+    let (storage, storage_path) = most(|p| p.storage_buffers);
+    let (uniform, uniform_path) = most(|p| p.uniform_buffers);
+    let (memory, memory_path) = most(|p| p.workgroup_bytes);
+    let (invocations, invocations_path) = most(|p| p.invocations);
     [
         (
             "max_storage_buffers_per_shader_stage",
             l.max_storage_buffers_per_shader_stage,
-            6,
+            storage,
+            storage_path,
         ),
         (
             "max_uniform_buffers_per_shader_stage",
             l.max_uniform_buffers_per_shader_stage,
-            2,
+            uniform,
+            uniform_path,
+        ),
+        (
+            "max_compute_workgroup_storage_size",
+            l.max_compute_workgroup_storage_size,
+            memory,
+            memory_path,
         ),
         (
             "max_compute_invocations_per_workgroup",
             l.max_compute_invocations_per_workgroup,
-            256,
+            invocations,
+            invocations_path,
         ),
         (
             "max_compute_workgroup_size_x",
             l.max_compute_workgroup_size_x,
             64,
+            "fused flash",
         ),
         (
             "max_compute_workgroup_size_y",
             l.max_compute_workgroup_size_y,
             16,
+            "projections",
         ),
-        ("max_bind_groups", l.max_bind_groups, 1),
+        ("max_bind_groups", l.max_bind_groups, 1, "every pass"),
     ]
 }
 
@@ -57,8 +132,10 @@ pub(super) fn required_limits(l: &wgpu::Limits) -> [(&'static str, u32, u32); 6]
 pub(super) fn check_limits(adapter: &str, limits: &wgpu::Limits) -> Result<()> {
     let short: Vec<String> = required_limits(limits)
         .iter()
-        .filter(|(_, got, least)| got < least)
-        .map(|(name, got, least)| format!("{name} is {got}, the passes need {least}"))
+        .filter(|(_, got, least, _)| got < least)
+        .map(|(name, got, least, path)| {
+            format!("{name} is {got}, the passes need {least} (the {path} path)")
+        })
         .collect();
     if short.is_empty() {
         return Ok(());
@@ -124,14 +201,61 @@ mod tests {
     #[test]
     fn limits_below_what_the_passes_need_are_each_named() {
         assert!(check_limits("a", &wgpu::Limits::default()).is_ok());
-        // wgpu's downlevel defaults allow 4 storage buffers per stage; the fused pass binds 6.
+        // Exactly what the README states is enough.
+        let exact = wgpu::Limits {
+            max_storage_buffers_per_shader_stage: 6,
+            max_uniform_buffers_per_shader_stage: 2,
+            max_compute_workgroup_storage_size: 16 * 1024,
+            ..Default::default()
+        };
+        assert!(check_limits("a", &exact).is_ok());
+        // wgpu's downlevel defaults allow 4 storage buffers per stage; the flash pass binds 6.
         let mut low = wgpu::Limits::downlevel_defaults();
         low.max_compute_invocations_per_workgroup = 128;
         let err = check_limits("a", &low).unwrap_err().to_string();
         assert!(
-            err.contains("max_storage_buffers_per_shader_stage is 4, the passes need 6")
-                && err.contains("max_compute_invocations_per_workgroup is 128"),
+            err.contains(
+                "max_storage_buffers_per_shader_stage is 4, the passes need 6 (the fused flash path)"
+            ) && err.contains("max_compute_invocations_per_workgroup is 128")
+                && err.contains("max_compute_workgroup_storage_size is 16352"),
             "{err}"
         );
+    }
+
+    /// Every pass's binding table within what its path states (and so within what a wrapped
+    /// device is checked for): a pass that grew a binding fails here, not on a caller's device.
+    #[test]
+    fn every_pass_binds_no_more_storage_buffers_than_its_path_states() {
+        use crate::gpu::pass::{Pass, Slot};
+        use crate::kernels::{decode, flash_attention, linear, scores};
+        let need = |path: &str| {
+            PATH_NEEDS
+                .iter()
+                .find(|p| p.path == path)
+                .map(|p| p.storage_buffers as usize)
+                .unwrap()
+        };
+        let uniforms = |slots: &[Slot]| {
+            slots
+                .iter()
+                .filter(|s| matches!(s, Slot::Uniform(_)))
+                .count()
+        };
+        for (path, slots) in [
+            ("fused flash", flash_attention::SLOTS),
+            ("fused decode", decode::SLOTS),
+            ("fused decode", decode::REDUCE_SLOTS),
+            ("multi-pass", scores::SLOTS),
+            ("projections", linear::SLOTS),
+        ] {
+            assert!(
+                Pass::storage_buffers(slots) <= need(path),
+                "{path}: {slots:?}"
+            );
+            assert!(uniforms(slots) <= 2, "{path}: {slots:?}");
+        }
+        // The flash pass binds exactly the most any path states.
+        assert_eq!(Pass::storage_buffers(flash_attention::SLOTS), 6);
+        assert_eq!(most(|p| p.storage_buffers), (6, "fused flash"));
     }
 }

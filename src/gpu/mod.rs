@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use crate::gpu::pass::{Pass, PassSpec};
 use crate::gpu::pipeline_cache::DiskCache;
 pub use crate::gpu::pipeline_cache::PipelineCacheDir;
-pub use caller_device::DeviceOptions;
 use caller_device::{check_limits, forced_class, gl_lock, record_loss};
+pub use caller_device::{DeviceOptions, PathNeeds, PATH_NEEDS};
 
 use crate::error::{Error, Result};
 

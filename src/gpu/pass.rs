@@ -57,6 +57,43 @@ impl<'a> PassSpec<'a> {
     }
 }
 
+/// A buffer bound to a slot: whole, or a byte range of it (a caller's view into a buffer larger
+/// than one binding: see `sdpa::DeviceTensor`). The range's offset is a multiple of
+/// `min_storage_buffer_offset_alignment` and its size of 4, within the binding limit; the
+/// kernels' element offsets are counted from its start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Binding<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    /// `(offset, size)` in bytes; `None`: the whole buffer.
+    pub range: Option<(u64, u64)>,
+}
+
+impl<'a> Binding<'a> {
+    pub fn new(buffer: &'a wgpu::Buffer, range: Option<(u64, u64)>) -> Self {
+        Binding { buffer, range }
+    }
+
+    fn resource(&self) -> wgpu::BindingResource<'a> {
+        match self.range {
+            None => self.buffer.as_entire_binding(),
+            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: self.buffer,
+                offset,
+                size: wgpu::BufferSize::new(size),
+            }),
+        }
+    }
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Binding<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Binding {
+            buffer,
+            range: None,
+        }
+    }
+}
+
 /// A compiled pass: its pipeline and the layout its bind groups must follow.
 #[derive(Debug)]
 pub struct Pass {
@@ -138,13 +175,21 @@ impl Pass {
         }
     }
 
+    /// Storage buffers the pass binds (what `max_storage_buffers_per_shader_stage` must allow).
+    pub fn storage_buffers(slots: &[Slot]) -> usize {
+        slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Read(_) | Slot::Write(_)))
+            .count()
+    }
+
     /// A bind group from `(binding, buffer)` pairs. Every slot of the layout must be given
     /// exactly once (kernel modules build the pairs from their typed binding structs); a
     /// mismatch is an `Err` naming the pass, never a silently short group.
     pub fn bind(
         &self,
         device: &wgpu::Device,
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, Binding)],
     ) -> Result<wgpu::BindGroup> {
         let mut wanted: Vec<u32> = self.slots.iter().map(|s| s.binding()).collect();
         let mut given: Vec<u32> = buffers.iter().map(|b| b.0).collect();
@@ -160,7 +205,7 @@ impl Pass {
             .iter()
             .map(|(binding, buffer)| wgpu::BindGroupEntry {
                 binding: *binding,
-                resource: buffer.as_entire_binding(),
+                resource: buffer.resource(),
             })
             .collect();
         Ok(device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -186,17 +231,17 @@ pub struct Dispatch {
 impl Dispatch {
     /// `params` goes to binding 0 (a uniform); `buffers` fill the other slots. Checks the
     /// workgroup counts against the device's limit.
-    pub(crate) fn new<P: bytemuck::Pod>(
+    pub(crate) fn new<'b, P: bytemuck::Pod, B: Into<Binding<'b>> + Copy>(
         gpu: &Gpu,
         pass: Arc<Pass>,
         params: &P,
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, B)],
         workgroups: [u32; 3],
     ) -> Result<Self> {
         gpu.check_workgroups(pass.label, workgroups)?;
         let params = gpu.uniform(pass.label, params);
-        let mut all = vec![(0, &params)];
-        all.extend_from_slice(buffers);
+        let mut all = vec![(0, Binding::from(&params))];
+        all.extend(buffers.iter().map(|&(slot, b)| (slot, b.into())));
         let bind = pass.bind(gpu.device(), &all)?;
         Ok(Dispatch {
             pass,

@@ -26,17 +26,77 @@
 //!
 //! Errors: wgpu 30 checks recorded commands when the encoder is *finished* and reports a
 //! failure to the error scope of the thread that calls `finish` (or to the device's
-//! uncaptured-error handler). The `*_into` forms validate their arguments and build everything
-//! that can fail (buffers, bind groups) before they record the first command, inside the
-//! crate's error scopes, so a bad argument is an `Err` and leaves the encoder as it was. Only
-//! the small buffers of `Gpu::write_in` are made while recording; if the device runs out of
-//! memory there, the call is an `Err` too, and the encoder holds part of it: drop it.
+//! uncaptured-error handler) — too late for a call to refuse: the caller's whole submission
+//! would fail, its own passes included. So the `*_into` forms validate their arguments and
+//! build everything that can fail (buffers, pipelines, bind groups) before they record the
+//! first command, inside error scopes that are popped and checked first; a caller's buffer
+//! that is only copied from (a `GpuTensor` input of the module) is tried in a scratch encoder
+//! that is finished inside such a scope and never submitted ([`Gpu::check_copy_sources`]).
+//! A bad argument is then an `Err` and leaves the encoder exactly as it was. Only the small
+//! buffers of `Gpu::write_in` are made while recording; if the device runs out of memory
+//! there, the call is an `Err` too, and the encoder holds part of it: drop it.
 
 use wgpu::util::DeviceExt;
 
+use crate::error::Result;
 use crate::gpu::Gpu;
 
 impl Gpu {
+    /// `Err` naming the first of `sources` that wgpu would reject as the source of a copy in
+    /// this device's encoders — a buffer of another device, one without `COPY_SRC`, a
+    /// destroyed one — found inside an error scope with nothing recorded anywhere that runs:
+    /// such a copy in a scratch encoder, finished and dropped unsubmitted (device and usage:
+    /// wgpu 30 checks them at `finish`), and a bind group of its first word (liveness: a
+    /// destroyed source only fails the copy at `submit`, a bind group at once). The sources
+    /// are storage buffers (`GpuTensor`s).
+    pub(crate) fn check_copy_sources(&self, sources: &[(&str, &wgpu::Buffer)]) -> Result<()> {
+        for (i, (name, buffer)) in sources.iter().enumerate() {
+            // The crate's tensors are never under a word; one buffer given twice is tried once.
+            if buffer.size() < 4 || sources[..i].iter().any(|(_, b)| b == buffer) {
+                continue;
+            }
+            self.scoped(&format!("checking {name}'s buffer"), || {
+                let scratch = self.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("source check"),
+                    size: 4,
+                    usage: wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                let mut encoder = self.encoder("source check");
+                encoder.copy_buffer_to_buffer(buffer, 0, &scratch, 0, 4);
+                drop(encoder.finish());
+                let layout =
+                    self.device()
+                        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                            label: Some("source check"),
+                            entries: &[wgpu::BindGroupLayoutEntry {
+                                binding: 0,
+                                visibility: wgpu::ShaderStages::COMPUTE,
+                                ty: wgpu::BindingType::Buffer {
+                                    ty: wgpu::BufferBindingType::Storage { read_only: true },
+                                    has_dynamic_offset: false,
+                                    min_binding_size: None,
+                                },
+                                count: None,
+                            }],
+                        });
+                self.device().create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("source check"),
+                    layout: &layout,
+                    entries: &[wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer,
+                            offset: 0,
+                            size: wgpu::BufferSize::new(4),
+                        }),
+                    }],
+                })
+            })?;
+        }
+        Ok(())
+    }
+
     /// Records a write of `bytes` into `dst` at byte `offset` as a command of `encoder` (see the
     /// module docs for why not `queue.write_buffer`). `offset` and `bytes.len()` are multiples
     /// of 4 (`wgpu::COPY_BUFFER_ALIGNMENT`), as every f32/u32 payload of the crate is; `dst`

@@ -1,7 +1,7 @@
 //! `av_combine`: `P·V` per (batch, head), written into the combined `[B, Lq, H·dv]` layout.
 
 use crate::error::Result;
-use crate::gpu::pass::{Dispatch, PassSpec, Slot};
+use crate::gpu::pass::{Binding, Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::source::Prelude;
@@ -83,6 +83,12 @@ pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Vec<Dispat
         k_end,
         ..p
     };
-    let buffers = [(1, b.probs), (2, b.v), (4, b.out)];
+    // The probabilities are the crate's own; V and the output may be a caller's views.
+    let r = &c.layout.ranges;
+    let buffers = [
+        (1, Binding::from(b.probs)),
+        (2, Binding::new(b.v, r.v)),
+        (4, Binding::new(b.out, r.out)),
+    ];
     super::depth_split(gpu, &pass, p.lk, at, &buffers, groups)
 }

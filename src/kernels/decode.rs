@@ -11,7 +11,7 @@
 //! per-range state, so the reduce is one.
 
 use crate::error::Result;
-use crate::gpu::pass::{Dispatch, PassSpec, Slot};
+use crate::gpu::pass::{Binding, Dispatch, PassSpec, Slot};
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::mask::MaskBuffers;
 use crate::kernels::source::Prelude;
@@ -339,7 +339,7 @@ pub fn reduce_source() -> String {
     Prelude::new().source(&[super::ROWS_WGSL, REDUCE_WGSL])
 }
 
-const SLOTS: &[Slot] = &[
+pub(crate) const SLOTS: &[Slot] = &[
     Slot::Uniform(0),
     Slot::Read(1),
     Slot::Read(2),
@@ -348,7 +348,7 @@ const SLOTS: &[Slot] = &[
     Slot::Read(6),
     Slot::Uniform(7),
 ];
-const REDUCE_SLOTS: &[Slot] = &[
+pub(crate) const REDUCE_SLOTS: &[Slot] = &[
     Slot::Uniform(0),
     Slot::Read(1),
     Slot::Write(4),
@@ -393,7 +393,7 @@ pub fn dispatches(
     });
     let [words, mask_params] = b.mask.bindings();
     let mut chain = Vec::new();
-    for span in kv_spans(&b.qkv, b.chunks, c.lk) {
+    for span in kv_spans(&b.qkv, b.chunks, c.lk, &l.ranges) {
         let split_base = span.key_base / per_split;
         let span_splits = span.key_end.div_ceil(per_split).max(split_base + 1) - split_base;
         let p = DecodeParams {
@@ -416,12 +416,12 @@ pub fn dispatches(
         let groups = [span_splits as u32, (c.batch * kv_heads) as u32, 1];
         gpu.check_workgroups("decode attention", groups)?;
         let buffers = [
-            (1, b.qkv.q),
+            (1, Binding::new(b.qkv.q, l.ranges.q)),
             (2, span.k),
             (3, span.v),
-            (4, b.partials),
-            words,
-            mask_params,
+            (4, b.partials.into()),
+            (words.0, words.1.into()),
+            (mask_params.0, mask_params.1.into()),
         ];
         chain.push(Dispatch::new(gpu, pass.clone(), &p, &buffers, groups)?);
     }
@@ -447,7 +447,11 @@ pub fn dispatches(
         &PassSpec::main("decode_reduce", REDUCE_SLOTS),
         reduce_source,
     );
-    let bindings = [(1, b.partials), (4, b.out), (8, b.sinks.0)];
+    let bindings = [
+        (1, b.partials.into()),
+        (4, Binding::new(b.out, l.ranges.out)),
+        (8, b.sinks.0.into()),
+    ];
     let reduce = Dispatch::new(gpu, pass, &r, &bindings, reduce_groups)?;
     chain.push(reduce);
     Ok(chain)

@@ -47,7 +47,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::gpu::pass::Slot::{Read, Uniform, Write};
-use crate::gpu::pass::{Dispatch, Pass, PassSpec, Slot};
+use crate::gpu::pass::{Binding, Dispatch, Pass, PassSpec, Slot};
 use crate::gpu::{Gpu, KernelClass};
 
 use super::mask::MaskBuffers;
@@ -144,9 +144,9 @@ pub struct FlashParams {
     /// The module's head sizes; the shader holds [`head_cap`] of each.
     pub head_dim_qk: u32,
     pub head_dim_v: u32,
-    /// 1: each head's softmax includes its sink logit (`sinks`, binding 8).
+    /// 1: each head's softmax includes its sink logit, read from `carry` at `sink_base`.
     pub sinks: u32,
-    pub _pad0: u32,
+    pub sink_base: u32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -296,8 +296,9 @@ pub fn source(s: FlashShape) -> String {
     super::mask::prelude(prelude).source(&[super::ROWS_WGSL, super::mask::WGSL, kv, WGSL])
 }
 
-/// Bindings: params, Q, K, V, output, carried state, mask words, mask params, sinks.
-const SLOTS: &[Slot] = &[
+/// Bindings: params, Q, K, V, output, carried state (and sinks), mask words, mask params:
+/// 6 storage buffers, the most any pass binds (see [`crate::gpu::PATH_NEEDS`]).
+pub(crate) const SLOTS: &[Slot] = &[
     Uniform(0),
     Read(1),
     Read(2),
@@ -306,8 +307,42 @@ const SLOTS: &[Slot] = &[
     Write(5),
     Read(6),
     Uniform(7),
-    Read(8),
 ];
+
+/// A carry buffer for the pass: room for `state` floats of carried state (or a decode pass's
+/// partials, where one buffer serves both), then — with `sinks` — one logit per query head at
+/// its very end, where the pass reads them ([`sink_base`]). The sinks ride in the carry
+/// binding so that the pass binds 6 storage buffers, not 7; nothing writes past `state`.
+pub fn carry_buffer(
+    gpu: &Gpu,
+    label: &str,
+    state: usize,
+    sinks: Option<&[f32]>,
+    extra: wgpu::BufferUsages,
+) -> wgpu::Buffer {
+    match sinks {
+        None => gpu.storage(label, 4 * state as u64, extra),
+        Some(logits) => {
+            let len = crate::gpu::buffers::padded_size(4 * (state + logits.len()) as u64) / 4;
+            let mut data = vec![0.0f32; len as usize - logits.len()];
+            data.extend_from_slice(logits);
+            gpu.upload(label, &data, extra)
+        }
+    }
+}
+
+/// Element index of the first sink logit in a [`carry_buffer`] made for `heads` query heads.
+pub fn sink_base(carry: &wgpu::Buffer, heads: usize) -> u32 {
+    (carry.size() / 4).saturating_sub(heads as u64) as u32
+}
+
+/// Bytes of a [`carry_buffer`] free for carried state (or partials): all but the sinks.
+pub fn state_bytes(carry: &wgpu::Buffer, heads: usize, sinks: bool) -> u64 {
+    match sinks {
+        true => 4 * sink_base(carry, heads) as u64,
+        false => carry.size(),
+    }
+}
 
 /// What the pass reads and writes.
 pub struct FlashBuffers<'a> {
@@ -316,13 +351,14 @@ pub struct FlashBuffers<'a> {
     /// Combined heads `[B, Lq, H·dv]`.
     pub out: &'a wgpu::Buffer,
     /// Running state between key ranges ([`Flash::carry_len`] floats; any buffer when the
-    /// problem runs as one dispatch).
+    /// problem runs as one dispatch), made by [`carry_buffer`] (with the sinks, if any).
     pub carry: &'a wgpu::Buffer,
     pub mask: &'a MaskBuffers,
     /// A KV cache's K/V chunks, read in place of `qkv.k` and `qkv.v`.
     pub chunks: Option<KvChunks<'a>>,
-    /// One sink logit per query head, and whether they are read.
-    pub sinks: (&'a wgpu::Buffer, bool),
+    /// Whether each head's softmax includes its sink logit, held at the end of `carry`
+    /// (see [`carry_buffer`]).
+    pub sinks: bool,
 }
 
 /// The fused pass of one module's head sizes on one device: its pipeline, its tile and how
@@ -412,16 +448,16 @@ impl Flash {
         let [words, mask_params] = b.mask.bindings();
         let tiles = (c.lk as u32).div_ceil(self.shape.kv_tile).max(1);
         let mut chain = Vec::new();
-        for span in kv_spans(&b.qkv, b.chunks, c.lk) {
+        for span in kv_spans(&b.qkv, b.chunks, c.lk, &c.layout.ranges) {
+            let r = &c.layout.ranges;
             let buffers = [
-                (1, b.qkv.q),
+                (1, Binding::new(b.qkv.q, r.q)),
                 (2, span.k),
                 (3, span.v),
-                (4, b.out),
-                (5, b.carry),
-                words,
-                mask_params,
-                (8, b.sinks.0),
+                (4, Binding::new(b.out, r.out)),
+                (5, b.carry.into()),
+                (words.0, words.1.into()),
+                (mask_params.0, mask_params.1.into()),
             ];
             // A chunk's keys start on a tile (the cache sizes chunks so); its key ranges
             // carry in unless they are the first of all, out unless the last.
@@ -455,7 +491,8 @@ impl Flash {
                     key_base: span.key_base as u32,
                     head_dim_qk: c.qk_head_dim as u32,
                     head_dim_v: c.v_head_dim as u32,
-                    sinks: b.sinks.1 as u32,
+                    sinks: b.sinks as u32,
+                    sink_base: sink_base(b.carry, c.heads),
                     ..Default::default()
                 };
                 chain.push(Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)?);

@@ -295,7 +295,7 @@ pub fn source(variant: LinearVariant, elems: LinearElems) -> String {
 }
 
 /// Bindings of every `linear` variant: params, X, W, bias, Y.
-const SLOTS: &[Slot] = &[Uniform(0), Read(1), Read(2), Read(3), Write(4)];
+pub(crate) const SLOTS: &[Slot] = &[Uniform(0), Read(1), Read(2), Read(3), Write(4)];
 
 /// The compiled pass, shared by everything on this device.
 fn pass(gpu: &Gpu, variant: LinearVariant, elems: LinearElems) -> Arc<Pass> {

@@ -24,6 +24,7 @@ pub mod softmax;
 pub mod source;
 pub mod standalone;
 
+use crate::gpu::pass::Binding;
 pub use crate::gpu::pass::Dispatch;
 use source::Prelude;
 
@@ -71,12 +72,12 @@ pub fn depth_ranges(depth: u32, per_dispatch: Option<u32>) -> Vec<(u32, u32)> {
 
 /// One dispatch of `pass` per range of [`depth_ranges`] on this device (split only on software
 /// rasterisers), each with the parameters `params(k_begin, k_end)`.
-pub(crate) fn depth_split<P: bytemuck::Pod>(
+pub(crate) fn depth_split<'b, P: bytemuck::Pod, B: Into<Binding<'b>> + Copy>(
     gpu: &crate::gpu::Gpu,
     pass: &std::sync::Arc<crate::gpu::pass::Pass>,
     depth: u32,
     params: impl Fn(u32, u32) -> P,
-    buffers: &[(u32, &wgpu::Buffer)],
+    buffers: &[(u32, B)],
     groups: [u32; 3],
 ) -> crate::error::Result<Vec<Dispatch>> {
     depth_ranges(depth, is_software(gpu).then_some(SOFTWARE_GEMM_DEPTH))
@@ -124,23 +125,24 @@ pub struct KvChunks<'a> {
 /// `key_end`.
 #[derive(Debug, Clone, Copy)]
 pub struct KvSpan<'a> {
-    pub k: &'a wgpu::Buffer,
-    pub v: &'a wgpu::Buffer,
+    pub k: Binding<'a>,
+    pub v: Binding<'a>,
     pub key_base: usize,
     pub key_end: usize,
 }
 
-/// The spans `lk` keys are read in: the whole of `qkv`'s K and V, or one per chunk holding
-/// any of them (at least one).
+/// The spans `lk` keys are read in: `qkv`'s K and V (the `ranges` of them), or one per chunk
+/// holding any of them (at least one).
 pub fn kv_spans<'a>(
     qkv: &QkvBuffers<'a>,
     chunks: Option<KvChunks<'a>>,
     lk: usize,
+    ranges: &BoundRanges,
 ) -> Vec<KvSpan<'a>> {
     match chunks {
         None => vec![KvSpan {
-            k: qkv.k,
-            v: qkv.v,
+            k: Binding::new(qkv.k, ranges.k),
+            v: Binding::new(qkv.v, ranges.v),
             key_base: 0,
             key_end: lk,
         }],
@@ -150,8 +152,8 @@ pub fn kv_spans<'a>(
                 .clamp(1, ch.k.len().min(ch.v.len()));
             (0..used)
                 .map(|c| KvSpan {
-                    k: &ch.k[c],
-                    v: &ch.v[c],
+                    k: Binding::from(&ch.k[c]),
+                    v: Binding::from(&ch.v[c]),
                     key_base: c * ch.keys,
                     key_end: lk.min((c + 1) * ch.keys),
                 })
@@ -273,10 +275,25 @@ pub struct CoreLayout {
     pub out: RowStrides,
     /// Query heads per key/value head (see [`QkvLayout::kv_group`]).
     pub kv_group: u32,
-    /// Whether the Q, K and V buffers hold whole vec4s (the crate's own do, see
-    /// [`crate::gpu::buffers::padded_size`]): with aligned rows, the decode pass then loads them
-    /// as vec4s, whose last one must lie inside the binding.
+    /// Whether the Q, K and V bindings hold whole vec4s (the crate's own buffers do, see
+    /// [`crate::gpu::buffers::padded_size`]; a caller's view is decided by its bound range):
+    /// with aligned rows, the decode pass then loads them as vec4s, whose last one must lie
+    /// inside the binding.
     pub whole_vec4s: bool,
+    /// The byte ranges of the Q, K, V and output buffers the passes bind (`None`: whole
+    /// buffers, the module's own); a caller's view into a larger arena binds only the aligned
+    /// range it needs, its element offsets counted from the range's start.
+    pub ranges: BoundRanges,
+}
+
+/// `(offset, size)` byte ranges bound of the Q, K, V and output buffers (see
+/// [`CoreLayout::ranges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BoundRanges {
+    pub q: Option<(u64, u64)>,
+    pub k: Option<(u64, u64)>,
+    pub v: Option<(u64, u64)>,
+    pub out: Option<(u64, u64)>,
 }
 
 /// One attention-core problem: its sizes, its score scale and where Q, K, V and the output lie.
@@ -303,6 +320,7 @@ impl CoreProblem {
                 out: RowStrides::sequence_major(0, dims.heads, dims.lq, dims.v_head_dim),
                 kv_group: qkv.kv_group,
                 whole_vec4s: true,
+                ranges: BoundRanges::default(),
             },
         }
     }

@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::gpu::pass::Slot::{Read, Uniform, Write};
-use crate::gpu::pass::{Dispatch, PassSpec, Slot};
+use crate::gpu::pass::{Binding, Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
 use super::mask::MaskBuffers;
@@ -66,7 +66,7 @@ pub fn source() -> String {
 }
 
 /// Bindings: params, Q, K, scores, mask words, mask params.
-const SLOTS: &[Slot] = &[Uniform(0), Read(1), Read(2), Write(4), Read(6), Uniform(7)];
+pub(crate) const SLOTS: &[Slot] = &[Uniform(0), Read(1), Read(2), Write(4), Read(6), Uniform(7)];
 
 /// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head); one dispatch per range of the
 /// head dimension (see [`super::depth_split`]), the last one scaling and masking.
@@ -84,6 +84,13 @@ pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Vec<Di
         k_end,
         ..p
     };
-    let buffers = [(1, b.qkv.q), (2, b.qkv.k), (4, b.scores), words, params];
+    let r = &c.layout.ranges;
+    let buffers = [
+        (1, Binding::new(b.qkv.q, r.q)),
+        (2, Binding::new(b.qkv.k, r.k)),
+        (4, b.scores.into()),
+        (words.0, words.1.into()),
+        (params.0, params.1.into()),
+    ];
     super::depth_split(gpu, &pass, p.head_dim, at, &buffers, groups)
 }

@@ -451,7 +451,7 @@ impl Job {
                         carry: &carry,
                         mask: &mask_buffers,
                         chunks: None,
-                        sinks: (&no_sinks, false),
+                        sinks: false,
                     };
                     let flash = flash
                         .as_ref()

@@ -10,7 +10,8 @@ use crate::gpu::Gpu;
 use crate::kernels::flash_attention::{self, Flash, FlashBuffers};
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
 use crate::kernels::{
-    av_combine, decode, head_cap, scores, softmax, CoreDims, CoreLayout, CoreProblem, QkvBuffers,
+    av_combine, decode, head_cap, scores, softmax, BoundRanges, CoreDims, CoreLayout, CoreProblem,
+    QkvBuffers,
 };
 use crate::model::mask::AttnDims;
 
@@ -110,8 +111,9 @@ impl<'a> Problem<'a> {
                 )));
             }
         }
+        let mut views = Vec::with_capacity(4);
         for (name, t) in [("q", q), ("k", k), ("v", v), ("out", out)] {
-            t.check(gpu, name)?;
+            views.push(t.check(gpu, name)?);
         }
 
         let dims = AttnDims {
@@ -172,12 +174,18 @@ impl<'a> Problem<'a> {
             },
             scale,
             layout: CoreLayout {
-                q: q.strides(),
-                k: k.strides(),
-                v: v.strides(),
-                out: out.strides(),
+                q: views[0].strides,
+                k: views[1].strides,
+                v: views[2].strides,
+                out: views[3].strides,
                 kv_group: kv_group as u32,
-                whole_vec4s: [q, k, v].iter().all(|t| t.whole_vec4s()),
+                whole_vec4s: views[..3].iter().all(|v| v.whole_vec4s),
+                ranges: BoundRanges {
+                    q: Some(views[0].range),
+                    k: Some(views[1].range),
+                    v: Some(views[2].range),
+                    out: Some(views[3].range),
+                },
             },
         };
         Ok(Problem {
@@ -192,8 +200,11 @@ impl<'a> Problem<'a> {
         })
     }
 
-    /// Records the passes into `encoder` (inside the caller's error scope).
-    pub fn record(&self, gpu: &Gpu, encoder: &mut wgpu::CommandEncoder) -> Result<SdpaOutput> {
+    /// Makes everything the call records — its own buffers, pipelines and bind groups (which
+    /// is where wgpu checks the caller's buffers: device, liveness, usage, ranges) — and
+    /// records nothing. The caller runs this inside an error scope and pops it before the
+    /// first command goes into an encoder, so that an `Err` leaves the encoder as it was.
+    pub fn prepare(&self, gpu: &Gpu) -> Result<Prepared> {
         let c = &self.core;
         let probs = match self.route {
             Route::MultiPass => Some(GpuTensor::zeros(gpu, &[c.batch, c.heads, c.lq, c.lk])?),
@@ -203,16 +214,15 @@ impl<'a> Problem<'a> {
             Route::MultiPass => AttentionPath::MultiPass,
             _ => AttentionPath::Fused,
         };
+        let output = SdpaOutput { path, probs };
         if self.route == Route::Empty {
-            return Ok(SdpaOutput { path, probs });
+            return Ok(Prepared {
+                chain: Vec::new(),
+                output,
+            });
         }
         // This call's own mask, sinks and scratch: nothing another recorded call writes.
         let mask = MaskBuffers::with_contents(gpu, &self.mask.words, &self.mask.params);
-        let sinks = match &self.sinks {
-            Some(logits) => gpu.upload("sdpa sinks", logits, wgpu::BufferUsages::empty()),
-            None => softmax::no_sinks(gpu),
-        };
-        let sinks = (&sinks, self.sinks.is_some());
         let qkv = QkvBuffers {
             q: self.q.buffer,
             k: self.k.buffer,
@@ -220,6 +230,10 @@ impl<'a> Problem<'a> {
         };
         let f16 = self.q.elem == Elem::F16;
         let none = wgpu::BufferUsages::empty();
+        let sinks_buffer = || match &self.sinks {
+            Some(logits) => gpu.upload("sdpa sinks", logits, none),
+            None => softmax::no_sinks(gpu),
+        };
         let chain: Vec<Dispatch> = match self.route {
             Route::Decode => {
                 let partials = gpu.storage(
@@ -227,33 +241,42 @@ impl<'a> Problem<'a> {
                     4 * decode::partials_len(gpu, c) as u64,
                     none,
                 );
+                let sinks = sinks_buffer();
                 let buffers = decode::DecodeBuffers {
                     qkv,
                     partials: &partials,
                     out: self.out.buffer,
                     mask: &mask,
                     chunks: None,
-                    sinks,
+                    sinks: (&sinks, self.sinks.is_some()),
                 };
                 decode::dispatches(gpu, c, f16, &buffers)?
             }
             Route::Flash => {
                 let flash = Flash::new(gpu, c.qk_head_dim, c.v_head_dim, f16)
                     .ok_or_else(|| no_fused_kernel(gpu, c.qk_head_dim, c.v_head_dim))?;
-                let carry = gpu.storage("sdpa carry", 4 * flash.carry_len(c) as u64, none);
+                // The sinks ride at the end of the carry buffer (the pass binds 6 buffers).
+                let carry = flash_attention::carry_buffer(
+                    gpu,
+                    "sdpa carry",
+                    flash.carry_len(c),
+                    self.sinks.as_deref(),
+                    none,
+                );
                 let buffers = FlashBuffers {
                     qkv,
                     out: self.out.buffer,
                     carry: &carry,
                     mask: &mask,
                     chunks: None,
-                    sinks,
+                    sinks: self.sinks.is_some(),
                 };
                 gpu.check_workgroups("flash attention", [1, c.batch_heads(), 1])?;
                 flash.dispatches(gpu, c, &buffers)?
             }
             Route::MultiPass => {
-                let scores_buf = probs
+                let scores_buf = output
+                    .probs
                     .as_ref()
                     .map(GpuTensor::buffer)
                     .ok_or_else(|| misuse("the multi-pass core lost its scores buffer".into()))?;
@@ -266,9 +289,10 @@ impl<'a> Problem<'a> {
                         mask: &mask,
                     },
                 )?;
+                let sinks_buf = sinks_buffer();
                 let sinks = softmax::Sinks {
-                    logits: sinks.0,
-                    on: sinks.1,
+                    logits: &sinks_buf,
+                    on: self.sinks.is_some(),
                     heads: c.heads,
                     lq: c.lq,
                 };
@@ -284,10 +308,24 @@ impl<'a> Problem<'a> {
             }
             Route::Empty => Vec::new(),
         };
-        for d in &chain {
+        Ok(Prepared { chain, output })
+    }
+}
+
+/// A call whose every object exists and passed wgpu's checks: recording it cannot fail.
+pub(super) struct Prepared {
+    chain: Vec<Dispatch>,
+    output: SdpaOutput,
+}
+
+impl Prepared {
+    /// Records the passes into `encoder` (a recorded command holds its own references to the
+    /// buffers and bind groups it uses: see `crate::gpu::record`).
+    pub fn record(self, encoder: &mut wgpu::CommandEncoder) -> SdpaOutput {
+        for d in &self.chain {
             d.record(encoder, None);
         }
-        Ok(SdpaOutput { path, probs })
+        self.output
     }
 }
 

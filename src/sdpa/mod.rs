@@ -86,17 +86,23 @@ pub fn scaled_dot_product_attention(
     options: &SdpaOptions,
 ) -> Result<SdpaOutput> {
     let problem = chain::Problem::check(gpu, [q, k, v, out], options)?;
-    gpu.scoped("scaled_dot_product_attention", || -> Result<SdpaOutput> {
+    let prepared = gpu.scoped("scaled_dot_product_attention", || problem.prepare(gpu))??;
+    gpu.scoped("scaled_dot_product_attention", || {
         let mut encoder = gpu.encoder("scaled_dot_product_attention");
-        let output = problem.record(gpu, &mut encoder)?;
+        let output = prepared.record(&mut encoder);
         gpu.queue().submit([encoder.finish()]);
-        Ok(output)
-    })?
+        output
+    })
 }
 
 /// [`scaled_dot_product_attention`] recorded into `encoder`, which the caller finishes and
 /// submits (with its own passes before and after). Nothing runs until then; calls recorded
 /// into one encoder run in the order recorded, and equal the same calls submitted one by one.
+///
+/// An `Err` leaves `encoder` exactly as it was: every buffer, pipeline and bind group of the
+/// call is made inside an error scope that is popped and checked before the first command is
+/// recorded (a bind group is where wgpu rejects a buffer of another device, a destroyed one, or
+/// a bad range), and recording those commands then cannot fail.
 pub fn record_scaled_dot_product_attention(
     gpu: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
@@ -107,9 +113,10 @@ pub fn record_scaled_dot_product_attention(
     options: &SdpaOptions,
 ) -> Result<SdpaOutput> {
     let problem = chain::Problem::check(gpu, [q, k, v, out], options)?;
-    gpu.scoped("recording scaled_dot_product_attention", || {
-        problem.record(gpu, encoder)
-    })?
+    let prepared = gpu.scoped("recording scaled_dot_product_attention", || {
+        problem.prepare(gpu)
+    })??;
+    Ok(prepared.record(encoder))
 }
 
 fn misuse(what: String) -> Error {

@@ -86,15 +86,16 @@ impl<'a> DeviceTensor<'a> {
         }
     }
 
-    /// Element strides in the kernels' terms (checked to fit u32 by [`check`](Self::check)).
-    pub(crate) fn strides(&self) -> RowStrides {
+    /// Element strides in the kernels' terms, element offsets counted from element `base`
+    /// (the start of the bound range; checked to fit u32 by [`check`](Self::check)).
+    fn strides(&self, base: u64) -> RowStrides {
         let [_, h, _, d] = self.shape;
         let s = match self.layout {
             Layout::Bhld => [h * self.capacity * d, self.capacity * d, d],
             Layout::Blhd => [self.capacity * h * d, d, h * d],
         };
         RowStrides {
-            offset: self.offset as u32,
+            offset: (self.offset as u64 - base) as u32,
             batch: s[0] as u32,
             head: s[1] as u32,
             row: s[2] as u32,
@@ -121,12 +122,23 @@ impl<'a> DeviceTensor<'a> {
     }
 
     /// `Err` naming `name` when the tensor does not fit its buffer, the kernels' u32 indices,
-    /// one storage binding, or lacks `STORAGE` usage.
-    pub(crate) fn check(&self, gpu: &Gpu, name: &str) -> Result<()> {
+    /// or one storage binding, or lacks `STORAGE` usage; else what the passes bind of it.
+    ///
+    /// Views into arenas: the passes bind only the range the view spans, its start rounded
+    /// down to `min_storage_buffer_offset_alignment` (element offsets are rebased onto it), so
+    /// a view of any buffer runs when that range fits one binding.
+    pub(crate) fn check(&self, gpu: &Gpu, name: &str) -> Result<View> {
         if !self.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
             return Err(misuse(format!(
                 "{name}: its buffer has usage {:?}, without STORAGE (the passes bind it as a storage buffer)",
                 self.buffer.usage()
+            )));
+        }
+        let eb = self.elem.bytes();
+        if self.elem == Elem::F16 && !self.buffer.size().is_multiple_of(4) {
+            return Err(misuse(format!(
+                "{name}: an f16 tensor in a buffer of {} bytes, not a multiple of 4 (a storage binding's size must be; make the buffer a few bytes larger)",
+                self.buffer.size()
             )));
         }
         if self.capacity < self.shape[2] {
@@ -138,7 +150,7 @@ impl<'a> DeviceTensor<'a> {
         let end = self
             .end()
             .ok_or_else(|| misuse(format!("{name}: shape {:?} overflows", self.shape)))?;
-        let bytes = end.saturating_mul(self.elem.bytes());
+        let bytes = end.saturating_mul(eb);
         if bytes > self.buffer.size() {
             return Err(misuse(format!(
                 "{name}: shape {:?} ({:?}, offset {}, capacity {}) reaches byte {bytes}, past its buffer's {} bytes",
@@ -149,23 +161,41 @@ impl<'a> DeviceTensor<'a> {
                 self.buffer.size()
             )));
         }
-        if end > u32::MAX as u64 {
+        // The bound range: from the view's first byte rounded down to the offset alignment, to
+        // its last vec4 where the buffer has it (the vec4 decode loads), else its last word.
+        let align = (gpu.limits().min_storage_buffer_offset_alignment as u64).max(4);
+        let start = (self.offset as u64 * eb) / align * align;
+        let base = start / eb;
+        let rel_end = end - base;
+        let vec4_end = start + rel_end.next_multiple_of(4) * eb;
+        let word_end = bytes.next_multiple_of(4).min(self.buffer.size());
+        // Whole words: a storage binding's size is a multiple of 4 (an f32 buffer may not be).
+        let stop = (vec4_end.min(self.buffer.size()) / 4 * 4).max(word_end);
+        let size = (stop - start).max(4).min(self.buffer.size() - start);
+        if rel_end > u32::MAX as u64 {
             return Err(Error::TooLarge {
-                what: format!("{name} (element indices past u32)"),
-                needed: bytes,
-                limit: u32::MAX as u64 * self.elem.bytes(),
+                what: format!("{name} (element indices from its bound range's start past u32)"),
+                needed: rel_end * eb,
+                limit: u32::MAX as u64 * eb,
             });
         }
-        // The passes bind whole buffers.
         gpu.check_fits(
-            &format!("{name}'s buffer (bound whole)"),
-            self.buffer.size(),
-        )
+            &format!("{name} (the aligned range of its buffer its view spans)"),
+            size,
+        )?;
+        Ok(View {
+            strides: self.strides(base),
+            range: (start, size),
+            whole_vec4s: vec4_end <= start + size,
+        })
     }
+}
 
-    /// Whether the buffer holds whole vec4s of this element type (see
-    /// [`crate::kernels::CoreLayout::whole_vec4s`]).
-    pub(crate) fn whole_vec4s(&self) -> bool {
-        self.buffer.size().is_multiple_of(4 * self.elem.bytes())
-    }
+/// What the passes bind of a checked [`DeviceTensor`]: its strides from the start of the bound
+/// byte range, the range, and whether the range holds the view's rows as whole vec4s.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View {
+    pub strides: RowStrides,
+    pub range: (u64, u64),
+    pub whole_vec4s: bool,
 }

@@ -1,6 +1,7 @@
 //! Shared test helpers: one GPU per test binary, and the comparisons every test uses.
 #![allow(dead_code)]
 
+pub mod engine;
 pub mod hf_dirs;
 
 use std::sync::OnceLock;

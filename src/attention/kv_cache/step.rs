@@ -16,7 +16,7 @@ use crate::attention::MultiHeadAttention;
 use crate::error::{Error, Result};
 use crate::gpu::pass::Dispatch;
 use crate::kernels::decode::partials_for;
-use crate::kernels::flash_attention::carry_stride;
+use crate::kernels::flash_attention::{carry_stride, state_bytes};
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
 use crate::kernels::{KvChunks, QkvBuffers};
 use crate::model::mask::{AttnDims, Mask};
@@ -180,6 +180,15 @@ impl MultiHeadAttention {
         let Some(plan) = self.plan_step(cache, x_new, options)? else {
             return GpuTensor::zeros(&self.gpu, &[b, 0, out_dim]);
         };
+        // The caller's tensors, tried before anything goes into its encoder (see
+        // `crate::gpu::record`).
+        let mut sources = vec![("step input", x_new.buffer())];
+        sources.extend(
+            options
+                .x_k_v
+                .map(|kv| ("step key/value input", kv.buffer())),
+        );
+        self.gpu.check_copy_sources(&sources)?;
         let output = GpuTensor::zeros(&self.gpu, &[b, plan.n, out_dim])?;
         self.gpu.scoped("forward_step", || {
             self.record_step(encoder, cache, &plan, x_new, options.x_k_v);
@@ -354,14 +363,15 @@ impl MultiHeadAttention {
             }
             _ => 0,
         };
-        if 4 * state as u64 > cache.step.carry.size() {
+        let room = state_bytes(&cache.step.carry, c.heads, c.sinks);
+        if 4 * state as u64 > room {
             return Err(Error::TooLarge {
                 what: format!(
                     "the fused-pass state of a KV cache step of {n} tokens over {lk} keys (step \
                      in fewer tokens)"
                 ),
                 needed: 4 * state as u64,
-                limit: cache.step.carry.size(),
+                limit: room,
             });
         }
         Ok(())
