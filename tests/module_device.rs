@@ -240,6 +240,12 @@ fn every_bad_argument_is_named_and_the_encoder_still_runs() {
     let options = ForwardOptions::default();
     let slab = DeviceTensor::new(&storage_only, [b, 1, l, e], Layout::Bhld).with_capacity(l + 1);
     let overlapping = DeviceTensor::new(&arena, [b, 1, l, e], Layout::Bhld).at_offset(n + 8);
+    // A slab input (copied, not bound) in a destroyed buffer: wgpu would reject the copy only
+    // when the caller's encoder is submitted.
+    let destroyed = buffer(&vec![0.5; 2 * n], ALL);
+    destroyed.destroy();
+    let destroyed_slab =
+        DeviceTensor::new(&destroyed, [b, 1, l, e], Layout::Bhld).with_capacity(l + 1);
     // (case, [query, key, value, out], the argument named, what the message says)
     let cases: Vec<(&str, [DeviceTensor; 4], &str, &str)> = vec![
         ("f16 query", [x.f16(), x, x, out], "query", "f32"),
@@ -304,6 +310,12 @@ fn every_bad_argument_is_named_and_the_encoder_still_runs() {
             [x, x, slab, out],
             "value",
             "COPY_SRC",
+        ),
+        (
+            "a destroyed slab input",
+            [x, destroyed_slab, destroyed_slab, out],
+            "key",
+            "destroyed",
         ),
     ];
     let device = gpu().device();

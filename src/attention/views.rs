@@ -177,6 +177,16 @@ impl MultiHeadAttention {
         if plan.is_empty() {
             return self.record_empty(encoder, &out, &plan);
         }
+        // A copied input is read by a copy, not a bind group: wgpu would reject a destroyed or
+        // foreign buffer only when the caller's encoder is finished or submitted, so it is tried
+        // first, apart from the caller's encoder.
+        let copied: Vec<(&str, &wgpu::Buffer)> = ["query", "key", "value"]
+            .into_iter()
+            .zip(&inputs)
+            .filter(|(_, input)| !input.dense())
+            .map(|(name, input)| (name, input.view.buffer))
+            .collect();
+        self.gpu.check_copy_sources(&copied)?;
         self.check_limits(plan.whole, plan.mask.window_len(d.batch, d.lq))?;
         let probs = match options.return_probs {
             true => Some(GpuTensor::zeros(
