@@ -1,9 +1,9 @@
 //! Problems past a device limit are split (over batches, then query blocks) or routed to the
 //! fused path, and give the reference's answer; only a problem that cannot fit at all is an
 //! `Err(TooLarge)` saying how much it needed and what the limit is. Shapes are chosen to cross
-//! lavapipe's limits (128 MiB storage bindings, 65,535 workgroups per dimension); on an adapter
-//! that binds more (a real GPU binds 2 GiB or more) the device is made with lavapipe's binding
-//! limit, so the same shapes cross it everywhere.
+//! a 16 MiB storage binding (the device is made with its binding capped there: lavapipe binds
+//! 128 MiB, a real GPU 2 GiB or more, so the same shapes cross it everywhere, at an eighth of
+//! the work lavapipe's own limit would take) and 65,535 workgroups per dimension.
 
 mod common;
 
@@ -17,7 +17,7 @@ use wgpu_mha::{
 
 fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| common::gpu_with_binding_cap(common::LAVAPIPE_BINDING))
+    GPU.get_or_init(|| common::gpu_with_binding_cap(common::SMALL_BINDING))
 }
 
 fn limit_bytes() -> u64 {
@@ -33,8 +33,8 @@ fn module(config: AttentionConfig, seed: u64) -> (AttentionWeights, MultiHeadAtt
 
 #[test]
 fn probabilities_larger_than_a_binding_are_computed_in_query_blocks() {
-    // [1, 8, 2100, 2100] f32 scores = 141 MB > 128 MiB: the multi-pass path splits queries.
-    let (b, h, l) = (1, 8, 2100);
+    // [1, 8, 750, 750] f32 scores = 18 MB > 16 MiB: the multi-pass path splits queries.
+    let (b, h, l) = (1, 8, 750);
     assert!(
         (4 * b * h * l * l) as u64 > limit_bytes(),
         "shape must cross the binding limit"
@@ -80,7 +80,7 @@ fn more_batch_heads_than_workgroups_per_dimension_are_split_over_batches() {
 
 #[test]
 fn auto_routes_scores_past_the_limit_to_the_fused_path() {
-    let (b, h, l) = (1, 8, 2100);
+    let (b, h, l) = (1, 8, 750);
     let (_, mha) = module(AttentionConfig::classic(16, h).unwrap(), 6);
     let x = Tensor::random([b, l, 16], 7);
     let got = mha
@@ -95,8 +95,8 @@ fn auto_routes_scores_past_the_limit_to_the_fused_path() {
 
 #[test]
 fn keys_and_values_past_one_binding_together_get_a_buffer_each() {
-    // K and V of 263,168 keys × 64 floats are 64.25 MiB each: packed with Q they exceed
-    // lavapipe's 128 MiB binding, alone they fit; and keys cannot be split into chunks.
+    // K and V of 33,792 keys × 64 floats are 8.25 MiB each: packed with Q they exceed the
+    // 16 MiB binding, alone they fit; and keys cannot be split into chunks.
     // (Capped so that a device with larger bindings still runs a test of reasonable size.)
     let lk = (limit_bytes() as usize / (2 * 4 * 64) + 1024).min(300_000);
     let config = AttentionConfig::classic(64, 1).unwrap();
@@ -124,10 +124,10 @@ fn keys_and_values_past_one_binding_together_get_a_buffer_each() {
 
 #[test]
 fn a_problem_that_cannot_fit_is_an_error_with_the_figures() {
-    // One batch of keys alone is 4.2M × 8 floats = 134 MB > 128 MiB: nothing to split.
+    // One batch of keys alone is 600,000 × 8 floats = 19.2 MB > 16 MiB: nothing to split.
     let (_, mha) = module(AttentionConfig::classic(8, 1).unwrap(), 8);
     let q = Tensor::random([1, 1, 8], 9);
-    let kv = Tensor::zeros([1, 4_200_000, 8]);
+    let kv = Tensor::zeros([1, 600_000, 8]);
     let err = mha
         .forward(&q, &kv, &kv, &Mask::None)
         .expect_err("cannot fit");
@@ -143,8 +143,8 @@ fn a_problem_that_cannot_fit_is_an_error_with_the_figures() {
 
 #[test]
 fn weights_larger_than_a_binding_are_refused_at_construction() {
-    // W_q, W_k, W_v of 4,160² floats each: 208 MB packed > 128 MiB.
-    let config = AttentionConfig::per_head(4160, 4160, 1, 1).unwrap();
+    // W_q and W_k of 1,500² floats each: 18 MB packed > 16 MiB.
+    let config = AttentionConfig::per_head(1500, 1500, 1, 1).unwrap();
     let weights = AttentionWeights::random(&config, 10);
     let err = MultiHeadAttention::new(gpu(), config, &weights)
         .err()

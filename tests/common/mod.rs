@@ -21,8 +21,10 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
-/// Lavapipe's storage-binding limit, 128 MiB: the size the limit tests' shapes are made to cross.
-pub const LAVAPIPE_BINDING: u64 = 128 << 20;
+/// The storage-binding size the tests of what happens past the limit make their device with
+/// ([`gpu_with_binding_cap`]), and size their shapes to cross: small, so that crossing it is
+/// cheap on a software adapter (lavapipe itself binds 128 MiB).
+pub const SMALL_BINDING: u64 = 16 << 20;
 
 /// A GPU like [`gpu`] whose storage bindings are capped at `binding` bytes, so that
 /// tests of what happens past the limit cross it with the same shapes on every adapter — a real
@@ -37,8 +39,12 @@ pub fn gpu_with_binding_cap(binding: u64) -> Gpu {
     .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
     let mut limits = adapter.limits();
     limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(binding);
+    // The features `Gpu::new` asks for, the pipeline cache included (CI's later passes reuse it).
     let features = adapter.features()
-        & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY);
+        & (wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::PIPELINE_CACHE);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("capped test device"),
         required_features: features,
