@@ -288,13 +288,17 @@ fn reference_rows(
 
 /// Runs a causal self-attention of `batch` sequences of `l` tokens with `Auto` options, checks
 /// it took the fused path (its scores exceed the tests' 16 MiB binding) and matches sampled rows.
+/// A device capped at a 16 MiB binding, so the scores of the long tests cross it on every adapter.
+fn capped_gpu() -> &'static wgpu_mha::Gpu {
+    static CAPPED: std::sync::OnceLock<wgpu_mha::Gpu> = std::sync::OnceLock::new();
+    CAPPED.get_or_init(|| common::gpu_with_binding_cap(common::SMALL_BINDING))
+}
+
 fn check_fused_long(batch: usize, l: usize) {
     let (d, h) = (512, 8);
     let c = AttentionConfig::classic(d, h).expect("config");
     let weights = AttentionWeights::random(&c, 3);
-    // Capped at a 16 MiB binding, so the scores cross it on every adapter.
-    static CAPPED: std::sync::OnceLock<wgpu_mha::Gpu> = std::sync::OnceLock::new();
-    let capped = CAPPED.get_or_init(|| common::gpu_with_binding_cap(common::SMALL_BINDING));
+    let capped = capped_gpu();
     let mha = MultiHeadAttention::new(capped, c, &weights).expect("module");
     let x = Tensor::random([batch, l, d], 4);
     assert!(4 * (batch * h * l * l) as u64 > capped.limits().max_storage_buffer_binding_size);
@@ -326,12 +330,24 @@ fn scores_larger_than_a_binding_run_fused() {
     check_fused_long(3, 512);
 }
 
-/// B1 H8 Lq = Lk = 4096, d_model 512 (scores 512 MiB > 16 MiB): fused, never allocating
-/// `[B, H, Lq, Lk]`. On lavapipe this also crosses llvmpipe's cap of 65,535 loop iterations per
-/// shader invocation, so it checks that the key range is split over several dispatches.
+/// B1 H8 d_model 512 (head 64), Lq = Lk just past one dispatch's keys (at least 1,024; scores
+/// > 16 MiB): fused, never allocating `[B, H, Lq, Lk]`, with the key range split over two
+/// dispatches and the state carried between them. On a CPU adapter a dispatch's keys are what
+/// keeps an invocation under llvmpipe's cap of 65,535 loop iterations (1,400–2,700 keys by
+/// shape), so the length follows the device's own split rather than a fixed 4,096 (which cost
+/// GL CI minutes without testing more).
 #[test]
 fn long_sequence_runs_fused_and_matches_sampled_rows() {
-    check_fused_long(1, 4096);
+    let flash = wgpu_mha::kernels::flash_attention::Flash::new(capped_gpu(), 64, 64, false)
+        .expect("a d64 flash tile fits every adapter");
+    let l = (flash.keys_per_dispatch() + 1)
+        .next_multiple_of(64)
+        .max(1024);
+    assert!(
+        flash.key_ranges(l).len() >= 2,
+        "L {l} must take two dispatches"
+    );
+    check_fused_long(1, l);
 }
 
 /// Long key ranges with the per-head seed's head sizes (q/k 256, v 512: the most work per key)
