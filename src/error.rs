@@ -89,6 +89,21 @@ pub enum Error {
         capacity: usize,
     },
 
+    /// A page table or query index of a paged batch is wrong (see `serve::PageTable::check`).
+    #[error("invalid page table: {0}")]
+    PageTable(String),
+
+    /// A page pool has too few free pages for what was asked; nothing was allocated or written.
+    #[error(
+        "page pool exhausted: {asked} pages asked, {free} free of the pool's {max_pages}; free \
+         finished sequences or make a larger pool"
+    )]
+    PagesExhausted {
+        asked: usize,
+        free: usize,
+        max_pages: usize,
+    },
+
     /// wgpu reported a validation or out-of-memory error; nothing was returned.
     #[error("GPU error during {stage}: {message}")]
     Gpu { stage: String, message: String },

@@ -39,6 +39,7 @@ pub mod kernels;
 pub mod model;
 pub mod reference;
 pub mod sdpa;
+pub mod serve;
 
 pub use attention::gpu_tensor::{GpuTensor, ReadFuture};
 pub use attention::kv_cache::{KvCache, KvCacheBytes, KvView, StepOptions};

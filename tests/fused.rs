@@ -330,12 +330,12 @@ fn scores_larger_than_a_binding_run_fused() {
     check_fused_long(3, 512);
 }
 
-/// B1 H8 d_model 512 (head 64), Lq = Lk just past one dispatch's keys (at least 1,024; scores
-/// > 16 MiB): fused, never allocating `[B, H, Lq, Lk]`, with the key range split over two
-/// dispatches and the state carried between them. On a CPU adapter a dispatch's keys are what
-/// keeps an invocation under llvmpipe's cap of 65,535 loop iterations (1,400–2,700 keys by
-/// shape), so the length follows the device's own split rather than a fixed 4,096 (which cost
-/// GL CI minutes without testing more).
+/// B1 H8 d_model 512 (head 64), Lq = Lk just past one dispatch's keys (at least 1,024, so the
+/// scores pass 16 MiB): fused, never allocating `[B, H, Lq, Lk]`, with the key range split over
+/// two dispatches and the state carried between them. On a CPU adapter a dispatch's keys are
+/// what keeps an invocation under llvmpipe's cap of 65,535 loop iterations (1,400–2,700 keys
+/// by shape), so the length follows the device's own split rather than a fixed 4,096 (which
+/// cost GL CI minutes without testing more).
 #[test]
 fn long_sequence_runs_fused_and_matches_sampled_rows() {
     let flash = wgpu_mha::kernels::flash_attention::Flash::new(capped_gpu(), 64, 64, false)

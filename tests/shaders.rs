@@ -13,6 +13,9 @@ use wgpu_mha::kernels::kv_append::{self, AppendParams};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
 use wgpu_mha::kernels::mla_rows::{self, RowParams};
+use wgpu_mha::kernels::paged_append::{self, PagedAppendParams};
+use wgpu_mha::kernels::paged_attention::{self, PagedParams, PagedShape};
+use wgpu_mha::kernels::paged_merge::{self, MergeParams};
 use wgpu_mha::kernels::qk_norm::{self, NormParams};
 use wgpu_mha::kernels::read_probe::{self, ProbeParams};
 use wgpu_mha::kernels::{av_combine, naive, rope, scores, softmax, GEMM_TILE};
@@ -60,6 +63,10 @@ fn all_sources() -> Vec<(String, String)> {
         ("qk_norm f16".to_string(), qk_norm::source(true)),
         ("kv_append".to_string(), kv_append::source(false)),
         ("kv_append f16".to_string(), kv_append::source(true)),
+        ("paged_append".to_string(), paged_append::source(false)),
+        ("paged_append f16".to_string(), paged_append::source(true)),
+        ("paged_merge d4 1".to_string(), paged_merge::source(1)),
+        ("paged_merge d4 32".to_string(), paged_merge::source(32)),
         ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
         (
             "attention_naive".to_string(),
@@ -95,6 +102,21 @@ fn all_sources() -> Vec<(String, String)> {
                     };
                     all.push((format!("flash {s:?}"), flash_attention::source(s)));
                 }
+            }
+        }
+    }
+    // Paged attention: both adapter classes' shapes, tiles shrunk for wide heads, f16 pools.
+    for (threads, slots, key_tile) in [(8, 8, 16), (64, 16, 32), (64, 4, 4), (8, 1, 4)] {
+        for d4 in [1, 3, 16, 32, 64] {
+            for f16 in [false, true] {
+                let s = PagedShape {
+                    threads,
+                    slots,
+                    key_tile,
+                    d4,
+                    f16,
+                };
+                all.push((format!("paged {s:?}"), paged_attention::source(s)));
             }
         }
     }
@@ -460,6 +482,59 @@ fn uniform_structs_match_their_wgsl_layout() {
             ),
         ),
         (
+            paged_attention::source(PagedShape {
+                threads: 8,
+                slots: 8,
+                key_tile: 16,
+                d4: 16,
+                f16: false,
+            }),
+            host_layout!(
+                PagedParams,
+                [
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    page_size,
+                    hnd,
+                    causal,
+                    window_left,
+                    flags,
+                    scale,
+                    softcap,
+                    groups_x,
+                    items,
+                    seqs_at,
+                    indices_at,
+                    heads_at,
+                    partial_rows
+                ]
+            ),
+        ),
+        (
+            paged_merge::source(16),
+            host_layout!(
+                MergeParams,
+                [
+                    total_q,
+                    heads,
+                    head_dim,
+                    rows_at,
+                    partial_rows,
+                    write_lse,
+                    groups_x,
+                    _pad
+                ]
+            ),
+        ),
+        (
+            paged_append::source(false),
+            host_layout!(
+                PagedAppendParams,
+                [tokens, kv_heads, head_dim, page_size, hnd, groups_x, _pad0, _pad1]
+            ),
+        ),
+        (
             kv_append::source(false),
             host_layout!(
                 AppendParams,
@@ -634,4 +709,31 @@ fn a_broken_shader_is_rejected() {
         "@compute @workgroup_size(1) fn main() { let x = undefined_thing; }"
     )
     .is_err());
+}
+
+/// The paged pass's work-list strides and sentinels are the host's, and the workgroup memory
+/// the host budgets is what the shader declares.
+#[test]
+fn paged_attention_constants_match_the_host() {
+    use wgpu_mha::kernels::paged_attention::{DIRECT, ITEM_WORDS, NO_WINDOW, SEQ_WORDS};
+    let shape = PagedShape {
+        threads: 64,
+        slots: 16,
+        key_tile: 32,
+        d4: 32,
+        f16: false,
+    };
+    let m = validate("paged", &paged_attention::source(shape)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(constant(&m, "ITEM_WORDS"), ITEM_WORDS as f64);
+    assert_eq!(constant(&m, "SEQ_WORDS"), SEQ_WORDS as f64);
+    assert_eq!(constant(&m, "NO_WINDOW"), NO_WINDOW as f64);
+    assert_eq!(constant(&m, "DIRECT"), DIRECT as f64);
+    assert_eq!(constant(&m, "ACC"), shape.acc() as f64);
+    let declared: usize = m
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, v)| m.types[v.ty].inner.size(m.to_ctx()) as usize)
+        .sum();
+    assert_eq!(declared, shape.workgroup_bytes() as usize);
 }

@@ -216,6 +216,15 @@ impl Pass {
     }
 }
 
+impl Pass {
+    /// Sets this pass's pipeline and `bind` on a compute pass being recorded (for callers that
+    /// keep their bind groups, such as a serving plan's).
+    pub(crate) fn set_on(&self, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, bind, &[]);
+    }
+}
+
 /// One dispatch of a pass, ready to record: its uniform parameters, bind group and
 /// workgroup counts. Kernel modules make these from a problem description; the modules that
 /// chain passes only record them.

@@ -1,0 +1,270 @@
+// paged_attention: attention of ragged query rows over keys and values held in the pages of a
+// pool, one workgroup per work item of a plan (src/serve/plan.rs). An item is one sequence's
+// block of query rows × a block of the query heads of one KV head × one chunk of its keys; it
+// keeps an online softmax per (row, head) slot and writes either the final row (out, lse) or,
+// when the keys were split into chunks, a partial state that `paged_merge` combines.
+//
+// Per tile of KEY_TILE keys: the threads stage K and V from their pages into workgroup memory,
+// score every (slot, key) pair, update each slot's running max and sum, and add P·V into
+// accumulators each thread keeps for its slot's share of the value columns.
+// Dispatch: one workgroup per item, over x then y (groups_x per row).
+// The host's prelude defines THREADS, SLOTS, KEY_TILE, DK4, DV4, ACC (vec4 accumulators per
+// thread: ceil(DV4 / (THREADS / SLOTS))) and the pool's element type KvElem.
+
+struct PagedParams {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    page_size: u32,
+    hnd: u32,             // 1: pages are [2, H_kv, page_size, D]; 0: [2, page_size, H_kv, D]
+    causal: u32,
+    window_left: u32,     // keys pos − window_left ..= pos; 0xffffffff: no window
+    flags: u32,           // 1: sinks, 2: ALiBi, 4: write lse
+    scale: f32,
+    softcap: f32,         // 0: none
+    groups_x: u32,
+    items: u32,
+    seqs_at: u32,         // u32 offsets into `plan` of each table
+    indices_at: u32,
+    heads_at: u32,        // [H] sink logits then [H] ALiBi slopes, as f32 bits
+    partial_rows: u32,    // rows of partial states in `scratch` (its lse part follows them)
+}
+
+@group(0) @binding(0) var<uniform> p: PagedParams;
+@group(0) @binding(1) var<storage, read> q: array<f32>;            // [total_q, H, D]
+@group(0) @binding(2) var<storage, read> pool: array<KvElem>;      // [pages, 2, ...]
+@group(0) @binding(3) var<storage, read> plan: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;    // [total_q, H, D]
+@group(0) @binding(5) var<storage, read_write> lse: array<f32>;    // [total_q, H]
+@group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
+
+const ITEM_WORDS: u32 = 12u;
+const SEQ_WORDS: u32 = 4u;
+const NO_WINDOW: u32 = 0xffffffffu;
+const DIRECT: u32 = 0xffffffffu;
+// The running max starts at the lowest finite float, so every exponent s − max is finite −
+// finite or −inf − finite (exactly 0, or next to it where fast math keeps no exact exp(−inf)),
+// never −inf − (−inf). A slot that saw no key ends with a sum below 1/2: any key seen adds
+// exp(0) = 1 at the final max, a sink starts the sum at 1.
+const LOWEST: f32 = -0x1.fffffep+127f;
+
+// −inf, made a runtime value (WGSL rejects infinite constants): a hidden key's score.
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u | (p.items & 0u));
+}
+
+var<workgroup> q_tile: array<vec4<f32>, SLOTS * DK4>;
+var<workgroup> k_tile: array<vec4<f32>, KEY_TILE * DK4>;
+var<workgroup> v_tile: array<vec4<f32>, KEY_TILE * DV4>;
+var<workgroup> scores: array<f32, SLOTS * KEY_TILE>;
+var<workgroup> row_max: array<f32, SLOTS>;
+var<workgroup> row_sum: array<f32, SLOTS>;
+var<workgroup> row_scale: array<f32, SLOTS>;
+
+// Element `d` of token `offset` of KV head `kvh` in page `page`; `which` 0 = K, 1 = V.
+fn pool_index(page: u32, which: u32, offset: u32, kvh: u32, d: u32) -> u32 {
+    let page_base = (page * 2u + which) * p.page_size * p.kv_heads * p.head_dim;
+    if (p.hnd == 1u) {
+        return page_base + (kvh * p.page_size + offset) * p.head_dim + d;
+    }
+    return page_base + (offset * p.kv_heads + kvh) * p.head_dim + d;
+}
+
+@compute @workgroup_size(THREADS, 1, 1)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = lid.x;
+    let item = wid.y * p.groups_x + wid.x;
+    if (item >= p.items) {
+        return; // uniform across the workgroup: every barrier below is skipped by all threads
+    }
+    let w = item * ITEM_WORDS;
+    let seq = plan[w];
+    let kvh = plan[w + 1u];
+    let head0 = plan[w + 2u];
+    let n_heads = plan[w + 3u];
+    let row0 = plan[w + 4u];
+    let n_rows = plan[w + 5u];
+    let key_begin = plan[w + 6u];
+    let key_end = plan[w + 7u];
+    let partial = plan[w + 8u];    // DIRECT, or this chunk's first partial row
+    let first_chunk = plan[w + 9u];
+    let s = p.seqs_at + seq * SEQ_WORDS;
+    let q_begin = plan[s];
+    let q_len = plan[s + 1u];
+    let kv_len = plan[s + 2u];
+    let page_begin = plan[s + 3u];
+
+    // Stage the slots' query rows (slot = row · n_heads + head within the item), a vec4 per
+    // thread at a time (lanes past the head size stay 0).
+    for (var e = t; e < SLOTS * DK4; e += THREADS) {
+        let slot = e / DK4;
+        let c = e % DK4;
+        var x = vec4<f32>(0.0);
+        if (slot < n_rows * n_heads) {
+            let row = q_begin + row0 + slot / n_heads;
+            let h = kvh * (p.heads / p.kv_heads) + head0 + slot % n_heads;
+            let base = (row * p.heads + h) * p.head_dim;
+            for (var lane = 0u; lane < 4u; lane++) {
+                if (c * 4u + lane < p.head_dim) {
+                    x[lane] = q[base + c * 4u + lane];
+                }
+            }
+        }
+        q_tile[e] = x;
+    }
+    // Each slot's running state starts empty, or at its sink (a logit of value zero).
+    if (t < SLOTS) {
+        let h = kvh * (p.heads / p.kv_heads) + head0 + t % max(n_heads, 1u);
+        if ((p.flags & 1u) != 0u && first_chunk == 1u) {
+            row_max[t] = bitcast<f32>(plan[p.heads_at + h]);
+            row_sum[t] = 1.0;
+        } else {
+            row_max[t] = LOWEST;
+            row_sum[t] = 0.0;
+        }
+    }
+    // This thread's slot and value columns: vec4 columns part, part + PARTS, ...
+    let my_slot = t % SLOTS;
+    let part = t / SLOTS;
+    const PARTS: u32 = THREADS / SLOTS;
+    var acc: array<vec4<f32>, ACC>;
+    for (var a = 0u; a < ACC; a++) {
+        acc[a] = vec4<f32>(0.0);
+    }
+    workgroupBarrier();
+
+    for (var tile = key_begin; tile < key_end; tile += KEY_TILE) {
+        // K and V of keys tile .. tile + KEY_TILE (zero past key_end: never read past a chunk).
+        for (var e = t; e < KEY_TILE * DK4; e += THREADS) {
+            let key = e / DK4;
+            let c = e % DK4;
+            let j = tile + key;
+            var kx = vec4<f32>(0.0);
+            var vx = vec4<f32>(0.0);
+            if (j < key_end) {
+                let page = plan[p.indices_at + page_begin + j / p.page_size];
+                let offset = j % p.page_size;
+                let k_at = pool_index(page, 0u, offset, kvh, c * 4u);
+                let v_at = pool_index(page, 1u, offset, kvh, c * 4u);
+                for (var lane = 0u; lane < 4u; lane++) {
+                    if (c * 4u + lane < p.head_dim) {
+                        kx[lane] = f32(pool[k_at + lane]);
+                        vx[lane] = f32(pool[v_at + lane]);
+                    }
+                }
+            }
+            k_tile[e] = kx;
+            v_tile[key * DV4 + c] = vx;
+        }
+        workgroupBarrier();
+
+        // Scores of every (slot, key) pair: scaled, capped, biased, masked.
+        for (var e = t; e < SLOTS * KEY_TILE; e += THREADS) {
+            let slot = e / KEY_TILE;
+            let key = e % KEY_TILE;
+            let j = tile + key;
+            let row = row0 + slot / max(n_heads, 1u);
+            let h = kvh * (p.heads / p.kv_heads) + head0 + slot % max(n_heads, 1u);
+            // The query's own position: its rows are the sequence's last tokens.
+            let pos = kv_len - q_len + row;
+            var visible = slot < n_rows * n_heads && j < key_end;
+            if (p.causal == 1u) {
+                visible = visible && j <= pos;
+            }
+            if (p.window_left != NO_WINDOW) {
+                visible = visible && j + p.window_left >= pos;
+            }
+            var score = neg_inf();
+            if (visible) {
+                var qk = 0.0;
+                for (var c = 0u; c < DK4; c++) {
+                    qk += dot(q_tile[slot * DK4 + c], k_tile[key * DK4 + c]);
+                }
+                score = qk * p.scale;
+                if (p.softcap > 0.0) {
+                    score = p.softcap * tanh(score / p.softcap);
+                }
+                if ((p.flags & 2u) != 0u) {
+                    let slope = bitcast<f32>(plan[p.heads_at + p.heads + h]);
+                    score += slope * (f32(j) - f32(pos));
+                }
+            }
+            scores[e] = score;
+        }
+        workgroupBarrier();
+
+        // Each slot's online softmax: new max, rescale of what came before, this tile's weights.
+        if (t < SLOTS) {
+            let old_max = row_max[t];
+            var new_max = old_max;
+            for (var key = 0u; key < KEY_TILE; key++) {
+                new_max = max(new_max, scores[t * KEY_TILE + key]);
+            }
+            let rescale = exp(old_max - new_max);
+            var sum = row_sum[t] * rescale;
+            for (var key = 0u; key < KEY_TILE; key++) {
+                let weight = exp(scores[t * KEY_TILE + key] - new_max);
+                scores[t * KEY_TILE + key] = weight;
+                sum += weight;
+            }
+            row_max[t] = new_max;
+            row_sum[t] = sum;
+            row_scale[t] = rescale;
+        }
+        workgroupBarrier();
+
+        // acc = acc · rescale + Σ_key weight · v, over this thread's value columns.
+        let rescale = row_scale[my_slot];
+        for (var a = 0u; a < ACC; a++) {
+            let c = part + a * PARTS;
+            if (c < DV4) {
+                var sum = acc[a] * rescale;
+                for (var key = 0u; key < KEY_TILE; key++) {
+                    sum += scores[my_slot * KEY_TILE + key] * v_tile[key * DV4 + c];
+                }
+                acc[a] = sum;
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // The slot's normalised output and log-sum-exp (natural log), final or partial.
+    if (my_slot >= n_rows * n_heads) {
+        return;
+    }
+    let row = row0 + my_slot / n_heads;
+    let h = kvh * (p.heads / p.kv_heads) + head0 + my_slot % n_heads;
+    let sum = row_sum[my_slot];
+    var inv = 0.0;
+    var row_lse = neg_inf();
+    if (sum >= 0.5) {
+        inv = 1.0 / sum;
+        row_lse = row_max[my_slot] + log(sum);
+    }
+    var out_base: u32;
+    if (partial == DIRECT) {
+        out_base = ((q_begin + row) * p.heads + h) * p.head_dim;
+        if (part == 0u && (p.flags & 4u) != 0u) {
+            lse[(q_begin + row) * p.heads + h] = row_lse;
+        }
+    } else {
+        let prow = partial + row - row0;
+        out_base = (prow * p.heads + h) * p.head_dim;
+        if (part == 0u) {
+            scratch[p.partial_rows * p.heads * p.head_dim + prow * p.heads + h] = row_lse;
+        }
+    }
+    for (var a = 0u; a < ACC; a++) {
+        let c = part + a * PARTS;
+        for (var lane = 0u; lane < 4u; lane++) {
+            let d = c * 4u + lane;
+            if (c < DV4 && d < p.head_dim) {
+                if (partial == DIRECT) {
+                    out[out_base + d] = acc[a][lane] * inv;
+                } else {
+                    scratch[out_base + d] = acc[a][lane] * inv;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! `paged_attention`: ragged query rows attending over the pages of a KV pool, one workgroup
+//! per work item of a [`crate::serve::BatchAttention`] plan (see `shaders/paged_attention.wgsl`).
+//! This module owns the pass's shape (threads, query slots and keys per staged tile, chosen
+//! per adapter class and fitted to the device's workgroup memory), its parameters, bindings and
+//! dispatch geometry; the plan owns the work list.
+
+use crate::error::{Error, Result};
+use crate::gpu::pass::{Pass, PassSpec, Slot};
+use crate::gpu::{Gpu, KernelClass};
+use crate::kernels::source::Prelude;
+
+pub const WGSL: &str = include_str!("../../shaders/paged_attention.wgsl");
+
+/// u32 words per work item in the plan buffer (mirrors `ITEM_WORDS`).
+pub const ITEM_WORDS: usize = 12;
+/// u32 words per sequence in the plan buffer (mirrors `SEQ_WORDS`).
+pub const SEQ_WORDS: usize = 4;
+/// `window_left` when there is no window (mirrors `NO_WINDOW`).
+pub const NO_WINDOW: u32 = u32::MAX;
+/// A work item whose keys were not split writes the final row (mirrors `DIRECT`).
+pub const DIRECT: u32 = u32::MAX;
+
+/// Mirrors `PagedParams` in `paged_attention.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PagedParams {
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub page_size: u32,
+    pub hnd: u32,
+    pub causal: u32,
+    pub window_left: u32,
+    pub flags: u32,
+    pub scale: f32,
+    pub softcap: f32,
+    pub groups_x: u32,
+    pub items: u32,
+    pub seqs_at: u32,
+    pub indices_at: u32,
+    pub heads_at: u32,
+    pub partial_rows: u32,
+}
+
+/// `PagedParams::flags` bits.
+pub const FLAG_SINKS: u32 = 1;
+pub const FLAG_ALIBI: u32 = 2;
+pub const FLAG_LSE: u32 = 4;
+
+/// Everything the shader is specialised on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PagedShape {
+    pub threads: u32,
+    /// (query row, head) pairs one workgroup carries; divides `threads`.
+    pub slots: u32,
+    /// Keys staged per tile.
+    pub key_tile: u32,
+    /// vec4s of a head (K and V share the head size in a pool).
+    pub d4: u32,
+    pub f16: bool,
+}
+
+impl PagedShape {
+    /// The shape for `head_dim` on `gpu`: 64 threads and 16 slots on GPUs, 8 and 8 on a CPU
+    /// adapter (one SIMD vector), halving the tile and then the slots until the workgroup
+    /// memory fits. `Err(Unsupported)` when not even one slot and 4 keys fit.
+    pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool) -> Result<Self> {
+        let (threads, mut slots, mut key_tile) = match gpu.kernel_class() {
+            KernelClass::Gpu => (64, 16, 32),
+            KernelClass::Cpu => (8, 8, 16),
+        };
+        let d4 = head_dim.div_ceil(4) as u32;
+        let limit = gpu.limits().max_compute_workgroup_storage_size;
+        loop {
+            let shape = PagedShape {
+                threads,
+                slots,
+                key_tile,
+                d4,
+                f16,
+            };
+            if shape.workgroup_bytes() <= limit {
+                return Ok(shape);
+            }
+            if key_tile > 4 {
+                key_tile /= 2;
+            } else if slots > 1 {
+                slots /= 2;
+            } else {
+                return Err(Error::Unsupported {
+                    adapter: gpu.describe(),
+                    what: format!(
+                        "paged attention at head size {head_dim}: one query and 4 keys need {} \
+                         bytes of workgroup memory, the device has {limit}",
+                        shape.workgroup_bytes()
+                    ),
+                });
+            }
+        }
+    }
+
+    /// Workgroup memory the shader declares: q, K and V tiles of vec4s, scores and 3 floats of
+    /// state per slot.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let vec4s = self.slots * self.d4 + 2 * self.key_tile * self.d4;
+        16 * vec4s + 4 * (self.slots * self.key_tile + 3 * self.slots)
+    }
+
+    /// vec4 accumulators each thread keeps: its slot's columns split over `threads / slots`.
+    pub fn acc(&self) -> u32 {
+        self.d4.div_ceil(self.threads / self.slots).max(1)
+    }
+
+    /// Most keys one work item may cover. On a CPU adapter, llvmpipe stops an invocation's
+    /// loops after 65,535 iterations in total (silently), so a chunk is held to two thirds of
+    /// that, counted as if no loop were unrolled; on GPUs 8,192 keys keep a workgroup short
+    /// enough for driver watchdogs. A whole number of tiles either way.
+    pub fn max_chunk_keys(&self, software: bool) -> u32 {
+        if !software {
+            return 8192;
+        }
+        let (t, s, kt, d4) = (self.threads, self.slots, self.key_tile, self.d4);
+        let per_tile = (kt * d4 * 4).div_ceil(t)
+            + (s * kt).div_ceil(t) * (1 + d4)
+            + 3 * kt
+            + self.acc() * (1 + kt)
+            + 8;
+        let fixed = (s * d4 * 4).div_ceil(t) + self.acc() * 5 + 4096;
+        let tiles = (65_535u32.saturating_sub(fixed) * 2 / 3 / per_tile).max(1);
+        tiles * kt
+    }
+}
+
+/// The full source: the shape's constants, the pool's element type, then the body.
+pub fn source(shape: PagedShape) -> String {
+    Prelude::new()
+        .u32("THREADS", shape.threads)
+        .u32("SLOTS", shape.slots)
+        .u32("KEY_TILE", shape.key_tile)
+        .u32("DK4", shape.d4)
+        .u32("DV4", shape.d4)
+        .u32("ACC", shape.acc())
+        .elem("KvElem", shape.f16)
+        .source(&[WGSL])
+}
+
+const SLOTS: &[Slot] = &[
+    Slot::Uniform(0),
+    Slot::Read(1),
+    Slot::Read(2),
+    Slot::Read(3),
+    Slot::Write(4),
+    Slot::Write(5),
+    Slot::Write(6),
+];
+
+/// The compiled pass of `shape` on `gpu` (shared by every plan of that shape).
+pub fn pass(gpu: &Gpu, shape: PagedShape) -> std::sync::Arc<Pass> {
+    let key = format!("paged_attention {shape:?}");
+    gpu.compile(&key, &PassSpec::main("paged_attention", SLOTS), || {
+        source(shape)
+    })
+}
+
+/// Workgroups for `items` work items, one each, over x then y.
+pub fn workgroups(gpu: &Gpu, items: usize) -> Result<[u32; 3]> {
+    let max = gpu.limits().max_compute_workgroups_per_dimension as usize;
+    let x = items.clamp(1, max);
+    let groups = [x as u32, items.div_ceil(x).max(1) as u32, 1];
+    gpu.check_workgroups("paged_attention", groups)?;
+    Ok(groups)
+}
+
+/// The buffers one dispatch binds, by slot.
+pub struct PagedBindings<'a> {
+    pub params: &'a wgpu::Buffer,
+    pub q: &'a wgpu::Buffer,
+    pub pool: &'a wgpu::Buffer,
+    pub plan: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+    pub lse: &'a wgpu::Buffer,
+    pub scratch: &'a wgpu::Buffer,
+}
+
+/// The bind group of one run.
+pub fn bind(gpu: &Gpu, pass: &Pass, b: &PagedBindings) -> Result<wgpu::BindGroup> {
+    pass.bind(
+        gpu.device(),
+        &[
+            (0, b.params.into()),
+            (1, b.q.into()),
+            (2, b.pool.into()),
+            (3, b.plan.into()),
+            (4, b.out.into()),
+            (5, b.lse.into()),
+            (6, b.scratch.into()),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(threads: u32, slots: u32, key_tile: u32, d4: u32) -> PagedShape {
+        PagedShape {
+            threads,
+            slots,
+            key_tile,
+            d4,
+            f16: false,
+        }
+    }
+
+    #[test]
+    fn workgroup_memory_counts_every_array() {
+        // d128: q 8·32 + K, V 2·16·32 vec4s = 1,280 vec4s; scores 128 + state 24 floats.
+        assert_eq!(shape(8, 8, 16, 32).workgroup_bytes(), 16 * 1280 + 4 * 152);
+    }
+
+    #[test]
+    fn chunks_keep_software_invocations_under_the_loop_cap() {
+        let cpu = shape(8, 8, 16, 32);
+        let keys = cpu.max_chunk_keys(true);
+        assert!(keys >= 16 && keys.is_multiple_of(16), "{keys}");
+        assert!(keys < cpu.max_chunk_keys(false));
+        // Wider heads: fewer keys per chunk.
+        assert!(shape(8, 8, 16, 64).max_chunk_keys(true) < keys);
+        // Never below one tile.
+        assert_eq!(shape(8, 8, 4, 100_000).max_chunk_keys(true), 4);
+    }
+
+    #[test]
+    fn accumulators_cover_every_column() {
+        assert_eq!(shape(64, 16, 32, 32).acc(), 8);
+        assert_eq!(shape(8, 8, 16, 32).acc(), 32);
+        assert_eq!(shape(64, 16, 32, 1).acc(), 1);
+        assert_eq!(shape(64, 16, 32, 33).acc(), 9);
+    }
+}

@@ -1,0 +1,19 @@
+//! Serving many sequences at once: a page pool per layer ([`PagedKvPool`]), FlashInfer's CSR
+//! page table ([`PageTable`]), a host allocator with shared pages and copy on write
+//! ([`PageAllocator`]), ragged appends ([`PagedKvPool::record_append`]) and batched attention
+//! through a plan made once per step and run by every layer ([`BatchAttention`]).
+//!
+//! A sequence's query rows are its last tokens (bottom-right causal alignment), so one call
+//! serves decode rows, a few speculative rows and prefill chunks together. Every index is
+//! checked on the host before anything is recorded; a kernel never reads a page its sequence
+//! does not list, nor a slot past a sequence's length.
+
+mod allocator;
+mod plan;
+mod pool;
+mod table;
+
+pub use allocator::{Growth, PageAllocator, Sequence};
+pub use plan::{BatchAttention, BatchOptions, PlanInputs};
+pub use pool::{KvLayout, PagedKvPool, PoolConfig};
+pub use table::{check_qo_indptr, PageTable};

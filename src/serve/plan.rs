@@ -1,0 +1,591 @@
+//! Batched attention over a page pool: [`BatchAttention::plan`] once per step (on the host:
+//! check the table, split each sequence's keys into chunks that fill the device, upload the
+//! work list and size the scratch), then [`BatchAttention::record`] / [`BatchAttention::run`]
+//! for every layer, which make no buffer: one `paged_attention` dispatch over the work list
+//! and, when some keys were split, one `paged_merge` dispatch.
+
+use crate::attention::gpu_tensor::GpuTensor;
+use crate::error::{Error, Result};
+use crate::gpu::pass::Pass;
+use crate::gpu::{Gpu, KernelClass};
+use crate::kernels::paged_attention::{
+    self as kernel, PagedBindings, PagedParams, PagedShape, DIRECT, FLAG_ALIBI, FLAG_LSE,
+    FLAG_SINKS, ITEM_WORDS, NO_WINDOW, SEQ_WORDS,
+};
+use crate::kernels::paged_merge::{self, MergeParams};
+use crate::serve::pool::{KvLayout, PagedKvPool};
+use crate::serve::table::{check_qo_indptr, PageTable};
+use std::sync::Arc;
+
+/// What a plan computes besides the table: every option of the attention core.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOptions {
+    /// Bottom-right causal: a sequence's query rows are its last tokens, row `i` of `q` rows
+    /// at position `tokens − q + i` sees keys `j ≤` its position.
+    pub causal: bool,
+    /// FlashInfer's `window_left`: the query at position `i` sees keys `j ≥ i − window_left`
+    /// (`None`: no window).
+    pub window_left: Option<usize>,
+    /// Multiplies `q·kᵀ`; `None` = `1/√D`.
+    pub scale: Option<f32>,
+    /// Logit soft-cap `c`: `c · tanh(s / c)` of the scaled score (Gemma 2; FlashInfer's
+    /// `logits_soft_cap`).
+    pub softcap: Option<f32>,
+    /// ALiBi's `max_bias` (slopes as [`crate::model::config::alibi_slope`]), the bias
+    /// `slope · (j − i)` for the query at position `i`.
+    pub alibi_max_bias: Option<f32>,
+    /// One logit per query head joining each row's softmax denominator only.
+    pub sinks: Option<Vec<f32>>,
+    /// Write each row's log-sum-exp (natural log) to the `lse` tensor given to `run`.
+    pub return_lse: bool,
+}
+
+/// The shapes and table of one step.
+#[derive(Debug, Clone)]
+pub struct PlanInputs<'a> {
+    /// Query rows per sequence as prefix sums `[n + 1]`.
+    pub qo_indptr: &'a [u32],
+    pub table: &'a PageTable,
+    pub num_qo_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub page_size: usize,
+    pub layout: KvLayout,
+    /// f16 pool elements.
+    pub f16: bool,
+    pub options: BatchOptions,
+}
+
+/// Work items the plan aims for: enough workgroups to fill the adapter (a GPU's SMs a few
+/// times over; a CPU adapter's threads).
+fn target_items(class: KernelClass) -> usize {
+    match class {
+        KernelClass::Gpu => 1024,
+        KernelClass::Cpu => 64,
+    }
+}
+
+/// One step's plan: its work list on the device, its scratch and the two passes' parameters.
+/// Reused by every layer of the step; bit-identical outputs for the same inputs.
+#[derive(Debug)]
+pub struct BatchAttention {
+    gpu: Gpu,
+    shape: PagedShape,
+    attention: Arc<Pass>,
+    merge: Arc<Pass>,
+    params: wgpu::Buffer,
+    merge_params: wgpu::Buffer,
+    plan: wgpu::Buffer,
+    scratch: wgpu::Buffer,
+    /// Bound as `lse` when the caller asks for none.
+    no_lse: wgpu::Buffer,
+    attention_groups: [u32; 3],
+    merge_groups: Option<[u32; 3]>,
+    total_q: usize,
+    heads: usize,
+    head_dim: usize,
+    page_size: usize,
+    kv_heads: usize,
+    layout: KvLayout,
+    f16: bool,
+    max_page: Option<u32>,
+    return_lse: bool,
+    chunk_keys: usize,
+    items: usize,
+}
+
+/// The host side of a plan: every table the shader reads, as u32 words.
+struct WorkList {
+    items: Vec<u32>,
+    seqs: Vec<u32>,
+    rows: Vec<u32>,
+    partial_rows: usize,
+    chunk_keys: usize,
+}
+
+impl BatchAttention {
+    /// Checks the table and shapes, splits the keys and uploads the work list. Every bad input
+    /// is an `Err` naming it, before anything is made on the device.
+    pub fn plan(gpu: &Gpu, inputs: &PlanInputs) -> Result<Self> {
+        let (h, h_kv, d, ps) = (
+            inputs.num_qo_heads,
+            inputs.num_kv_heads,
+            inputs.head_dim,
+            inputs.page_size,
+        );
+        if h == 0 || h_kv == 0 || d == 0 || !h.is_multiple_of(h_kv) {
+            return Err(Error::Config(format!(
+                "num_qo_heads {h} must be a positive multiple of num_kv_heads {h_kv}, head_dim \
+                 {d} positive"
+            )));
+        }
+        if !ps.is_power_of_two() || ps > 256 {
+            return Err(Error::Config(format!(
+                "page_size {ps} must be a power of two from 1 to 256"
+            )));
+        }
+        let o = &inputs.options;
+        if let Some(s) = &o.sinks {
+            if s.len() != h {
+                return Err(Error::Config(format!(
+                    "sinks has {} values, expected one per query head ({h})",
+                    s.len()
+                )));
+            }
+        }
+        for (name, value) in [("softcap", o.softcap), ("scale", o.scale)] {
+            if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                return Err(Error::Config(format!(
+                    "{name} must be finite and positive, got {value:?}"
+                )));
+            }
+        }
+        if o.alibi_max_bias.is_some_and(|m| !m.is_finite()) {
+            return Err(Error::Config("alibi_max_bias must be finite".into()));
+        }
+        if inputs.f16 && !gpu.has_f16() {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: "an f16 page pool needs SHADER_F16; use f32 pages".into(),
+            });
+        }
+        // The table's own indices are checked against the pool at run time (its size); here
+        // everything but the page ids' bound.
+        inputs.table.check(u32::MAX as usize, ps)?;
+        let tokens: Vec<usize> = (0..inputs.table.sequences())
+            .map(|s| inputs.table.tokens(s, ps))
+            .collect();
+        let q_rows = check_qo_indptr(inputs.qo_indptr, &tokens)?;
+        let total_q = *inputs.qo_indptr.last().unwrap_or(&0) as usize;
+
+        let shape = PagedShape::for_device(gpu, d, inputs.f16)?;
+        let software = crate::kernels::is_software(gpu);
+        let max_chunk = shape.max_chunk_keys(software) as usize;
+        let work = work_list(
+            &shape,
+            inputs,
+            &tokens,
+            &q_rows,
+            max_chunk,
+            target_items(gpu.kernel_class()),
+        );
+
+        // The plan buffer: items, sequences, page ids, rows, then per-head sinks and slopes.
+        let mut words = work.items.clone();
+        let seqs_at = words.len();
+        words.extend_from_slice(&work.seqs);
+        let indices_at = words.len();
+        words.extend_from_slice(&inputs.table.kv_indices);
+        let rows_at = words.len();
+        words.extend_from_slice(&work.rows);
+        let heads_at = words.len();
+        let sinks = o.sinks.clone().unwrap_or_else(|| vec![0.0; h]);
+        words.extend(sinks.iter().map(|s| s.to_bits()));
+        let slopes: Vec<f32> = (0..h)
+            .map(|head| {
+                o.alibi_max_bias.map_or(0.0, |m| {
+                    crate::model::config::alibi_slope(head, h, m as f64) as f32
+                })
+            })
+            .collect();
+        words.extend(slopes.iter().map(|s| s.to_bits()));
+        if words.len() > u32::MAX as usize {
+            return Err(Error::TooLarge {
+                what: "a batch plan (u32 indices)".into(),
+                needed: 4 * words.len() as u64,
+                limit: u32::MAX as u64,
+            });
+        }
+        gpu.check_fits("a batch plan's work list", 4 * words.len() as u64)?;
+        let scratch_floats = work.partial_rows * h * (d + 1);
+        gpu.check_fits("a batch plan's partial states", 4 * scratch_floats as u64)?;
+
+        let items = work.items.len() / ITEM_WORDS;
+        let attention_groups = kernel::workgroups(gpu, items)?;
+        let merge_groups = if work.partial_rows > 0 {
+            Some(paged_merge::workgroups(
+                gpu,
+                total_q * h * shape.d4 as usize,
+            )?)
+        } else {
+            None
+        };
+        let flags = (o.sinks.is_some() as u32 * FLAG_SINKS)
+            | (o.alibi_max_bias.is_some() as u32 * FLAG_ALIBI)
+            | (o.return_lse as u32 * FLAG_LSE);
+        let params = PagedParams {
+            heads: h as u32,
+            kv_heads: h_kv as u32,
+            head_dim: d as u32,
+            page_size: ps as u32,
+            hnd: (inputs.layout == KvLayout::Hnd) as u32,
+            causal: o.causal as u32,
+            window_left: o
+                .window_left
+                .map_or(NO_WINDOW, |w| w.min(u32::MAX as usize - 1) as u32),
+            flags,
+            scale: o.scale.unwrap_or(1.0 / (d as f32).sqrt()),
+            softcap: o.softcap.unwrap_or(0.0),
+            groups_x: attention_groups[0],
+            items: items as u32,
+            seqs_at: seqs_at as u32,
+            indices_at: indices_at as u32,
+            heads_at: heads_at as u32,
+            partial_rows: work.partial_rows as u32,
+        };
+        let merge_params = MergeParams {
+            total_q: total_q as u32,
+            heads: h as u32,
+            head_dim: d as u32,
+            rows_at: rows_at as u32,
+            partial_rows: work.partial_rows as u32,
+            write_lse: o.return_lse as u32,
+            groups_x: merge_groups.map_or(1, |(_, x)| x),
+            _pad: 0,
+        };
+        let built = gpu.scoped("planning a batch", || {
+            let none = wgpu::BufferUsages::empty();
+            (
+                kernel::pass(gpu, shape),
+                paged_merge::pass(gpu, shape.d4),
+                gpu.uniform("paged_attention params", &params),
+                gpu.uniform("paged_merge params", &merge_params),
+                gpu.upload("batch plan", &words, none),
+                gpu.storage("batch plan scratch", 4 * scratch_floats as u64, none),
+                gpu.storage("batch plan (no lse)", 4, none),
+            )
+        })?;
+        let (attention, merge, params, merge_params, plan, scratch, no_lse) = built;
+        Ok(BatchAttention {
+            gpu: gpu.clone(),
+            shape,
+            attention,
+            merge,
+            params,
+            merge_params,
+            plan,
+            scratch,
+            no_lse,
+            attention_groups,
+            merge_groups: merge_groups.map(|(g, _)| g),
+            total_q,
+            heads: h,
+            head_dim: d,
+            page_size: ps,
+            kv_heads: h_kv,
+            layout: inputs.layout,
+            f16: inputs.f16,
+            max_page: inputs.table.kv_indices.iter().copied().max(),
+            return_lse: o.return_lse,
+            chunk_keys: work.chunk_keys,
+            items,
+        })
+    }
+
+    /// Query rows of the step.
+    pub fn total_q(&self) -> usize {
+        self.total_q
+    }
+    /// Work items (workgroups of the attention dispatch).
+    pub fn work_items(&self) -> usize {
+        self.items
+    }
+    /// Most keys one work item covers.
+    pub fn chunk_keys(&self) -> usize {
+        self.chunk_keys
+    }
+    /// The kernel shape the plan runs.
+    pub fn shape(&self) -> PagedShape {
+        self.shape
+    }
+
+    /// Records the step's attention for one layer into `encoder`: `q [total_q, H, D]` over
+    /// `pool`'s pages into `out [total_q, H, D]` and, when the plan was asked for it, `lse
+    /// [total_q, H]`. Makes no buffer. An `Err` (a tensor of the wrong shape, a pool of
+    /// another shape or too small for the table, a buffer wgpu rejects) leaves `encoder` as
+    /// it was.
+    pub fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        q: &GpuTensor,
+        pool: &PagedKvPool,
+        out: &GpuTensor,
+        lse: Option<&GpuTensor>,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        self.check(q, pool, out, lse)?;
+        let lse_buffer = lse.map_or(&self.no_lse, |t| t.buffer());
+        let groups = gpu.scoped("recording batched paged attention", || -> Result<_> {
+            let attention = kernel::bind(
+                gpu,
+                &self.attention,
+                &PagedBindings {
+                    params: &self.params,
+                    q: q.buffer(),
+                    pool: pool.buffer(),
+                    plan: &self.plan,
+                    out: out.buffer(),
+                    lse: lse_buffer,
+                    scratch: &self.scratch,
+                },
+            )?;
+            let merge = match self.merge_groups {
+                Some(_) => Some(paged_merge::bind(
+                    gpu,
+                    &self.merge,
+                    &self.merge_params,
+                    &self.plan,
+                    &self.scratch,
+                    out.buffer(),
+                    lse_buffer,
+                )?),
+                None => None,
+            };
+            Ok((attention, merge))
+        })??;
+        if self.items > 0 {
+            record_one(encoder, &self.attention, &groups.0, self.attention_groups);
+        }
+        if let (Some(bind), Some(wg)) = (&groups.1, self.merge_groups) {
+            record_one(encoder, &self.merge, bind, wg);
+        }
+        Ok(())
+    }
+
+    /// [`record`](Self::record), submitted.
+    pub fn run(
+        &self,
+        q: &GpuTensor,
+        pool: &PagedKvPool,
+        out: &GpuTensor,
+        lse: Option<&GpuTensor>,
+    ) -> Result<()> {
+        let mut encoder = self.gpu.encoder("batched paged attention");
+        self.record(&mut encoder, q, pool, out, lse)?;
+        self.gpu.scoped("submitting batched paged attention", || {
+            self.gpu.queue().submit([encoder.finish()]);
+        })
+    }
+
+    fn check(
+        &self,
+        q: &GpuTensor,
+        pool: &PagedKvPool,
+        out: &GpuTensor,
+        lse: Option<&GpuTensor>,
+    ) -> Result<()> {
+        let (tq, h, d) = (self.total_q, self.heads, self.head_dim);
+        let rows = [tq, h, d];
+        for (what, t) in [("q", q), ("out", out)] {
+            if t.shape() != rows {
+                return Err(Error::Shape {
+                    what: what.into(),
+                    expected: format!("[total_q {tq}, H {h}, D {d}] as planned"),
+                    got: t.shape().to_vec(),
+                });
+            }
+        }
+        match (lse, self.return_lse) {
+            (Some(t), true) if t.shape() != [tq, h] => {
+                return Err(Error::Shape {
+                    what: "lse".into(),
+                    expected: format!("[total_q {tq}, H {h}] as planned"),
+                    got: t.shape().to_vec(),
+                })
+            }
+            (None, true) => {
+                return Err(Error::Misuse(
+                    "the plan was made with return_lse: pass an lse tensor [total_q, H]".into(),
+                ))
+            }
+            (Some(_), false) => {
+                return Err(Error::Misuse(
+                    "an lse tensor was given, but the plan was made without return_lse".into(),
+                ))
+            }
+            _ => {}
+        }
+        if out.buffer() == q.buffer() || lse.is_some_and(|l| l.buffer() == out.buffer()) {
+            return Err(Error::Misuse(
+                "out (and lse) must be buffers of their own, not q's or each other's".into(),
+            ));
+        }
+        let c = pool.config();
+        if (c.page_size, c.kv_heads, c.head_dim, c.layout, c.f16)
+            != (self.page_size, self.kv_heads, d, self.layout, self.f16)
+        {
+            return Err(Error::Misuse(format!(
+                "the pool (page_size {}, kv_heads {}, head_dim {}, {:?}, f16 {}) is not the one \
+                 planned for (page_size {}, kv_heads {}, head_dim {d}, {:?}, f16 {})",
+                c.page_size,
+                c.kv_heads,
+                c.head_dim,
+                c.layout,
+                c.f16,
+                self.page_size,
+                self.kv_heads,
+                self.layout,
+                self.f16
+            )));
+        }
+        if let Some(page) = self.max_page.filter(|&p| p as usize >= c.max_pages) {
+            return Err(Error::PageTable(format!(
+                "the table lists page {page}, past the pool's {} pages",
+                c.max_pages
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn record_one(
+    encoder: &mut wgpu::CommandEncoder,
+    pass: &Pass,
+    bind: &wgpu::BindGroup,
+    groups: [u32; 3],
+) {
+    let mut p = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(pass.label),
+        timestamp_writes: None,
+    });
+    pass.set_on(&mut p, bind);
+    p.dispatch_workgroups(groups[0], groups[1], groups[2]);
+}
+
+/// One sequence's block of query rows and the keys they see.
+struct RowBlock {
+    seq: usize,
+    row0: usize,
+    rows: usize,
+    keys: (usize, usize),
+}
+
+/// Splits every sequence's rows into blocks of the kernel's slots and their keys into chunks:
+/// the smallest chunk (whole tiles, at most `max_chunk`) whose items still number at most
+/// `target`, so short batches fill the device and long ones are not split further than they
+/// must. A function of its inputs only.
+fn work_list(
+    shape: &PagedShape,
+    inputs: &PlanInputs,
+    tokens: &[usize],
+    q_rows: &[usize],
+    max_chunk: usize,
+    target: usize,
+) -> WorkList {
+    let (h, h_kv) = (inputs.num_qo_heads, inputs.num_kv_heads);
+    let group = h / h_kv;
+    let slots = shape.slots as usize;
+    let heads_per_item = group.min(slots);
+    let head_blocks = group.div_ceil(heads_per_item);
+    let rows_per_item = slots / heads_per_item;
+    let o = &inputs.options;
+    let mut blocks = Vec::new();
+    for (seq, (&kv_len, &q_len)) in tokens.iter().zip(q_rows).enumerate() {
+        for row0 in (0..q_len).step_by(rows_per_item) {
+            let rows = rows_per_item.min(q_len - row0);
+            let first_pos = kv_len - q_len + row0;
+            let last_pos = first_pos + rows - 1;
+            let hi = if o.causal { last_pos + 1 } else { kv_len };
+            let lo = o.window_left.map_or(0, |w| first_pos.saturating_sub(w));
+            blocks.push(RowBlock {
+                seq,
+                row0,
+                rows,
+                keys: (lo, hi.max(lo)),
+            });
+        }
+    }
+    let per_block = h_kv * head_blocks;
+    let tile = shape.key_tile as usize;
+    let items_at = |chunk: usize| -> usize {
+        blocks
+            .iter()
+            .map(|b| (b.keys.1 - b.keys.0).div_ceil(chunk).max(1) * per_block)
+            .sum()
+    };
+    let max_chunk = max_chunk.max(tile);
+    // Chunks below this many keys cost more in partial states than they win.
+    let min_chunk = (8 * tile).min(max_chunk);
+    let chunk_keys = if items_at(max_chunk) >= target {
+        max_chunk
+    } else {
+        // Smallest whole-tile chunk in [min_chunk, max_chunk] with items ≤ target.
+        let (mut lo, mut hi) = (min_chunk / tile, max_chunk / tile);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if items_at(mid * tile) <= target {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo * tile
+    };
+
+    let mut w = WorkList {
+        items: Vec::new(),
+        seqs: Vec::new(),
+        rows: vec![0; 4 * q_rows.iter().sum::<usize>()],
+        partial_rows: 0,
+        chunk_keys,
+    };
+    let mut q_begin = 0;
+    for (&kv_len, &q_len) in tokens.iter().zip(q_rows) {
+        w.seqs
+            .extend([q_begin as u32, q_len as u32, kv_len as u32, 0]);
+        q_begin += q_len;
+    }
+    // Each sequence's first page in kv_indices.
+    for s in 0..tokens.len() {
+        w.seqs[s * SEQ_WORDS + 3] = inputs.table.kv_indptr[s];
+    }
+    for b in &blocks {
+        let span = b.keys.1 - b.keys.0;
+        let chunks = span.div_ceil(chunk_keys).max(1);
+        let partial_base = w.partial_rows;
+        if chunks > 1 {
+            w.partial_rows += chunks * b.rows;
+        }
+        let q_begin = w.seqs[b.seq * SEQ_WORDS] as usize;
+        for i in 0..b.rows {
+            let at = 4 * (q_begin + b.row0 + i);
+            w.rows[at..at + 4].copy_from_slice(&[
+                (partial_base + i) as u32,
+                b.rows as u32,
+                chunks as u32,
+                0,
+            ]);
+        }
+        for c in 0..chunks {
+            let begin = b.keys.0 + c * chunk_keys;
+            let end = (begin + chunk_keys).min(b.keys.1);
+            let partial = if chunks > 1 {
+                (partial_base + c * b.rows) as u32
+            } else {
+                DIRECT
+            };
+            for kvh in 0..h_kv {
+                for hb in 0..head_blocks {
+                    let head0 = hb * heads_per_item;
+                    let n_heads = heads_per_item.min(group - head0);
+                    w.items.extend([
+                        b.seq as u32,
+                        kvh as u32,
+                        head0 as u32,
+                        n_heads as u32,
+                        b.row0 as u32,
+                        b.rows as u32,
+                        begin as u32,
+                        end as u32,
+                        partial,
+                        (c == 0) as u32,
+                        0,
+                        0,
+                    ]);
+                }
+            }
+        }
+    }
+    debug_assert_eq!(w.items.len() % ITEM_WORDS, 0);
+    w
+}

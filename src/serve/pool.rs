@@ -1,0 +1,330 @@
+//! One layer's page pool on the device: `[max_pages, 2, page_size, H_kv, D]` (NHD, the default)
+//! or `[max_pages, 2, H_kv, page_size, D]` (HND), f32 or f16, in one storage buffer; and the
+//! ragged append of new keys and values into its pages.
+
+use crate::attention::gpu_tensor::GpuTensor;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::paged_append::{self, AppendBindings, PagedAppendParams};
+
+/// Where a page keeps its tokens and heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvLayout {
+    /// `[2, page_size, H_kv, D]` per page: token-major (FlashInfer's default).
+    #[default]
+    Nhd,
+    /// `[2, H_kv, page_size, D]` per page: head-major.
+    Hnd,
+}
+
+impl KvLayout {
+    /// `"NHD"` or `"HND"` (any case), FlashInfer's names.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_uppercase().as_str() {
+            "NHD" => Ok(KvLayout::Nhd),
+            "HND" => Ok(KvLayout::Hnd),
+            other => Err(Error::Misuse(format!(
+                "kv_layout `{other}`: expected \"NHD\" or \"HND\""
+            ))),
+        }
+    }
+}
+
+/// The shape and element type of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    pub max_pages: usize,
+    /// Tokens per page: a power of two from 1 to 256.
+    pub page_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub layout: KvLayout,
+    /// f16 elements (needs `SHADER_F16`); f32 otherwise.
+    pub f16: bool,
+}
+
+impl PoolConfig {
+    /// `max_pages` pages of 16 tokens, NHD, f32.
+    pub fn new(max_pages: usize, kv_heads: usize, head_dim: usize) -> Self {
+        PoolConfig {
+            max_pages,
+            page_size: 16,
+            kv_heads,
+            head_dim,
+            layout: KvLayout::Nhd,
+            f16: false,
+        }
+    }
+
+    /// Elements of one page (its keys and values).
+    pub fn page_elements(&self) -> usize {
+        2 * self.page_size * self.kv_heads * self.head_dim
+    }
+
+    /// Elements of the whole pool.
+    pub fn elements(&self) -> usize {
+        self.max_pages * self.page_elements()
+    }
+
+    /// Bytes of one element.
+    pub fn element_bytes(&self) -> usize {
+        if self.f16 {
+            2
+        } else {
+            4
+        }
+    }
+
+    /// The host index of element `d` of token `offset`, head `kvh`, of K (`which` 0) or V (1)
+    /// of `page`, in the layout (what the shaders compute).
+    pub fn index(&self, page: usize, which: usize, offset: usize, kvh: usize, d: usize) -> usize {
+        let (ps, h, dim) = (self.page_size, self.kv_heads, self.head_dim);
+        let base = (page * 2 + which) * ps * h * dim;
+        match self.layout {
+            KvLayout::Nhd => base + (offset * h + kvh) * dim + d,
+            KvLayout::Hnd => base + (kvh * ps + offset) * dim + d,
+        }
+    }
+
+    /// `Err(Config)` naming what is wrong: a page size that is not a power of two in 1 ..= 256,
+    /// no pages, heads or head size; `Err(TooLarge)` past one storage binding or u32 indices;
+    /// `Err(Unsupported)` for f16 without `SHADER_F16`.
+    pub fn check(&self, gpu: &Gpu) -> Result<()> {
+        if !self.page_size.is_power_of_two() || self.page_size > 256 {
+            return Err(Error::Config(format!(
+                "page_size {} must be a power of two from 1 to 256",
+                self.page_size
+            )));
+        }
+        if self.max_pages == 0 || self.kv_heads == 0 || self.head_dim == 0 {
+            return Err(Error::Config(format!(
+                "a page pool needs pages, KV heads and a head size (got max_pages {}, kv_heads \
+                 {}, head_dim {})",
+                self.max_pages, self.kv_heads, self.head_dim
+            )));
+        }
+        let bytes = (self.elements() as u64).saturating_mul(self.element_bytes() as u64);
+        let what = format!("a page pool of {} pages", self.max_pages);
+        gpu.check_fits(&what, bytes)?;
+        if self.elements() > u32::MAX as usize {
+            return Err(Error::TooLarge {
+                what: format!("{what} (u32 element indices)"),
+                needed: bytes,
+                limit: u32::MAX as u64,
+            });
+        }
+        if self.f16 && !gpu.has_f16() {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: "an f16 page pool needs SHADER_F16; use f32 pages".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One layer's pages on the device.
+#[derive(Debug)]
+pub struct PagedKvPool {
+    config: PoolConfig,
+    buffer: wgpu::Buffer,
+}
+
+impl PagedKvPool {
+    /// A pool of zeros.
+    pub fn new(gpu: &Gpu, config: PoolConfig) -> Result<Self> {
+        config.check(gpu)?;
+        let bytes = (config.elements() * config.element_bytes()) as u64;
+        let buffer = gpu.scoped("allocating a page pool", || {
+            gpu.storage("page pool", bytes, wgpu::BufferUsages::COPY_SRC)
+        })?;
+        Ok(PagedKvPool { config, buffer })
+    }
+
+    /// A pool holding `data`, the host array in the pool's layout (`[max_pages, 2, page_size,
+    /// H_kv, D]` for NHD), converted to f16 for an f16 pool.
+    pub fn upload(gpu: &Gpu, config: PoolConfig, data: &[f32]) -> Result<Self> {
+        config.check(gpu)?;
+        if data.len() != config.elements() {
+            return Err(Error::DataLength {
+                what: "page pool data".into(),
+                shape: vec![
+                    config.max_pages,
+                    2,
+                    config.page_size,
+                    config.kv_heads,
+                    config.head_dim,
+                ],
+                expected: config.elements(),
+                got: data.len(),
+            });
+        }
+        let buffer = gpu.scoped("uploading a page pool", || {
+            gpu.upload_f32_as("page pool", data, config.f16)
+        })?;
+        Ok(PagedKvPool { config, buffer })
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// The storage buffer (elements as [`PoolConfig::index`] lays them out).
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// The whole pool back on the host, as f32 (blocking).
+    pub fn read(&self, gpu: &Gpu) -> Result<Vec<f32>> {
+        let bytes = (self.config.elements() * self.config.element_bytes()) as u64;
+        let staging = gpu.staging("page pool readback", bytes);
+        gpu.scoped("reading a page pool", || {
+            let mut encoder = gpu.encoder("page pool readback");
+            encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, bytes.next_multiple_of(4));
+            gpu.queue().submit([encoder.finish()]);
+        })?;
+        let raw = gpu.read_bytes(&staging, bytes)?;
+        Ok(if self.config.f16 {
+            bytemuck::cast_slice::<u8, half::f16>(&raw[..bytes as usize])
+                .iter()
+                .map(|h| h.to_f32())
+                .collect()
+        } else {
+            bytemuck::cast_slice::<u8, f32>(&raw[..bytes as usize]).to_vec()
+        })
+    }
+
+    /// Records copies of whole pages (`(from, to)` page ids), as an allocator's copy on write
+    /// asks for. `Err` naming a page past the pool, before anything is recorded.
+    pub fn record_copy_pages(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        copies: &[(u32, u32)],
+    ) -> Result<()> {
+        let page_bytes = (self.config.page_elements() * self.config.element_bytes()) as u64;
+        for &(from, to) in copies {
+            for page in [from, to] {
+                if page as usize >= self.config.max_pages {
+                    return Err(Error::PageTable(format!(
+                        "page copy {from} → {to}: page {page} is past the pool's {} pages",
+                        self.config.max_pages
+                    )));
+                }
+            }
+        }
+        if copies.is_empty() {
+            return Ok(());
+        }
+        // wgpu copies between two buffers only: through a staging buffer of the pages.
+        let bytes = page_bytes * copies.len() as u64;
+        let staging = gpu.scoped("copying pages", || {
+            gpu.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("page copies"),
+                size: bytes,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        for (i, &(from, _)) in copies.iter().enumerate() {
+            let at = i as u64 * page_bytes;
+            encoder.copy_buffer_to_buffer(
+                &self.buffer,
+                from as u64 * page_bytes,
+                &staging,
+                at,
+                page_bytes,
+            );
+        }
+        for (i, &(_, to)) in copies.iter().enumerate() {
+            let at = i as u64 * page_bytes;
+            encoder.copy_buffer_to_buffer(
+                &staging,
+                at,
+                &self.buffer,
+                to as u64 * page_bytes,
+                page_bytes,
+            );
+        }
+        Ok(())
+    }
+
+    /// Records the append of `keys` and `values` (`[total_new, H_kv, D]` f32) into `slots`
+    /// (one per new token: `page · page_size + offset`, or negative to skip it; vLLM's slot
+    /// mapping) into `encoder`. Every slot is checked against the pool first; the slots reach
+    /// the device inside the encoder.
+    pub fn record_append(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        keys: &GpuTensor,
+        values: &GpuTensor,
+        slots: &[i64],
+    ) -> Result<()> {
+        let c = &self.config;
+        let want = [slots.len(), c.kv_heads, c.head_dim];
+        for (what, t) in [("append keys", keys), ("append values", values)] {
+            if t.shape() != want {
+                return Err(Error::Shape {
+                    what: what.into(),
+                    expected: format!("[total_new {}, H_kv {}, D {}]", want[0], want[1], want[2]),
+                    got: t.shape().to_vec(),
+                });
+            }
+        }
+        let capacity = c.max_pages * c.page_size;
+        let mut words = Vec::with_capacity(slots.len());
+        for (i, &slot) in slots.iter().enumerate() {
+            if slot >= capacity as i64 {
+                return Err(Error::PageTable(format!(
+                    "slot_mapping[{i}] is {slot}: past the pool's {} pages of {} tokens",
+                    c.max_pages, c.page_size
+                )));
+            }
+            words.push(slot.max(-1) as i32);
+        }
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let params = PagedAppendParams {
+            tokens: slots.len() as u32,
+            kv_heads: c.kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            page_size: c.page_size as u32,
+            hnd: (c.layout == KvLayout::Hnd) as u32,
+            ..Default::default()
+        };
+        let (dispatch, slot_buffer) = gpu.scoped("recording a page append", || {
+            let slot_buffer = gpu.storage(
+                "append slots",
+                4 * words.len() as u64,
+                wgpu::BufferUsages::empty(),
+            );
+            let bindings = AppendBindings {
+                keys: keys.buffer(),
+                values: values.buffer(),
+                slots: &slot_buffer,
+                pool: &self.buffer,
+            };
+            paged_append::dispatch(gpu, c.f16, params, &bindings).map(|d| (d, slot_buffer))
+        })??;
+        gpu.write_in(encoder, &slot_buffer, 0, bytemuck::cast_slice(&words));
+        dispatch.record(encoder, None);
+        Ok(())
+    }
+
+    /// [`record_append`](Self::record_append), submitted.
+    pub fn append(
+        &self,
+        gpu: &Gpu,
+        keys: &GpuTensor,
+        values: &GpuTensor,
+        slots: &[i64],
+    ) -> Result<()> {
+        let mut encoder = gpu.encoder("page append");
+        self.record_append(gpu, &mut encoder, keys, values, slots)?;
+        gpu.scoped("submitting a page append", || {
+            gpu.queue().submit([encoder.finish()]);
+        })
+    }
+}
