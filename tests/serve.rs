@@ -739,3 +739,43 @@ fn bad_inputs_are_named_before_anything_is_recorded() {
         .poll(wgpu::PollType::wait_indefinitely())
         .expect("poll");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Random (mostly wrong) tables and query indices never panic the plan: each is `Ok` or an
+    /// `Err` naming the table; and an `Ok` plan runs over a pool holding every page it lists.
+    #[test]
+    fn random_tables_never_panic(
+        indptr in proptest::collection::vec(0u32..12, 1..6),
+        indices in proptest::collection::vec(0u32..8, 0..12),
+        last in proptest::collection::vec(0u32..6, 0..6),
+        qo in proptest::collection::vec(0u32..10, 0..7),
+    ) {
+        let g = gpu();
+        let table = PageTable { kv_indptr: indptr, kv_indices: indices, kv_last_page_len: last };
+        let inputs = PlanInputs {
+            qo_indptr: &qo,
+            table: &table,
+            num_qo_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            page_size: 4,
+            layout: KvLayout::Nhd,
+            f16: false,
+            options: BatchOptions { causal: true, ..Default::default() },
+        };
+        match BatchAttention::plan(g, &inputs) {
+            Err(e) => proptest::prop_assert!(
+                matches!(e, wgpu_mha::Error::PageTable(_)),
+                "{e}"
+            ),
+            Ok(plan) => {
+                let config = PoolConfig { page_size: 4, ..PoolConfig::new(8, 1, 4) };
+                let pool = PagedKvPool::new(g, config).expect("pool");
+                let q = GpuTensor::zeros(g, &[plan.total_q(), 2, 4]).expect("q");
+                let out = GpuTensor::zeros(g, &[plan.total_q(), 2, 4]).expect("out");
+                plan.run(&q, &pool, &out, None).expect("a valid plan runs");
+            }
+        }
+    }
+}
