@@ -664,6 +664,10 @@ fn bad_inputs_are_named_before_anything_is_recorded() {
         (
             plan_err(PlanInputs {
                 qo_indptr: &long_q,
+                options: BatchOptions {
+                    causal: true,
+                    ..Default::default()
+                },
                 ..b.plan_inputs()
             }),
             "sequence 0 has",
@@ -778,4 +782,177 @@ proptest::proptest! {
             }
         }
     }
+}
+
+#[test]
+fn merge_states_is_the_softmax_over_both_key_sets() {
+    let g = gpu();
+    let (n, h, d) = (5, 3, 7);
+    let v_a = values(n * h * d, 1);
+    let v_b = values(n * h * d, 2);
+    let mut s_a: Vec<f32> = values(n * h, 3).iter().map(|x| 4.0 * x).collect();
+    let s_b: Vec<f32> = values(n * h, 4).iter().map(|x| 30.0 * x).collect();
+    // A part that saw no key weighs nothing; a row neither part saw is 0 with lse −inf.
+    s_a[2] = f32::NEG_INFINITY;
+    let mut s_b = s_b;
+    s_b[7] = f32::NEG_INFINITY;
+    s_a[7] = f32::NEG_INFINITY;
+    let up = |data: &[f32], shape: &[usize]| {
+        GpuTensor::upload(g, &Tensor::new(shape.to_vec(), data.to_vec()).expect("t")).expect("up")
+    };
+    let (va, sa, vb, sb) = (
+        up(&v_a, &[n, h, d]),
+        up(&s_a, &[n, h]),
+        up(&v_b, &[n, h, d]),
+        up(&s_b, &[n, h]),
+    );
+    let (vo, so) = (
+        GpuTensor::zeros(g, &[n, h, d]).expect("v"),
+        GpuTensor::zeros(g, &[n, h]).expect("s"),
+    );
+    let state = |out, lse| wgpu_mha::serve::State { out, lse };
+    wgpu_mha::serve::merge_states(g, state(&va, &sa), state(&vb, &sb), state(&vo, &so))
+        .expect("merge");
+    let (mut want_v, mut want_s) = (Vec::new(), Vec::new());
+    for r in 0..n * h {
+        let (a, b) = (s_a[r] as f64, s_b[r] as f64);
+        let m = a.max(b);
+        let (wa, wb) = if m == f64::NEG_INFINITY {
+            (0.0, 0.0)
+        } else {
+            ((a - m).exp(), (b - m).exp())
+        };
+        let total = wa + wb;
+        want_s.push(if total > 0.0 {
+            m + total.ln()
+        } else {
+            f64::NEG_INFINITY
+        });
+        for e in 0..d {
+            let i = r * d + e;
+            let v = wa * v_a[i] as f64 + wb * v_b[i] as f64;
+            want_v.push(if total > 0.0 { v / total } else { 0.0 });
+        }
+    }
+    common::assert_close("merged out", vo.read(g).expect("read").data(), &want_v);
+    let got_s = so.read(g).expect("read").data().to_vec();
+    assert_eq!(got_s[7], f32::NEG_INFINITY, "a row no part saw");
+    let finite: Vec<usize> = (0..n * h).filter(|&r| r != 7).collect();
+    let got: Vec<f32> = finite.iter().map(|&r| got_s[r]).collect();
+    let want: Vec<f64> = finite.iter().map(|&r| want_s[r]).collect();
+    common::assert_within("merged lse", &got, &want, 1e-5);
+    let err = wgpu_mha::serve::merge_states(g, state(&va, &sa), state(&vb, &sb), state(&va, &so))
+        .expect_err("an input as output");
+    assert!(err.to_string().contains("writes its own buffers"), "{err}");
+}
+
+/// Cascade attention: four sequences share a prompt prefix of whole pages. Attending the prefix
+/// once for every sequence's rows (no positions: all rows in one "sequence"), each suffix
+/// causally, and merging the two states equals attending each sequence whole.
+#[test]
+fn a_shared_prefix_attended_once_and_merged_equals_the_whole() {
+    let g = gpu();
+    let (h, h_kv, d, ps) = (4, 2, 16, 16);
+    let (prefix_pages, seqs) = (5, 4);
+    let suffix_tokens = [20, 33, 16, 47];
+    let rows = [1, 5, 16, 1];
+    let mut b = random_batch(
+        21,
+        1,
+        (10, 10),
+        (1, 1),
+        ps,
+        (h, h_kv),
+        d,
+        KvLayout::Nhd,
+        false,
+    );
+    // Pages: 0..5 the prefix, then each suffix's own.
+    let suffix_pages: Vec<usize> = suffix_tokens
+        .iter()
+        .map(|t: &usize| t.div_ceil(ps))
+        .collect();
+    let max_pages = prefix_pages + suffix_pages.iter().sum::<usize>();
+    b.config.max_pages = max_pages;
+    b.pool = values(b.config.elements(), 77);
+    let mut whole = PageTable {
+        kv_indptr: vec![0],
+        ..Default::default()
+    };
+    let mut suffix = whole.clone();
+    let mut next = prefix_pages as u32;
+    for s in 0..seqs {
+        let own: Vec<u32> = (next..next + suffix_pages[s] as u32).collect();
+        next += suffix_pages[s] as u32;
+        whole.kv_indices.extend(0..prefix_pages as u32);
+        whole.kv_indices.extend(&own);
+        whole.kv_indptr.push(whole.kv_indices.len() as u32);
+        suffix.kv_indices.extend(&own);
+        suffix.kv_indptr.push(suffix.kv_indices.len() as u32);
+        let last = (suffix_tokens[s] - (suffix_pages[s] - 1) * ps) as u32;
+        whole.kv_last_page_len.push(last);
+        suffix.kv_last_page_len.push(last);
+    }
+    let mut qo = vec![0u32];
+    for r in rows {
+        qo.push(qo.last().expect("indptr") + r);
+    }
+    let total_q = *qo.last().expect("indptr") as usize;
+    b.table = whole;
+    b.qo_indptr = qo.clone();
+    b.q = values(total_q * h * d, 8);
+    b.options = BatchOptions {
+        causal: true,
+        return_lse: true,
+        ..Default::default()
+    };
+    // The whole batch, as the reference sees it, is what the cascade must give.
+    let (want, _) = b.reference();
+
+    let prefix = PageTable {
+        kv_indptr: vec![0, prefix_pages as u32],
+        kv_indices: (0..prefix_pages as u32).collect(),
+        kv_last_page_len: vec![ps as u32],
+    };
+    let all_rows = [0, total_q as u32];
+    let level = |table: &PageTable, qo_indptr: &[u32], causal: bool| {
+        let inputs = PlanInputs {
+            qo_indptr,
+            table,
+            options: BatchOptions {
+                causal,
+                return_lse: true,
+                ..Default::default()
+            },
+            ..b.plan_inputs()
+        };
+        BatchAttention::plan(g, &inputs).expect("plan")
+    };
+    let pool = PagedKvPool::upload(g, b.config, &b.pool).expect("pool");
+    let q =
+        GpuTensor::upload(g, &Tensor::new([total_q, h, d], b.q.clone()).expect("q")).expect("q");
+    let part = || {
+        (
+            GpuTensor::zeros(g, &[total_q, h, d]).expect("out"),
+            GpuTensor::zeros(g, &[total_q, h]).expect("lse"),
+        )
+    };
+    let (prefix_out, prefix_lse) = part();
+    let (suffix_out, suffix_lse) = part();
+    let (out, lse) = part();
+    level(&prefix, &all_rows, false)
+        .run(&q, &pool, &prefix_out, Some(&prefix_lse))
+        .expect("prefix once");
+    level(&suffix, &qo, true)
+        .run(&q, &pool, &suffix_out, Some(&suffix_lse))
+        .expect("suffixes");
+    let state = |out, lse| wgpu_mha::serve::State { out, lse };
+    wgpu_mha::serve::merge_states(
+        g,
+        state(&prefix_out, &prefix_lse),
+        state(&suffix_out, &suffix_lse),
+        state(&out, &lse),
+    )
+    .expect("merge");
+    common::assert_close("cascade", out.read(g).expect("read").data(), &want);
 }

@@ -12,6 +12,7 @@ use wgpu_mha::kernels::flash_attention::{self, FlashShape};
 use wgpu_mha::kernels::kv_append::{self, AppendParams};
 use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
+use wgpu_mha::kernels::merge_state::MergeStateParams;
 use wgpu_mha::kernels::mla_rows::{self, RowParams};
 use wgpu_mha::kernels::paged_append::{self, PagedAppendParams};
 use wgpu_mha::kernels::paged_attention::{self, PagedParams, PagedShape};
@@ -63,6 +64,10 @@ fn all_sources() -> Vec<(String, String)> {
         ("qk_norm f16".to_string(), qk_norm::source(true)),
         ("kv_append".to_string(), kv_append::source(false)),
         ("kv_append f16".to_string(), kv_append::source(true)),
+        (
+            "merge_state".to_string(),
+            wgpu_mha::kernels::merge_state::WGSL.to_string(),
+        ),
         ("paged_append".to_string(), paged_append::source(false)),
         ("paged_append f16".to_string(), paged_append::source(true)),
         ("paged_merge d4 1".to_string(), paged_merge::source(1)),
@@ -526,6 +531,10 @@ fn uniform_structs_match_their_wgsl_layout() {
                     _pad
                 ]
             ),
+        ),
+        (
+            wgpu_mha::kernels::merge_state::WGSL.to_string(),
+            host_layout!(MergeStateParams, [rows, head_dim, groups_x, _pad]),
         ),
         (
             paged_append::source(false),

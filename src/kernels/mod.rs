@@ -14,6 +14,7 @@ pub mod flash_attention;
 pub mod kv_append;
 pub mod linear;
 pub mod mask;
+pub mod merge_state;
 pub mod mla_rows;
 pub mod naive;
 pub mod paged_append;

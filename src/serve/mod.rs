@@ -1,7 +1,8 @@
 //! Serving many sequences at once: a page pool per layer ([`PagedKvPool`]), FlashInfer's CSR
 //! page table ([`PageTable`]), a host allocator with shared pages and copy on write
 //! ([`PageAllocator`]), ragged appends ([`PagedKvPool::record_append`]) and batched attention
-//! through a plan made once per step and run by every layer ([`BatchAttention`]).
+//! through a plan made once per step and run by every layer ([`BatchAttention`]), and the
+//! merge of two parts' states ([`merge_states`]) for a shared prefix attended once (cascade).
 //!
 //! A sequence's query rows are its last tokens (bottom-right causal alignment), so one call
 //! serves decode rows, a few speculative rows and prefill chunks together. Every index is
@@ -9,11 +10,13 @@
 //! does not list, nor a slot past a sequence's length.
 
 mod allocator;
+mod merge;
 mod plan;
 mod pool;
 mod table;
 
 pub use allocator::{Growth, PageAllocator, Sequence};
+pub use merge::{merge_states, record_merge_states, State};
 pub use plan::{BatchAttention, BatchOptions, PlanInputs};
 pub use pool::{KvLayout, PagedKvPool, PoolConfig};
 pub use table::{check_qo_indptr, PageTable};

@@ -67,7 +67,6 @@ fn target_items(class: KernelClass) -> usize {
 
 /// One step's plan: its work list on the device, its scratch and the two passes' parameters.
 /// Reused by every layer of the step; bit-identical outputs for the same inputs.
-#[derive(Debug)]
 pub struct BatchAttention {
     gpu: Gpu,
     shape: PagedShape,
@@ -92,6 +91,24 @@ pub struct BatchAttention {
     return_lse: bool,
     chunk_keys: usize,
     items: usize,
+}
+
+impl std::fmt::Debug for BatchAttention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchAttention")
+            .field("total_q", &self.total_q)
+            .field("heads", &self.heads)
+            .field("kv_heads", &self.kv_heads)
+            .field("head_dim", &self.head_dim)
+            .field("page_size", &self.page_size)
+            .field("layout", &self.layout)
+            .field("f16", &self.f16)
+            .field("shape", &self.shape)
+            .field("work_items", &self.items)
+            .field("chunk_keys", &self.chunk_keys)
+            .field("split", &self.merge_groups.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The host side of a plan: every table the shader reads, as u32 words.
@@ -155,7 +172,8 @@ impl BatchAttention {
         let tokens: Vec<usize> = (0..inputs.table.sequences())
             .map(|s| inputs.table.tokens(s, ps))
             .collect();
-        let q_rows = check_qo_indptr(inputs.qo_indptr, &tokens)?;
+        let positional = o.causal || o.window_left.is_some() || o.alibi_max_bias.is_some();
+        let q_rows = check_qo_indptr(inputs.qo_indptr, &tokens, positional)?;
         let total_q = *inputs.qo_indptr.last().unwrap_or(&0) as usize;
 
         let shape = PagedShape::for_device(gpu, d, inputs.f16)?;
@@ -483,7 +501,9 @@ fn work_list(
     for (seq, (&kv_len, &q_len)) in tokens.iter().zip(q_rows).enumerate() {
         for row0 in (0..q_len).step_by(rows_per_item) {
             let rows = rows_per_item.min(q_len - row0);
-            let first_pos = kv_len - q_len + row0;
+            // Positions exist only where rows are a sequence's last tokens (checked: q_len ≤
+            // kv_len whenever causal, a window or ALiBi reads them).
+            let first_pos = (kv_len + row0).saturating_sub(q_len);
             let last_pos = first_pos + rows - 1;
             let hi = if o.causal { last_pos + 1 } else { kv_len };
             let lo = o.window_left.map_or(0, |w| first_pos.saturating_sub(w));

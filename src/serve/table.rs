@@ -100,9 +100,16 @@ impl PageTable {
 }
 
 /// `Err(PageTable)` unless `qo_indptr` (query rows per sequence, as prefix sums) has `n + 1`
-/// entries from 0, never decreasing, and gives no sequence more query rows than tokens (its
-/// query rows are its last tokens). Returns each sequence's query row count.
-pub fn check_qo_indptr(qo_indptr: &[u32], tokens: &[usize]) -> Result<Vec<usize>> {
+/// entries from 0, never decreasing, and — when the rows have positions (`positional`: causal,
+/// a window or ALiBi, where a sequence's query rows are its last tokens) — gives no sequence
+/// more query rows than tokens. Without positions any number of rows may attend a sequence's
+/// keys (a shared prefix attended once for every sequence's rows). Returns each sequence's
+/// query row count.
+pub fn check_qo_indptr(
+    qo_indptr: &[u32],
+    tokens: &[usize],
+    positional: bool,
+) -> Result<Vec<usize>> {
     let n = tokens.len();
     if qo_indptr.len() != n + 1 {
         return Err(table_error(format!(
@@ -126,7 +133,7 @@ pub fn check_qo_indptr(qo_indptr: &[u32], tokens: &[usize]) -> Result<Vec<usize>
                 qo_indptr[s]
             )));
         };
-        if q as usize > tokens[s] {
+        if positional && q as usize > tokens[s] {
             return Err(table_error(format!(
                 "sequence {s} has {q} query rows but holds only {} tokens (its query rows are \
                  its last tokens: append them first)",
@@ -180,7 +187,7 @@ mod tests {
     #[test]
     fn query_rows_are_checked_against_tokens() {
         assert_eq!(
-            check_qo_indptr(&[0, 1, 4], &[5, 3]).expect("ok"),
+            check_qo_indptr(&[0, 1, 4], &[5, 3], true).expect("ok"),
             vec![1, 3]
         );
         for (indptr, want) in [
@@ -192,10 +199,12 @@ mod tests {
                 "sequence 1 has 4 query rows but holds only 3",
             ),
         ] {
-            let err = check_qo_indptr(&indptr, &[5, 3])
+            let err = check_qo_indptr(&indptr, &[5, 3], true)
                 .expect_err(want)
                 .to_string();
             assert!(err.contains(want), "{err} should name {want}");
         }
+        // Rows without positions may outnumber a sequence's tokens.
+        assert_eq!(check_qo_indptr(&[0, 9], &[3], false).expect("ok"), vec![9]);
     }
 }
