@@ -1,4 +1,5 @@
-// paged_append: new keys and values [total_new, H_kv, D] (f32) into their slots of a page
+// paged_append: new keys and values (f32, token t's head h at offset + t · row_stride +
+// h · head_stride: [total_new, H_kv, D] or a head-split projection) into their slots of a page
 // pool, a slot being page · page_size + offset (vLLM's slot mapping; negative: skip the token).
 // One invocation per (token, KV head, column), writing K and V, converted to the pool's
 // element type KvElem (the host's prelude defines it).
@@ -11,6 +12,10 @@ struct PagedAppendParams {
     page_size: u32,
     hnd: u32,          // 1: pages are [2, H_kv, page_size, D]; 0: [2, page_size, H_kv, D]
     groups_x: u32,
+    k_offset: u32,     // the new token t's head h of keys at k_offset + t · row_stride +
+    v_offset: u32,     // h · head_stride (of values at v_offset + …)
+    row_stride: u32,
+    head_stride: u32,
     _pad0: u32,
     _pad1: u32,
 }
@@ -43,6 +48,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         at = ((page * 2u) * p.page_size + offset) * p.kv_heads * p.head_dim + kvh * p.head_dim + d;
     }
     let values_at = p.page_size * p.kv_heads * p.head_dim;
-    pool[at] = KvElem(keys[idx]);
-    pool[at + values_at] = KvElem(values[idx]);
+    let src = token * p.row_stride + kvh * p.head_stride + d;
+    pool[at] = KvElem(keys[p.k_offset + src]);
+    pool[at + values_at] = KvElem(values[p.v_offset + src]);
 }

@@ -28,10 +28,14 @@ struct PagedParams {
     indices_at: u32,
     heads_at: u32,        // [H] sink logits then [H] ALiBi slopes, as f32 bits
     partial_rows: u32,    // rows of partial states in `scratch` (its lse part follows them)
+    q_offset: u32,        // q's row r of head h at q_offset + r · q_row + h · q_head
+    q_row: u32,
+    q_head: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: PagedParams;
-@group(0) @binding(1) var<storage, read> q: array<f32>;            // [total_q, H, D]
+@group(0) @binding(1) var<storage, read> q: array<f32>;            // see q_offset
 @group(0) @binding(2) var<storage, read> pool: array<KvElem>;      // [pages, 2, ...]
 @group(0) @binding(3) var<storage, read> plan: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;    // [total_q, H, D]
@@ -103,7 +107,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (slot < n_rows * n_heads) {
             let row = q_begin + row0 + slot / n_heads;
             let h = kvh * (p.heads / p.kv_heads) + head0 + slot % n_heads;
-            let base = (row * p.heads + h) * p.head_dim;
+            let base = p.q_offset + row * p.q_row + h * p.q_head;
             for (var lane = 0u; lane < 4u; lane++) {
                 if (c * 4u + lane < p.head_dim) {
                     x[lane] = q[base + c * 4u + lane];

@@ -301,6 +301,7 @@ fn random_options(r: &mut Rng, heads: usize) -> BatchOptions {
         alibi_max_bias: (r.range(0, 3) == 0).then_some(8.0),
         sinks: (r.range(0, 3) == 0).then(|| values(heads, r.next())),
         return_lse: r.coin(),
+        ..Default::default()
     }
 }
 

@@ -512,7 +512,11 @@ fn uniform_structs_match_their_wgsl_layout() {
                     seqs_at,
                     indices_at,
                     heads_at,
-                    partial_rows
+                    partial_rows,
+                    q_offset,
+                    q_row,
+                    q_head,
+                    _pad
                 ]
             ),
         ),
@@ -540,7 +544,20 @@ fn uniform_structs_match_their_wgsl_layout() {
             paged_append::source(false),
             host_layout!(
                 PagedAppendParams,
-                [tokens, kv_heads, head_dim, page_size, hnd, groups_x, _pad0, _pad1]
+                [
+                    tokens,
+                    kv_heads,
+                    head_dim,
+                    page_size,
+                    hnd,
+                    groups_x,
+                    k_offset,
+                    v_offset,
+                    row_stride,
+                    head_stride,
+                    _pad0,
+                    _pad1
+                ]
             ),
         ),
         (

@@ -94,22 +94,8 @@ pub(crate) fn dispatches(
     let c = &mha.config;
     let gpu = &mha.gpu;
     let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
-    let mut chain = Vec::new();
+    let mut chain = front(mha, g, b)?;
 
-    // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
-    chain.extend(projections(mha, g, b)?);
-
-    // Q, K, V = clamp(Q), clamp(K), clamp(V): OLMo's clip_qkv, on the new rows
-    chain.extend(row_passes::clamps(mha, g, b)?);
-
-    // Q, K = q_norm(Q), k_norm(K): normalised in place (the new keys only)
-    chain.extend(row_passes::norms(mha, g, b)?);
-
-    // Q, K = rope(Q), rope(K): rotated by position in place (the new keys only: a KV cache
-    // holds its keys rotated)
-    if let (Some(rope), Some(tables)) = (&c.rope, b.rope) {
-        chain.extend(row_passes::rotations(mha, rope, g, b, tables)?);
-    }
 
     // cache.append(K, V): into a chunked KV cache, from the scratch they were projected to
     let mut layout = g.layout;
@@ -202,7 +188,42 @@ pub(crate) fn dispatches(
         _ => return Err(mha.no_fused_kernel()),
     }
 
-    // output = W_o(combined), when the module has an output projection
+    chain.extend(output_projection(mha, g, b, out_rows)?);
+    Ok(chain)
+}
+
+/// The passes before the attention core: Q, K and V projected, clamped, normalised and
+/// rotated, in the head-split layout of `g` (what a serving step reuses, see `crate::serve`).
+pub(crate) fn front(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result<Vec<Dispatch>> {
+    let c = &mha.config;
+    // Q, K, V = split_heads(W_q(query)), split_heads(W_k(key)), split_heads(W_v(value))
+    let mut chain = projections(mha, g, b)?;
+
+    // Q, K, V = clamp(Q), clamp(K), clamp(V): OLMo's clip_qkv, on the new rows
+    chain.extend(row_passes::clamps(mha, g, b)?);
+
+    // Q, K = q_norm(Q), k_norm(K): normalised in place (the new keys only)
+    chain.extend(row_passes::norms(mha, g, b)?);
+
+    // Q, K = rope(Q), rope(K): rotated by position in place (the new keys only: a KV cache
+    // holds its keys rotated)
+    if let (Some(rope), Some(tables)) = (&c.rope, b.rope) {
+        chain.extend(row_passes::rotations(mha, rope, g, b, tables)?);
+    }
+    Ok(chain)
+}
+
+/// output = W_o(combined) into `b.output`, `out_rows` rows per sequence, when the module has
+/// an output projection (nothing otherwise).
+pub(crate) fn output_projection(
+    mha: &MultiHeadAttention,
+    g: &Geometry,
+    b: &Bound,
+    out_rows: usize,
+) -> Result<Vec<Dispatch>> {
+    let c = &mha.config;
+    let gpu = &mha.gpu;
+    let mut chain = Vec::new();
     if let (Some((w_o, b_o)), Some(output)) = (&mha.weights.w_o, b.output) {
         let rows = (g.batch * g.lq) as u32;
         let seg = Segment {

@@ -21,6 +21,10 @@ pub struct PagedAppendParams {
     pub page_size: u32,
     pub hnd: u32,
     pub groups_x: u32,
+    pub k_offset: u32,
+    pub v_offset: u32,
+    pub row_stride: u32,
+    pub head_stride: u32,
     pub _pad0: u32,
     pub _pad1: u32,
 }

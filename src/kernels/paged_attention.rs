@@ -40,6 +40,10 @@ pub struct PagedParams {
     pub indices_at: u32,
     pub heads_at: u32,
     pub partial_rows: u32,
+    pub q_offset: u32,
+    pub q_row: u32,
+    pub q_head: u32,
+    pub _pad: u32,
 }
 
 /// `PagedParams::flags` bits.

@@ -17,6 +17,6 @@ mod table;
 
 pub use allocator::{Growth, PageAllocator, Sequence};
 pub use merge::{merge_states, record_merge_states, State};
-pub use plan::{BatchAttention, BatchOptions, PlanInputs};
+pub use plan::{BatchAttention, BatchOptions, PlanInputs, QueryLayout};
 pub use pool::{KvLayout, PagedKvPool, PoolConfig};
 pub use table::{check_qo_indptr, PageTable};

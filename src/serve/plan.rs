@@ -38,6 +38,19 @@ pub struct BatchOptions {
     pub sinks: Option<Vec<f32>>,
     /// Write each row's log-sum-exp (natural log) to the `lse` tensor given to `run`.
     pub return_lse: bool,
+    /// How `q` holds its rows: `[total_q, H, D]` (the default) or head-major.
+    pub q_layout: QueryLayout,
+}
+
+/// Where query row `r` of head `h` lies in `q`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueryLayout {
+    /// `[total_q, H, D]`: FlashInfer's packed rows.
+    #[default]
+    TokenMajor,
+    /// `[H, total_q, D]`: what a module's head-split projection writes (see
+    /// `MultiHeadAttention::record_paged_step`).
+    HeadMajor,
 }
 
 /// The shapes and table of one step.
@@ -250,6 +263,16 @@ impl BatchAttention {
             indices_at: indices_at as u32,
             heads_at: heads_at as u32,
             partial_rows: work.partial_rows as u32,
+            q_offset: 0,
+            q_row: match o.q_layout {
+                QueryLayout::TokenMajor => (h * d) as u32,
+                QueryLayout::HeadMajor => d as u32,
+            },
+            q_head: match o.q_layout {
+                QueryLayout::TokenMajor => d as u32,
+                QueryLayout::HeadMajor => (total_q * d) as u32,
+            },
+            _pad: 0,
         };
         let merge_params = MergeParams {
             total_q: total_q as u32,
@@ -330,46 +353,61 @@ impl BatchAttention {
         out: &GpuTensor,
         lse: Option<&GpuTensor>,
     ) -> Result<()> {
-        let gpu = &self.gpu;
         self.check(q, pool, out, lse)?;
-        let lse_buffer = lse.map_or(&self.no_lse, |t| t.buffer());
-        let groups = gpu.scoped("recording batched paged attention", || -> Result<_> {
-            let attention = kernel::bind(
-                gpu,
-                &self.attention,
-                &PagedBindings {
-                    params: &self.params,
-                    q: q.buffer(),
-                    pool: pool.buffer(),
-                    plan: &self.plan,
-                    out: out.buffer(),
-                    lse: lse_buffer,
-                    scratch: &self.scratch,
-                },
-            )?;
-            let merge = match self.merge_groups {
-                Some(_) => Some(paged_merge::bind(
+        let prepared = self.gpu.scoped("recording batched paged attention", || {
+            self.prepare(q.buffer(), pool, out.buffer(), lse.map(|t| t.buffer()))
+        })??;
+        prepared.record(encoder);
+        Ok(())
+    }
+
+    /// The bind groups of one run over these buffers (q at the plan's [`QueryLayout`], `out`
+    /// `[total_q, H, D]`), for a caller that checked them and makes them inside its error
+    /// scope. Makes no buffer.
+    pub(crate) fn prepare(
+        &self,
+        q: &wgpu::Buffer,
+        pool: &PagedKvPool,
+        out: &wgpu::Buffer,
+        lse: Option<&wgpu::Buffer>,
+    ) -> Result<PreparedRun<'_>> {
+        let gpu = &self.gpu;
+        self.check_pool(pool)?;
+        let lse = lse.unwrap_or(&self.no_lse);
+        let attention = kernel::bind(
+            gpu,
+            &self.attention,
+            &PagedBindings {
+                params: &self.params,
+                q,
+                pool: pool.buffer(),
+                plan: &self.plan,
+                out,
+                lse,
+                scratch: &self.scratch,
+            },
+        )?;
+        let merge = match self.merge_groups {
+            Some(groups) => Some((
+                paged_merge::bind(
                     gpu,
                     &self.merge,
                     &self.merge_params,
                     &self.plan,
                     &self.scratch,
-                    out.buffer(),
-                    lse_buffer,
-                )?),
-                None => None,
-            };
-            Ok((attention, merge))
-        })??;
-        if self.items > 0 {
-            record_one(encoder, &self.attention, &groups.0, self.attention_groups);
-        }
-        if let (Some(bind), Some(wg)) = (&groups.1, self.merge_groups) {
-            record_one(encoder, &self.merge, bind, wg);
-        }
-        Ok(())
+                    out,
+                    lse,
+                )?,
+                groups,
+            )),
+            None => None,
+        };
+        Ok(PreparedRun {
+            plan: self,
+            attention,
+            merge,
+        })
     }
-
     /// [`record`](Self::record), submitted.
     pub fn run(
         &self,
@@ -428,6 +466,12 @@ impl BatchAttention {
                 "out (and lse) must be buffers of their own, not q's or each other's".into(),
             ));
         }
+        self.check_pool(pool)
+    }
+
+    /// `Err` unless `pool` is of the planned shape and holds every page the table lists.
+    fn check_pool(&self, pool: &PagedKvPool) -> Result<()> {
+        let d = self.head_dim;
         let c = pool.config();
         if (c.page_size, c.kv_heads, c.head_dim, c.layout, c.f16)
             != (self.page_size, self.kv_heads, d, self.layout, self.f16)
@@ -453,6 +497,25 @@ impl BatchAttention {
             )));
         }
         Ok(())
+    }
+}
+
+/// One run's bind groups, ready to record (recording cannot fail).
+pub(crate) struct PreparedRun<'a> {
+    plan: &'a BatchAttention,
+    attention: wgpu::BindGroup,
+    merge: Option<(wgpu::BindGroup, [u32; 3])>,
+}
+
+impl PreparedRun<'_> {
+    pub(crate) fn record(&self, encoder: &mut wgpu::CommandEncoder) {
+        let plan = self.plan;
+        if plan.items > 0 {
+            record_one(encoder, &plan.attention, &self.attention, plan.attention_groups);
+        }
+        if let Some((bind, groups)) = &self.merge {
+            record_one(encoder, &plan.merge, bind, *groups);
+        }
     }
 }
 

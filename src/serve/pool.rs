@@ -4,8 +4,21 @@
 
 use crate::attention::gpu_tensor::GpuTensor;
 use crate::error::{Error, Result};
+use crate::gpu::pass::Dispatch;
 use crate::gpu::Gpu;
 use crate::kernels::paged_append::{self, AppendBindings, PagedAppendParams};
+
+/// New keys and values (f32) in device buffers: token `t`'s head `h` at `offset + t ·
+/// row_stride + h · head_stride` (`[total_new, H_kv, D]`, or a module's head-split projection).
+pub(crate) struct NewKv<'a> {
+    pub keys: &'a wgpu::Buffer,
+    pub values: &'a wgpu::Buffer,
+    pub k_offset: usize,
+    pub v_offset: usize,
+    pub row_stride: usize,
+    pub head_stride: usize,
+    pub tokens: usize,
+}
 
 /// Where a page keeps its tokens and heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -286,13 +299,14 @@ impl PagedKvPool {
         if slots.is_empty() {
             return Ok(());
         }
-        let params = PagedAppendParams {
-            tokens: slots.len() as u32,
-            kv_heads: c.kv_heads as u32,
-            head_dim: c.head_dim as u32,
-            page_size: c.page_size as u32,
-            hnd: (c.layout == KvLayout::Hnd) as u32,
-            ..Default::default()
+        let new = NewKv {
+            keys: keys.buffer(),
+            values: values.buffer(),
+            k_offset: 0,
+            v_offset: 0,
+            row_stride: c.kv_heads * c.head_dim,
+            head_stride: c.head_dim,
+            tokens: slots.len(),
         };
         let (dispatch, slot_buffer) = gpu.scoped("recording a page append", || {
             let slot_buffer = gpu.storage(
@@ -300,17 +314,42 @@ impl PagedKvPool {
                 4 * words.len() as u64,
                 wgpu::BufferUsages::empty(),
             );
-            let bindings = AppendBindings {
-                keys: keys.buffer(),
-                values: values.buffer(),
-                slots: &slot_buffer,
-                pool: &self.buffer,
-            };
-            paged_append::dispatch(gpu, c.f16, params, &bindings).map(|d| (d, slot_buffer))
+            self.append_dispatch(gpu, &new, &slot_buffer)
+                .map(|d| (d, slot_buffer))
         })??;
         gpu.write_in(encoder, &slot_buffer, 0, bytemuck::cast_slice(&words));
         dispatch.record(encoder, None);
         Ok(())
+    }
+
+    /// The append dispatch of `new` into the slots `slots` holds (i32 each, checked by the
+    /// caller against the pool).
+    pub(crate) fn append_dispatch(
+        &self,
+        gpu: &Gpu,
+        new: &NewKv,
+        slots: &wgpu::Buffer,
+    ) -> Result<Dispatch> {
+        let c = &self.config;
+        let params = PagedAppendParams {
+            tokens: new.tokens as u32,
+            kv_heads: c.kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            page_size: c.page_size as u32,
+            hnd: (c.layout == KvLayout::Hnd) as u32,
+            k_offset: new.k_offset as u32,
+            v_offset: new.v_offset as u32,
+            row_stride: new.row_stride as u32,
+            head_stride: new.head_stride as u32,
+            ..Default::default()
+        };
+        let bindings = AppendBindings {
+            keys: new.keys,
+            values: new.values,
+            slots,
+            pool: &self.buffer,
+        };
+        paged_append::dispatch(gpu, c.f16, params, &bindings)
     }
 
     /// [`record_append`](Self::record_append), submitted.
