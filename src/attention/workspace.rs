@@ -96,7 +96,6 @@ pub(crate) fn dispatches(
     let (h, dk, dv) = (c.heads, c.qk_head_dim, c.v_head_dim);
     let mut chain = front(mha, g, b)?;
 
-
     // cache.append(K, V): into a chunked KV cache, from the scratch they were projected to
     let mut layout = g.layout;
     if let Some(chunks) = b.chunks {

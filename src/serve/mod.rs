@@ -13,10 +13,13 @@ mod allocator;
 mod merge;
 mod plan;
 mod pool;
+mod step;
 mod table;
 
 pub use allocator::{Growth, PageAllocator, Sequence};
 pub use merge::{merge_states, record_merge_states, State};
 pub use plan::{BatchAttention, BatchOptions, PlanInputs, QueryLayout};
+pub(crate) use pool::NewKv;
 pub use pool::{KvLayout, PagedKvPool, PoolConfig};
+pub use step::PagedStep;
 pub use table::{check_qo_indptr, PageTable};

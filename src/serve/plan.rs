@@ -511,7 +511,12 @@ impl PreparedRun<'_> {
     pub(crate) fn record(&self, encoder: &mut wgpu::CommandEncoder) {
         let plan = self.plan;
         if plan.items > 0 {
-            record_one(encoder, &plan.attention, &self.attention, plan.attention_groups);
+            record_one(
+                encoder,
+                &plan.attention,
+                &self.attention,
+                plan.attention_groups,
+            );
         }
         if let Some((bind, groups)) = &self.merge {
             record_one(encoder, &plan.merge, bind, *groups);

@@ -1,0 +1,195 @@
+//! The module on a page pool: the new tokens of many sequences, packed as `[tokens, E]`, are
+//! projected, rotated at their own positions, appended to the layer's pool and attended
+//! through the step's plan, then projected out — the seeds' forward, with a serving step's
+//! memory (see `crate::serve`).
+
+use super::gpu_tensor::GpuTensor;
+use super::workspace::{front, output_projection, Bound, Geometry, Placement, RopeTables};
+use super::{MultiHeadAttention, Precision};
+use crate::error::{Error, Result};
+use crate::kernels::mask::MaskBuffers;
+use crate::kernels::{QkvBuffers, QkvLayout};
+use crate::serve::{NewKv, PagedKvPool, PagedStep};
+
+impl MultiHeadAttention {
+    /// Records this layer's part of `step` into `encoder`: `x [tokens, model_dim]` (the step's
+    /// new tokens, sequence after sequence as its `qo_indptr` orders them) projected to Q, K,
+    /// V, rotated by each token's own position, K and V appended to `pool` (this layer's), the
+    /// queries attended over every sequence's pages (bottom-right causal), and the output
+    /// projection. Returns `[tokens, output_dim]`, the caller's, holding the result once
+    /// `encoder` has run. Layers of one step may be recorded into one encoder, each reading
+    /// the previous one's output.
+    ///
+    /// Refused (`Err`, before anything is recorded): modules whose attention a pool does not
+    /// hold yet — appended keys (`add_bias_kv`, `add_zero_attn`), latent K = V caches, sinks,
+    /// f16 precision, separate key/value inputs, query and value head sizes that differ —
+    /// and a step or pool of other shapes.
+    pub fn record_paged_step(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        step: &PagedStep,
+        pool: &PagedKvPool,
+        x: &GpuTensor,
+    ) -> Result<GpuTensor> {
+        self.check_paged(step, pool, x)?;
+        let c = &self.config;
+        let gpu = &self.gpu;
+        let t = step.tokens();
+        if t == 0 {
+            return GpuTensor::zeros(gpu, &[0, c.output_dim()]);
+        }
+        let (h, h_kv, d) = (c.heads, c.kv_heads, c.qk_head_dim);
+        let layout = QkvLayout {
+            q_offset: 0,
+            k_offset: (h * t * d) as u32,
+            v_offset: ((h + h_kv) * t * d) as u32,
+            kv_stride: t as u32,
+            kv_group: c.kv_group() as u32,
+        };
+        let geometry = Geometry {
+            batch: 1,
+            lq: t,
+            lk: t,
+            kv_pos: 0,
+            appended: 0,
+            layout,
+            fused: true,
+        };
+        let table = c.rope.as_ref().map(|rope| {
+            let seq_len = crate::model::rope::seq_len(step.positions());
+            (rope.table(step.positions(), seq_len), seq_len)
+        });
+        if let (Some(rope), Some((_, seq_len))) = (&c.rope, &table) {
+            rope.check_cached_step(*seq_len)?;
+        }
+        let out_dim = c.output_dim();
+        let prepared = gpu.scoped("recording a paged step", || -> Result<_> {
+            let none = wgpu::BufferUsages::empty();
+            let qkv = gpu.storage("paged step qkv", 4 * (t * (h + 2 * h_kv) * d) as u64, none);
+            let combined = GpuTensor::zeros(gpu, &[t, h * c.v_head_dim])?;
+            let output = match self.weights.w_o {
+                Some(_) => Some(GpuTensor::zeros(gpu, &[t, out_dim])?),
+                None => None,
+            };
+            let carry = gpu.storage("paged step (no carry)", 16, none);
+            let mask = MaskBuffers::new(gpu, 1);
+            let rope = table
+                .as_ref()
+                .map(|(data, _)| gpu.storage("paged step rope", 4 * data.len() as u64, none));
+            let bound = Bound {
+                query: x.buffer(),
+                key: x.buffer(),
+                value: x.buffer(),
+                qkv: QkvBuffers::packed(&qkv),
+                scores: None,
+                combined: combined.buffer(),
+                output: output.as_ref().map(|o| o.buffer()),
+                carry: &carry,
+                mask: &mask,
+                rope: rope.as_ref().map(|r| RopeTables { q: r, k: r }),
+                chunks: None,
+                at: Placement::default(),
+            };
+            let before = front(self, &geometry, &bound)?;
+            let new = NewKv {
+                keys: &qkv,
+                values: &qkv,
+                k_offset: layout.k_offset as usize,
+                v_offset: layout.v_offset as usize,
+                row_stride: d,
+                head_stride: t * d,
+                tokens: t,
+            };
+            let append = pool.append_dispatch(gpu, &new, &step.slots)?;
+            let after = output_projection(self, &geometry, &bound, t)?;
+            Ok((before, append, after, combined, output, rope, qkv))
+        })??;
+        let (before, append, after, combined, output, rope, qkv) = prepared;
+        // The attention's bind groups, over the buffers just made.
+        let attention = gpu.scoped("recording a paged step", || {
+            step.plan.prepare(&qkv, pool, combined.buffer(), None)
+        })??;
+        if let (Some(buffer), Some((data, _))) = (&rope, &table) {
+            gpu.write_in(encoder, buffer, 0, bytemuck::cast_slice(data));
+        }
+        for dispatch in before.iter().chain([&append]) {
+            dispatch.record(encoder, None);
+        }
+        attention.record(encoder);
+        for dispatch in &after {
+            dispatch.record(encoder, None);
+        }
+        Ok(output.unwrap_or(combined))
+    }
+
+    /// [`record_paged_step`](Self::record_paged_step), submitted.
+    pub fn forward_paged_step(
+        &self,
+        step: &PagedStep,
+        pool: &PagedKvPool,
+        x: &GpuTensor,
+    ) -> Result<GpuTensor> {
+        let mut encoder = self.gpu.encoder("paged step");
+        let out = self.record_paged_step(&mut encoder, step, pool, x)?;
+        self.gpu.scoped("submitting a paged step", || {
+            self.gpu.queue().submit([encoder.finish()]);
+        })?;
+        Ok(out)
+    }
+
+    fn check_paged(&self, step: &PagedStep, pool: &PagedKvPool, x: &GpuTensor) -> Result<()> {
+        let c = &self.config;
+        let refuse = |what: &str| {
+            Err(Error::Unsupported {
+                adapter: self.gpu.describe(),
+                what: format!("{what} on a page pool (use a KvCache)"),
+            })
+        };
+        if c.appended_keys() > 0 {
+            return refuse("appended keys (add_bias_kv, add_zero_attn)");
+        }
+        if c.values_from_keys {
+            return refuse("a latent cache whose values are its keys");
+        }
+        if c.sinks {
+            return refuse("attention sinks");
+        }
+        if self.precision == Precision::F16 {
+            return refuse("an f16-precision module");
+        }
+        if c.model_dim != c.key_dim || c.key_dim != c.value_dim {
+            return refuse("separate key/value inputs (key_dim or value_dim ≠ model_dim)");
+        }
+        if c.qk_head_dim != c.v_head_dim {
+            return refuse("value heads of another size than query heads");
+        }
+        if *pool.config() != step.pool {
+            return Err(Error::Misuse(format!(
+                "the pool {:?} is not of the step's shape {:?}",
+                pool.config(),
+                step.pool
+            )));
+        }
+        let planned = (step.heads, step.scale, step.softcap, step.alibi);
+        let ours = (c.heads, c.scale(), c.softcap, c.alibi);
+        if planned != ours
+            || c.kv_heads != pool.config().kv_heads
+            || c.qk_head_dim != pool.config().head_dim
+        {
+            return Err(Error::Misuse(format!(
+                "this layer's attention (heads, scale, softcap, ALiBi) = {ours:?} is not the \
+                 step's {planned:?}, or its kv_heads {} / head size {} not the pool's",
+                c.kv_heads, c.qk_head_dim
+            )));
+        }
+        let want = [step.tokens(), c.model_dim];
+        if x.shape() != want {
+            return Err(Error::Shape {
+                what: "paged step input".into(),
+                expected: format!("[tokens {}, model_dim {}]", want[0], want[1]),
+                got: x.shape().to_vec(),
+            });
+        }
+        Ok(())
+    }
+}
