@@ -182,3 +182,188 @@ fn modules_a_pool_does_not_hold_yet_are_refused() {
         .to_string();
     assert!(err.contains("paged step input"), "{err}");
 }
+
+/// Every decoder family's attention on a page pool equals transformers: each causal
+/// self-attention case file of `tests/fixtures/hf` is served as a batch of its sequences (their
+/// real tokens), a prefill of all but the last token, then the last, both through
+/// `record_paged_step`, every row against transformers' float64 answer within the case's bound.
+/// Modules a pool does not hold yet (sinks, MLA, T5's relative bias, appended keys) are
+/// refused by name; their count is checked too.
+#[test]
+fn every_decoder_family_on_a_pool_answers_as_transformers() {
+    use wgpu_mha::io::hf::HfCheckpoint;
+    use wgpu_mha::SafetensorsFile;
+    let (mut served, mut refused) = (Vec::new(), Vec::new());
+    for path in common::fixtures("hf") {
+        let file = SafetensorsFile::open(&path).expect("case");
+        let name = common::file_name(&path);
+        let self_causal =
+            file.metadata("causal") == Some("true") && file.metadata("attention") == Some("self");
+        if !self_causal || name.contains("_dynamic.") {
+            continue;
+        }
+        let prefix = file.metadata("prefix").expect("prefix").to_string();
+        let module = HfCheckpoint::open(&path)
+            .expect("checkpoint")
+            .attention(&prefix, None)
+            .expect("module");
+        let x = file.tensor_f32("hidden_states").expect("hidden_states");
+        let [b, l, e] = x.shape()[..] else {
+            panic!("{name}: rank")
+        };
+        // Each sequence's real tokens (rows the attention mask keeps, left or right padding)
+        // and their RoPE positions.
+        let real: Vec<Vec<usize>> = match file.contains("attention_mask") {
+            true => {
+                let m = file.mask_tensor("attention_mask").expect("mask");
+                (0..b)
+                    .map(|bi| (0..l).filter(|&i| m.data()[bi * l + i] != 0).collect())
+                    .collect()
+            }
+            false => vec![(0..l).collect(); b],
+        };
+        let positions: Vec<Vec<usize>> = match file.contains("position_ids") {
+            true => {
+                let (_, p) = file.tensor_indices("position_ids").expect("position_ids");
+                real.iter()
+                    .enumerate()
+                    .map(|(bi, rows)| rows.iter().map(|&i| p[bi * l + i]).collect())
+                    .collect()
+            }
+            false => real.iter().map(|rows| (0..rows.len()).collect()).collect(),
+        };
+        let lengths: Vec<usize> = real.iter().map(Vec::len).collect();
+        let (_, want) = file.tensor_f64("out_f64").expect("out_f64");
+        let bound = file
+            .metadata("err_f32_vs_f64")
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(1e-4, |err| (10.0 * err).max(1e-5));
+        let c = module.config;
+        if module.relative_bias.is_some() || module.mla.is_some() {
+            refused.push(name);
+            continue;
+        }
+        let mha = MultiHeadAttention::new(gpu(), c, &module.weights).expect("mha");
+        let pool_config = PoolConfig {
+            page_size: 4,
+            ..PoolConfig::new(b * l.div_ceil(4) + 1, c.kv_heads, c.qk_head_dim)
+        };
+        let pool = PagedKvPool::new(gpu(), pool_config).expect("pool");
+        let mut alloc = PageAllocator::new(pool_config.max_pages, 4);
+        let mut seqs: Vec<Sequence> = (0..b).map(|_| alloc.sequence()).collect();
+        let out_dim = c.output_dim();
+        let mut outcome = Ok(());
+        for prefill in [true, false] {
+            // Step 1: every sequence's tokens but its last; step 2: the last.
+            let counts: Vec<usize> = lengths
+                .iter()
+                .map(|&len| match (prefill, len > 1) {
+                    (true, true) => len - 1,
+                    (true, false) => len,
+                    (false, true) => 1,
+                    (false, false) => 0,
+                })
+                .collect();
+            let starts: Vec<usize> = lengths
+                .iter()
+                .zip(&counts)
+                .map(|(&len, &n)| if prefill { 0 } else { len - n })
+                .collect();
+            let mut qo = vec![0u32];
+            let mut rows = Vec::new();
+            let mut rope_positions = Vec::new();
+            for bi in 0..b {
+                alloc.grow(&mut seqs[bi], counts[bi]).expect("pages");
+                qo.push(qo.last().expect("indptr") + counts[bi] as u32);
+                for t in starts[bi]..starts[bi] + counts[bi] {
+                    let i = real[bi][t];
+                    rows.extend_from_slice(&x.data()[(bi * l + i) * e..(bi * l + i + 1) * e]);
+                    rope_positions.push(positions[bi][t]);
+                }
+            }
+            let tokens = rows.len() / e;
+            let table = alloc.table(&seqs.iter().collect::<Vec<_>>());
+            let window = module.window.map(|w| w - 1);
+            let step = PagedStep::new(gpu(), &c, &pool_config, &qo, &table, window)
+                .and_then(|s| s.with_rope_positions(&rope_positions))
+                .expect("step");
+            let xs =
+                GpuTensor::upload(gpu(), &Tensor::new([tokens, e], rows).expect("x")).expect("x");
+            let got = match mha.forward_paged_step(&step, &pool, &xs) {
+                Ok(out) => out.read(gpu()).expect("read"),
+                Err(err) => {
+                    outcome = Err(err);
+                    break;
+                }
+            };
+            let mut row = 0;
+            for bi in 0..b {
+                for t in starts[bi]..starts[bi] + counts[bi] {
+                    let i = real[bi][t];
+                    let expected = &want[(bi * l + i) * out_dim..(bi * l + i + 1) * out_dim];
+                    let g = &got.data()[row * out_dim..(row + 1) * out_dim];
+                    let err = g
+                        .iter()
+                        .zip(expected)
+                        .map(|(g, w)| (*g as f64 - w).abs())
+                        .fold(0.0, f64::max);
+                    assert!(
+                        err <= bound,
+                        "{name}: sequence {bi} token {i}: error {err:.3e} > {bound:.3e}"
+                    );
+                    row += 1;
+                }
+            }
+        }
+        match outcome {
+            Ok(()) => served.push(name),
+            Err(err) => {
+                assert!(err.to_string().contains("on a page pool"), "{name}: {err}");
+                refused.push(name);
+            }
+        }
+    }
+    println!("served on a pool: {served:?}\nrefused: {refused:?}");
+    for family in [
+        "bart_decoder",
+        "bloom",
+        "clip_text",
+        "codegen",
+        "cohere",
+        "falcon",
+        "gemma_",
+        "gemma2",
+        "gemma3",
+        "gpt2",
+        "gpt_bigcode",
+        "gpt_neo_",
+        "gpt_neox",
+        "gptj",
+        "granite",
+        "llama",
+        "mistral",
+        "mpt",
+        "olmo_",
+        "olmo2",
+        "phi_",
+        "phi3",
+        "qwen2",
+        "qwen3",
+        "stablelm",
+        "starcoder2",
+        "xglm",
+    ] {
+        assert!(
+            served.iter().any(|n| n.starts_with(family)),
+            "no case of {family} served on a pool: {served:?}"
+        );
+    }
+    // What a pool does not hold yet: latent (MLA) caches, sinks, T5's relative bias.
+    let not_yet = ["deepseek_v2", "deepseek_v3", "gpt_oss", "t5_decoder"];
+    for name in &refused {
+        assert!(
+            not_yet.iter().any(|f| name.starts_with(f)),
+            "{name} was refused"
+        );
+    }
+}

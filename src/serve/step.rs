@@ -98,12 +98,27 @@ impl PagedStep {
         })
     }
 
+    /// The step with its new tokens rotated (RoPE) at `positions` instead of their indices
+    /// in their sequences — e.g. a checkpoint's `position_ids` after left padding. Only the
+    /// rotation changes: which keys a query sees still follows the pages.
+    pub fn with_rope_positions(mut self, positions: &[usize]) -> Result<Self> {
+        if positions.len() != self.positions.len() {
+            return Err(Error::Shape {
+                what: "rope positions".into(),
+                expected: format!("one per new token ({})", self.positions.len()),
+                got: vec![positions.len()],
+            });
+        }
+        self.positions = positions.to_vec();
+        Ok(self)
+    }
+
     /// New tokens in the step (rows of its hidden states).
     pub fn tokens(&self) -> usize {
         self.positions.len()
     }
 
-    /// Each new token's position in its sequence.
+    /// Each new token's position in its sequence (or as [`Self::with_rope_positions`] set it).
     pub fn positions(&self) -> &[usize] {
         &self.positions
     }
