@@ -298,8 +298,7 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
             };
             let mut row = 0;
             for bi in 0..b {
-                for t in starts[bi]..starts[bi] + counts[bi] {
-                    let i = real[bi][t];
+                for &i in &real[bi][starts[bi]..starts[bi] + counts[bi]] {
                     let expected = &want[(bi * l + i) * out_dim..(bi * l + i + 1) * out_dim];
                     let g = &got.data()[row * out_dim..(row + 1) * out_dim];
                     let err = g
