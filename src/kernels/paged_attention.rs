@@ -66,13 +66,17 @@ pub struct PagedShape {
 
 impl PagedShape {
     /// The shape for `head_dim` on `gpu`: 64 threads and 16 slots on GPUs, 8 and 8 on a CPU
-    /// adapter (one SIMD vector), halving the tile and then the slots until the workgroup
-    /// memory fits. `Err(Unsupported)` when not even one slot and 4 keys fit.
-    pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool) -> Result<Self> {
-        let (threads, mut slots, mut key_tile) = match gpu.kernel_class() {
+    /// adapter (one SIMD vector) — fewer slots when no work item fills them (`busy_slots`: the
+    /// most (row, head) pairs any item has, e.g. a decode batch's query heads per KV head), so
+    /// that the threads of empty slots share the busy ones' columns instead of idling — then
+    /// halving the tile and the slots until the workgroup memory fits. `Err(Unsupported)` when
+    /// not even one slot and 4 keys fit.
+    pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool, busy_slots: usize) -> Result<Self> {
+        let (threads, most_slots, mut key_tile) = match gpu.kernel_class() {
             KernelClass::Gpu => (64, 16, 32),
             KernelClass::Cpu => (8, 8, 16),
         };
+        let mut slots = (busy_slots.max(1).next_power_of_two() as u32).min(most_slots);
         let d4 = head_dim.div_ceil(4) as u32;
         let limit = gpu.limits().max_compute_workgroup_storage_size;
         loop {

@@ -189,7 +189,10 @@ impl BatchAttention {
         let q_rows = check_qo_indptr(inputs.qo_indptr, &tokens, positional)?;
         let total_q = *inputs.qo_indptr.last().unwrap_or(&0) as usize;
 
-        let shape = PagedShape::for_device(gpu, d, inputs.f16)?;
+        // Slots no item would fill are left out of the shape (decode batches: one row of the
+        // query heads of a KV head).
+        let most_rows = q_rows.iter().copied().max().unwrap_or(0);
+        let shape = PagedShape::for_device(gpu, d, inputs.f16, most_rows * (h / h_kv))?;
         let software = crate::kernels::is_software(gpu);
         let max_chunk = shape.max_chunk_keys(software) as usize;
         let work = work_list(
