@@ -197,9 +197,11 @@ def test_float16_pool():
     pool = random_pool(rng, t, "NHD", 6, ps, hkv, d).astype(np.float16)
     q = rng.standard_normal((13, h, d)).astype(np.float32)
     w = wgpu_mha.BatchAttention()
-    if not wgpu_mha.default_device().shader_f16:
+    if not wgpu_mha.default_device().shader_f16:  # GL
         with pytest.raises(RuntimeError, match="SHADER_F16"):
             plan(w, t, h, hkv, d, ps, kv_data_type="float16")
+        with pytest.raises(RuntimeError, match="SHADER_F16"):
+            wgpu_mha.PagedKVCache(6, ps, hkv, d, dtype="float16")
         return
     plan(w, t, h, hkv, d, ps, kv_data_type=np.float16)
     cache = wgpu_mha.PagedKVCache.from_array(pool)
