@@ -11,6 +11,7 @@ mod errors;
 mod hf;
 mod mha;
 mod sdpa;
+mod serve;
 
 #[pymodule]
 #[pyo3(name = "_native")]
@@ -19,8 +20,11 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<mha::Mha>()?;
     m.add_class::<hf::HfModule>()?;
     m.add_class::<hf::HfKvCache>()?;
+    m.add_class::<serve::PagedPool>()?;
+    m.add_class::<serve::BatchPlan>()?;
     m.add_function(wrap_pyfunction!(device::adapters, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::check_page_table, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::bench_rust_sdpa, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

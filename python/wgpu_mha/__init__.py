@@ -4,6 +4,8 @@ PyTorch.
 * :func:`scaled_dot_product_attention` — ``torch.nn.functional.scaled_dot_product_attention``;
 * :class:`MultiheadAttention` — ``MultiheadAttention.from_torch(nn.MultiheadAttention)``;
 * :func:`load` — one attention module of a saved Hugging Face checkpoint, with a KV cache;
+* :class:`BatchAttention`, :class:`PagedKVCache`, :func:`append_paged_kv_cache`,
+  :func:`merge_state` — serving many sequences from a paged KV cache, FlashInfer's names;
 * :class:`Device`, :func:`adapters` — which GPU (``WGPU_BACKEND``, ``WGPU_ADAPTER_NAME``).
 * :mod:`wgpu_mha.transformers` — ``register()`` (``attn_implementation="wgpu_mha"``) and
   ``accelerate(model)`` for Hugging Face transformers (imported on its own: needs transformers).
@@ -42,6 +44,7 @@ from ._device import default_device  # noqa: E402
 from ._sdpa import scaled_dot_product_attention  # noqa: E402
 from ._mha import MultiheadAttention  # noqa: E402
 from ._hf import HfAttention, KvCache, load  # noqa: E402
+from ._serve import BatchAttention, PagedKVCache, append_paged_kv_cache, merge_state  # noqa: E402
 
 
 def adapters(backend=None):
@@ -51,13 +54,17 @@ def adapters(backend=None):
 
 
 __all__ = [
+    "BatchAttention",
     "Device",
     "HfAttention",
     "KvCache",
     "MultiheadAttention",
+    "PagedKVCache",
     "adapters",
+    "append_paged_kv_cache",
     "default_device",
     "load",
+    "merge_state",
     "scaled_dot_product_attention",
     "__version__",
 ]

@@ -173,3 +173,97 @@ def load(
     """The attention module of a checkpoint directory (config.json + safetensors, sharded or
     not) or safetensors file: by prefix, else the one module of layer (an integer >= 0), else
     the only one."""
+
+class PagedKVCache:
+    """One layer's keys and values in pages on the GPU, zeros at first: [max_pages, 2,
+    page_size, num_kv_heads, head_dim] (kv_layout "NHD") or [max_pages, 2, num_kv_heads,
+    page_size, head_dim] ("HND"). dtype: float32 or float16 (torch.float16, np.float16,
+    "float16"; RuntimeError without SHADER_F16, e.g. on GL). page_size: a power of two 1..256."""
+
+    max_pages: int
+    page_size: int
+    num_kv_heads: int
+    head_dim: int
+    def __init__(
+        self,
+        max_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: Any = "float32",
+        kv_layout: str = "NHD",
+        *,
+        device: Optional[Device] = None,
+    ) -> None: ...
+    @classmethod
+    def from_array(
+        cls, array: Array, kv_layout: str = "NHD", dtype: Any = None, *, device: Optional[Device] = None
+    ) -> "PagedKVCache":
+        """A copy of a host pool array; dtype defaults to the array's (float16 stays float16,
+        other floats become float32)."""
+    @property
+    def shape(self) -> Tuple[int, int, int, int, int]: ...
+    @property
+    def dtype(self) -> Any:
+        """np.float16 or np.float32."""
+    @property
+    def kv_layout(self) -> str: ...
+    @property
+    def device(self) -> Device: ...
+    def to_numpy(self) -> Any:
+        """A host copy of the whole cache, in its shape and dtype."""
+
+def append_paged_kv_cache(
+    append_key: Array,
+    append_value: Array,
+    batch_indices: Array,
+    positions: Array,
+    paged_kv_cache: Union[PagedKVCache, Array],
+    kv_indices: Array,
+    kv_indptr: Array,
+    kv_last_page_len: Array,
+    kv_layout: Optional[str] = None,
+) -> None:
+    """FlashInfer's append: token t of append_key/append_value [n, H_kv, D] goes to sequence
+    batch_indices[t] at position positions[t] (page kv_indices[kv_indptr[b] + pos // page_size],
+    offset pos % page_size; the table after the append). Index arrays int32/int64; every index
+    checked first (ValueError naming it), two tokens to one slot a ValueError. paged_kv_cache:
+    a PagedKVCache (written on the GPU) or a float numpy array / torch tensor written in place."""
+
+class BatchAttention:
+    """FlashInfer's batched attention over a paged KV cache: plan once per step, run per layer."""
+
+    def __init__(self, kv_layout: str = "NHD", *, device: Optional[Device] = None) -> None: ...
+    @property
+    def kv_layout(self) -> str: ...
+    def plan(
+        self,
+        qo_indptr: Array,
+        kv_indptr: Array,
+        kv_indices: Array,
+        kv_last_page_len: Array,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool = True,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        *,
+        kv_data_type: Any = None,
+    ) -> None:
+        """CSR tables (int32/int64; ValueError naming the first bad index). A sequence's query
+        rows are its last tokens: with causal, the row at position i sees keys j <= i; window_left
+        (-1 = none): and j >= i - window_left. logits_soft_cap c: c·tanh(s/c) (None/0 = none).
+        sm_scale: default 1/sqrt(head_dim). kv_data_type: float32 (default) or float16."""
+    def run(self, q: Array, paged_kv_cache: Union[PagedKVCache, Array], return_lse: bool = False) -> Any:
+        """q [total_q, num_qo_heads, head_dim] (computed in float32) -> out of q's kind and dtype,
+        or (out, lse [total_q, num_qo_heads] float32, natural log) with return_lse.
+        paged_kv_cache: a PagedKVCache of the planned layout and dtype, or a host array in the
+        layout's shape (copied to the GPU for this call)."""
+
+def merge_state(v_a: Array, s_a: Array, v_b: Array, s_b: Array) -> Tuple[Array, Array]:
+    """Two attention states over disjoint keys, v [n, H, D] with lse s [n, H] (natural log) ->
+    (v, s): s = logaddexp(s_a, s_b), v = v_a·exp(s_a - s) + v_b·exp(s_b - s), in float64 on the
+    host; v as v_a's kind and dtype, s float32. s = -inf (no keys) weighs 0."""

@@ -76,3 +76,57 @@ class HfModule:
         key_value_states: Optional[np.ndarray] = None,
     ) -> np.ndarray: ...
     def kv_cache(self, batch: int, capacity: int) -> HfKvCache: ...
+
+class PagedPool:
+    """One layer's pages on the device. data: float32/float16 in the layout's shape."""
+
+    def __init__(
+        self,
+        device: Device,
+        max_pages: int,
+        page_size: int,
+        kv_heads: int,
+        head_dim: int,
+        kv_layout: str,
+        f16: bool,
+        data: Optional[np.ndarray] = None,
+    ) -> None: ...
+    shape: List[int]
+    kv_layout: str
+    f16: bool
+    def read(self) -> np.ndarray:
+        """The whole pool as float32 in its layout's shape."""
+    def append(self, keys: np.ndarray, values: np.ndarray, slots: np.ndarray) -> None:
+        """keys, values float32 [n, kv_heads, head_dim]; slots int64 [n] (page·page_size +
+        offset; negative skips)."""
+
+class BatchPlan:
+    """Tables uint32; always plans the lse."""
+
+    def __init__(
+        self,
+        device: Device,
+        qo_indptr: np.ndarray,
+        kv_indptr: np.ndarray,
+        kv_indices: np.ndarray,
+        kv_last_page_len: np.ndarray,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        kv_layout: str,
+        f16: bool,
+        causal: bool,
+        window_left: Optional[int] = None,
+        softcap: Optional[float] = None,
+        scale: Optional[float] = None,
+    ) -> None: ...
+    total_q: int
+    chunk_keys: int
+    def run(self, q: np.ndarray, pool: PagedPool, return_lse: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """q float32 [total_q, H, D] -> (out [total_q, H, D], lse [total_q, H] natural log, or None)."""
+
+def check_page_table(
+    kv_indptr: np.ndarray, kv_indices: np.ndarray, kv_last_page_len: np.ndarray, max_pages: int, page_size: int
+) -> None:
+    """uint32 arrays; ValueError naming the first bad index."""

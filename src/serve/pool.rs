@@ -172,8 +172,15 @@ impl PagedKvPool {
                 got: data.len(),
             });
         }
+        // COPY_SRC as `new`'s pool has: `read` and `record_copy_pages` copy out of it.
         let buffer = gpu.scoped("uploading a page pool", || {
-            gpu.upload_f32_as("page pool", data, config.f16)
+            let copy_src = wgpu::BufferUsages::COPY_SRC;
+            if config.f16 {
+                let half: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+                gpu.upload("page pool", &half, copy_src)
+            } else {
+                gpu.upload("page pool", data, copy_src)
+            }
         })?;
         Ok(PagedKvPool { config, buffer })
     }
