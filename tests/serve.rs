@@ -957,3 +957,23 @@ fn a_shared_prefix_attended_once_and_merged_equals_the_whole() {
     .expect("merge");
     common::assert_close("cascade", out.read(g).expect("read").data(), &want);
 }
+
+#[test]
+fn an_uploaded_pool_reads_back_and_copies_pages() {
+    let g = gpu();
+    let config = PoolConfig {
+        page_size: 2,
+        ..PoolConfig::new(3, 1, 4)
+    };
+    let data = values(config.elements(), 9);
+    let pool = PagedKvPool::upload(g, config, &data).expect("upload");
+    assert_eq!(pool.read(g).expect("read"), data);
+    let mut encoder = g.device().create_command_encoder(&Default::default());
+    pool.record_copy_pages(g, &mut encoder, &[(0, 2)])
+        .expect("copy");
+    g.queue().submit([encoder.finish()]);
+    let n = config.page_elements();
+    let mut want = data.clone();
+    want.copy_within(0..n, 2 * n);
+    assert_eq!(pool.read(g).expect("read"), want);
+}
