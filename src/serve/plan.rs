@@ -7,6 +7,7 @@
 use crate::attention::gpu_tensor::GpuTensor;
 use crate::error::{Error, Result};
 use crate::gpu::pass::Pass;
+use crate::gpu::timer::PassTimer;
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::paged_attention::{
     self as kernel, PagedBindings, PagedParams, PagedShape, DIRECT, FLAG_ALIBI, FLAG_LSE,
@@ -312,6 +313,20 @@ impl BatchAttention {
         out: &GpuTensor,
         lse: Option<&GpuTensor>,
     ) -> Result<()> {
+        self.record_timed(encoder, q, pool, out, lse, None)
+    }
+
+    /// [`record`](Self::record) with a begin/end timestamp pair on each of its dispatches when
+    /// a timer is given (see [`run_timed`](Self::run_timed)).
+    pub fn record_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        q: &GpuTensor,
+        pool: &PagedKvPool,
+        out: &GpuTensor,
+        lse: Option<&GpuTensor>,
+        mut timer: Option<&mut PassTimer>,
+    ) -> Result<()> {
         let gpu = &self.gpu;
         self.check(q, pool, out, lse)?;
         let lse_buffer = lse.map_or(&self.no_lse, |t| t.buffer());
@@ -344,12 +359,53 @@ impl BatchAttention {
             Ok((attention, merge))
         })??;
         if self.items > 0 {
-            record_one(encoder, &self.attention, &groups.0, self.attention_groups);
+            let writes = timer
+                .as_deref_mut()
+                .and_then(|t| t.next(self.attention.label));
+            record_one(
+                encoder,
+                &self.attention,
+                &groups.0,
+                self.attention_groups,
+                writes,
+            );
         }
         if let (Some(bind), Some(wg)) = (&groups.1, self.merge_groups) {
-            record_one(encoder, &self.merge, bind, wg);
+            let writes = timer.as_deref_mut().and_then(|t| t.next(self.merge.label));
+            record_one(encoder, &self.merge, bind, wg, writes);
         }
         Ok(())
+    }
+
+    /// Dispatches one run records (a timer for [`run_timed`](Self::run_timed) needs as many).
+    pub fn passes(&self) -> u32 {
+        (self.items > 0) as u32 + self.merge_groups.is_some() as u32
+    }
+
+    /// [`run`](Self::run), waited for; with a timer, each dispatch's GPU milliseconds in
+    /// dispatch order (what `wgpu-mha bench --only serve` times).
+    pub fn run_timed(
+        &self,
+        q: &GpuTensor,
+        pool: &PagedKvPool,
+        out: &GpuTensor,
+        lse: Option<&GpuTensor>,
+        mut timer: Option<&mut PassTimer>,
+    ) -> Result<Vec<(&'static str, f64)>> {
+        let gpu = &self.gpu;
+        let mut encoder = gpu.encoder("batched paged attention (timed)");
+        self.record_timed(&mut encoder, q, pool, out, lse, timer.as_deref_mut())?;
+        if let Some(t) = timer.as_deref() {
+            t.resolve(&mut encoder);
+        }
+        gpu.scoped("submitting batched paged attention", || {
+            gpu.queue().submit([encoder.finish()]);
+        })?;
+        gpu.wait()?;
+        match timer {
+            Some(t) => t.read(gpu),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// [`record`](Self::record), submitted.
@@ -443,10 +499,11 @@ fn record_one(
     pass: &Pass,
     bind: &wgpu::BindGroup,
     groups: [u32; 3],
+    timestamp_writes: Option<wgpu::ComputePassTimestampWrites<'_>>,
 ) {
     let mut p = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
         label: Some(pass.label),
-        timestamp_writes: None,
+        timestamp_writes,
     });
     pass.set_on(&mut p, bind);
     p.dispatch_workgroups(groups[0], groups[1], groups[2]);
