@@ -445,6 +445,51 @@ fn or_skip<T>(
     }
 }
 
+/// Runs the fused core once and checks its first and last row of its first and last head
+/// (`q [1, H, Lq, D]`, `k`, `v [1, H, Lk, D]`, out `[1, Lq, H·D]`) against f64.
+fn check_flash(
+    job: &Job,
+    dims: CoreDims,
+    (q, k, v): &(Vec<f32>, Vec<f32>, Vec<f32>),
+) -> Result<()> {
+    job.run(None)?;
+    let got = job.read()?;
+    let (lq, lk, d) = (dims.lq, dims.lk, HEAD_DIM);
+    let scale = 1.0 / (d as f64).sqrt();
+    for h in [0, HEADS - 1] {
+        for i in [0, lq - 1] {
+            let q = &q[(h * lq + i) * d..][..d];
+            let scores: Vec<f64> = (0..lk)
+                .map(|j| {
+                    let key = &k[(h * lk + j) * d..][..d];
+                    q.iter()
+                        .zip(key)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for e in 0..d {
+                let want = (0..lk)
+                    .map(|j| weights[j] * v[(h * lk + j) * d + e] as f64)
+                    .sum::<f64>()
+                    / sum;
+                let o = got[(i * HEADS + h) * d + e] as f64;
+                if !((o - want).abs() <= 1e-4 * (1.0 + want.abs())) {
+                    return Err(Error::Misuse(format!(
+                        "the fused core gives {o} at row {i}, head {h}, element {e}; the f64 \
+                         reference {want} (nothing was timed)"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `first`, then every probe job, to be timed in turn.
 fn with_probes<'a>(
     mut first: Vec<&'a dyn Timed>,
@@ -624,12 +669,15 @@ pub fn run(
                 &Mask::None,
             )?;
             let probes = probe_jobs(gpu, step.kv_bytes())?;
-            Ok((step, flash, probes))
+            Ok((step, flash, (q, k, v), probes))
         })();
-        let Some((step, flash, probes)) = or_skip(built, &names, &mut rows, &mut report)? else {
+        let Some((step, flash, flash_inputs, probes)) =
+            or_skip(built, &names, &mut rows, &mut report)?
+        else {
             continue;
         };
         step.check(gpu, "mixed step")?;
+        check_flash(&flash, flash_dims, &flash_inputs)?;
         let ms = timed(&with_probes(vec![&step, &flash], &probes))?;
         let bytes = step.kv_bytes();
         let gflops = step.gflop() / ms[0] * 1e3;
