@@ -445,6 +445,11 @@ fn or_skip<T>(
     }
 }
 
+/// `got` within `tolerance · (1 + |want|)` of `want` (false for NaN).
+fn close(got: f64, want: f64, tolerance: f64) -> bool {
+    (got - want).abs() <= tolerance * (1.0 + want.abs())
+}
+
 /// Runs the fused core once and checks its first and last row of its first and last head
 /// (`q [1, H, Lq, D]`, `k`, `v [1, H, Lk, D]`, out `[1, Lq, H·D]`) against f64.
 fn check_flash(
@@ -478,7 +483,7 @@ fn check_flash(
                     .sum::<f64>()
                     / sum;
                 let o = got[(i * HEADS + h) * d + e] as f64;
-                if !((o - want).abs() <= 1e-4 * (1.0 + want.abs())) {
+                if !close(o, want, 1e-4) {
                     return Err(Error::Misuse(format!(
                         "the fused core gives {o} at row {i}, head {h}, element {e}; the f64 \
                          reference {want} (nothing was timed)"
@@ -606,7 +611,7 @@ pub fn run(
             .iter()
             .zip(&want)
             .enumerate()
-            .find(|(_, (a, b))| !((*a - *b).abs() <= 1e-4 * (1.0 + b.abs())))
+            .find(|(_, (a, b))| !close(**a as f64, **b as f64, 1e-4))
         {
             return Err(Error::Misuse(format!(
                 "{}: the paged step gives {a} at element {i}, the contiguous decode pass {b} \

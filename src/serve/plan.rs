@@ -371,7 +371,7 @@ impl BatchAttention {
             );
         }
         if let (Some(bind), Some(wg)) = (&groups.1, self.merge_groups) {
-            let writes = timer.as_deref_mut().and_then(|t| t.next(self.merge.label));
+            let writes = timer.and_then(|t| t.next(self.merge.label));
             record_one(encoder, &self.merge, bind, wg, writes);
         }
         Ok(())
