@@ -63,12 +63,14 @@ enum Command {
     Bench {
         /// Run only this named configuration (`decode`: the decode configurations; `compile`:
         /// the cold compile time of each kernel family at the named configurations' shapes;
-        /// `sdpa`: the attention core on device tensors next to the module forward).
+        /// `sdpa`: the attention core on device tensors next to the module forward; `serve`:
+        /// batched paged attention at serving shapes, `--config serve:div=N` to shrink them).
         #[arg(long)]
         only: Option<String>,
         /// A custom shape instead of the named ones: `classic:b=1,l=128,d=512,h=8`,
         /// `per_head:b=16,l=128,e=128,qk=256,v=512,h=8` (`lq=`, `lk=` may replace `l=`), or
-        /// `decode:b=1,h=32,kvh=8,d=128,ctx=4096`.
+        /// `decode:b=1,h=32,kvh=8,d=128,ctx=4096`, or `serve:div=16` (the serve bench with every
+        /// token count divided by 16).
         #[arg(long)]
         config: Option<String>,
         /// Timed runs per measurement after one warm-up (median reported; at least 5).
@@ -177,6 +179,27 @@ fn bench(
     if only.as_deref() == Some("sdpa") {
         return bench_sdpa(options, iters, json);
     }
+    // The serve bench: batched paged attention (see cli::bench_serve).
+    let serve_spec = config.as_deref().filter(|c| c.starts_with("serve:"));
+    if only.as_deref() == Some("serve") || serve_spec.is_some() {
+        if only.as_deref().is_some_and(|o| o != "serve") {
+            return Err(wgpu_mha::Error::Misuse(format!(
+                "--config serve:… is the serve bench's; it does not go with --only {}",
+                only.as_deref().unwrap_or_default()
+            )));
+        }
+        let size = match (serve_spec, config.as_deref()) {
+            (Some(spec), _) => cli::bench_serve::ServeSize::parse(spec)?,
+            (None, Some(other)) => {
+                return Err(wgpu_mha::Error::Misuse(format!(
+                    "--only serve takes --config serve:div=N (every token count divided by a \
+                     power of two up to 256), not `{other}`"
+                )))
+            }
+            (None, None) => cli::bench_serve::ServeSize::default(),
+        };
+        return bench_serve(options, size, iters, json);
+    }
     // Decode configurations are their own kind of row (see cli::bench_decode).
     let decode_spec = config.as_deref().filter(|c| c.starts_with("decode:"));
     let decode_configs = match (decode_spec, only.as_deref(), &config) {
@@ -268,6 +291,34 @@ fn bench_sdpa(
         print!("{}", r.format());
         results.push(r);
     }
+    if let Some(json) = json {
+        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
+        json.write(&list)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --only serve`: batched paged attention at serving shapes (see cli::bench_serve).
+fn bench_serve(
+    options: &GpuOptions,
+    size: cli::bench_serve::ServeSize,
+    iters: usize,
+    json: Option<std::path::PathBuf>,
+) -> Result<ExitCode, wgpu_mha::Error> {
+    let json = JsonOut::open(json)?;
+    let gpu = Gpu::with_options(options)?;
+    println!("adapter: {}", gpu.describe());
+    if !gpu.has_timestamps() {
+        println!("(no TIMESTAMP_QUERY: times are wall clock)");
+    }
+    let started = Instant::now();
+    let results = cli::bench_serve::run(
+        &gpu,
+        size,
+        |jobs| cli::bench::time_jobs_in_turn(&gpu, jobs, iters.max(5)),
+        |r| print!("{}", r.format()),
+    )?;
+    println!("serve bench: {:.1} s", started.elapsed().as_secs_f64());
     if let Some(json) = json {
         let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
         json.write(&list)?;

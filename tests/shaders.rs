@@ -56,6 +56,11 @@ fn all_sources() -> Vec<(String, String)> {
         ("rope".to_string(), rope::source(false)),
         ("decode_reduce".to_string(), decode::reduce_source()),
         ("read_probe".to_string(), read_probe::WGSL.to_string()),
+        ("read_probe_runs 8".to_string(), read_probe::runs_source(8)),
+        (
+            "read_probe_runs 64".to_string(),
+            read_probe::runs_source(64),
+        ),
         ("rope f16".to_string(), rope::source(true)),
         ("qk_norm".to_string(), qk_norm::source(false)),
         ("mla_rows".to_string(), mla_rows::source()),
@@ -423,6 +428,10 @@ fn uniform_structs_match_their_wgsl_layout() {
         ),
         (
             read_probe::WGSL.to_string(),
+            host_layout!(ProbeParams, [vec4s, per_group, groups_x, _pad0]),
+        ),
+        (
+            read_probe::runs_source(8),
             host_layout!(ProbeParams, [vec4s, per_group, groups_x, _pad0]),
         ),
         (

@@ -115,7 +115,7 @@ impl MultiHeadAttention {
         for dispatch in before.iter().chain([&append]) {
             dispatch.record(encoder, None);
         }
-        attention.record(encoder);
+        attention.record(encoder, None);
         for dispatch in &after {
             dispatch.record(encoder, None);
         }

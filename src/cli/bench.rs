@@ -71,10 +71,28 @@ pub fn time_job(gpu: &Gpu, job: &Job, iters: usize) -> Result<f64> {
     Ok(median(samples))
 }
 
+/// Something a bench times: a fixed set of dispatches on buffers that stay alive, run whole
+/// (recorded, submitted, waited for), each dispatch timed when a timer is given.
+pub trait Timed {
+    /// Dispatches one run records (the timer's capacity).
+    fn passes(&self) -> u32;
+    /// One run; per-pass GPU milliseconds when timed (empty without timestamps).
+    fn run(&self, timer: Option<&mut PassTimer>) -> Result<Vec<(&'static str, f64)>>;
+}
+
+impl Timed for Job {
+    fn passes(&self) -> u32 {
+        Job::passes(self)
+    }
+    fn run(&self, timer: Option<&mut PassTimer>) -> Result<Vec<(&'static str, f64)>> {
+        Job::run(self, timer)
+    }
+}
+
 /// Like [`time_job`] for several jobs at once, run in turn (one run of each, then again), so
 /// that all of them see the same state of a shared, noisy machine: their ratio is then far
 /// steadier than that of medians taken one job after the other. Median ms of each.
-pub fn time_jobs_in_turn(gpu: &Gpu, jobs: &[&Job], iters: usize) -> Result<Vec<f64>> {
+pub fn time_jobs_in_turn(gpu: &Gpu, jobs: &[&dyn Timed], iters: usize) -> Result<Vec<f64>> {
     let mut timers: Vec<_> = jobs
         .iter()
         .map(|job| PassTimer::new(gpu, job.passes().max(1)))
@@ -390,7 +408,7 @@ pub fn run_micro(gpu: &Gpu, iters: usize) -> Result<BenchResult> {
     let (q, k, v) = core_inputs(dims);
     let scale = 1.0 / (dims.qk_head_dim as f32).sqrt();
     let core = Job::core(gpu, Core::Fused, (&q, &k, &v), dims, scale, &Mask::None)?;
-    let in_turn = time_jobs_in_turn(gpu, &[&linear, &core], iters)?;
+    let in_turn = time_jobs_in_turn(gpu, &[&linear as &dyn Timed, &core], iters)?;
     let gemm_and_flash_gflops = Some((
         gemm.gflop / in_turn[0] * 1e3,
         fused.gflop / in_turn[1] * 1e3,

@@ -1,13 +1,65 @@
 //! `wgpu-mha bench --only decode` (or `--config decode:b=1,h=32,kvh=8,d=128,ctx=4096`): the
 //! decode pass's GPU time per step over a context, the K/V bytes it reads per second, and,
-//! measured in the same run on the same device, a pass that only reads as many bytes
-//! (`read_probe`): decoding is memory-bound, so the probe is its ceiling. The decode pass's
-//! output is checked against an f64 reference on sampled heads before it is timed.
+//! measured in the same run on the same device, passes that only read as many bytes
+//! (`read_probe`, the fastest of its shapes): decoding is memory-bound, so the probe is its
+//! ceiling; beside it the host's own read bandwidth over as many bytes, the physical limit of
+//! a CPU adapter. The decode pass's output is checked against an f64 reference on sampled
+//! heads before it is timed.
 
 use wgpu_mha::error::{Error, Result};
 use wgpu_mha::gpu::Gpu;
+use wgpu_mha::kernels::read_probe::{self, ProbeShape};
 use wgpu_mha::kernels::standalone::{CoreDims, Job};
 use wgpu_mha::model::tensor::Tensor;
+
+use super::bench::Timed;
+
+/// Runs of the host read (best of).
+const HOST_RUNS: usize = 5;
+
+/// The read probe in every shape ([`read_probe::SHAPES`]) over `bytes` in all (two buffers of
+/// half each), to be timed in turn with the pass they bound.
+pub fn probe_jobs(gpu: &Gpu, bytes: u64) -> Result<Vec<(ProbeShape, Job)>> {
+    read_probe::SHAPES
+        .iter()
+        .map(|&shape| Ok((shape, Job::read_probe(gpu, bytes / 2, shape)?)))
+        .collect()
+}
+
+/// The read bounds of one measurement: the fastest probe shape, every shape's GB/s, and the
+/// host's read bandwidth over as many bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Bounds {
+    pub probe_gbps: f64,
+    pub shapes: Vec<(String, f64)>,
+    pub host_read_gbps: f64,
+}
+
+impl Bounds {
+    /// From the probe jobs' median ms (in [`probe_jobs`]' order) over `bytes`, and a host read
+    /// of as many bytes measured now.
+    pub fn measure(probes: &[(ProbeShape, Job)], ms: &[f64], bytes: u64) -> Self {
+        let shapes: Vec<(String, f64)> = probes
+            .iter()
+            .zip(ms)
+            .map(|((shape, _), &ms)| (shape.name(), bytes as f64 / ms / 1e6))
+            .collect();
+        Bounds {
+            probe_gbps: shapes.iter().map(|s| s.1).fold(0.0, f64::max),
+            shapes,
+            host_read_gbps: read_probe::host_read_gbps(bytes, HOST_RUNS),
+        }
+    }
+
+    /// `probe_shapes`: each shape's GB/s.
+    pub fn shapes_json(&self) -> serde_json::Value {
+        self.shapes
+            .iter()
+            .map(|(n, g)| (n.clone(), serde_json::json!(g)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
 
 /// One decode configuration: a batch of sequences, each with one new query row per head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +142,8 @@ pub struct DecodeResult {
     /// Median GPU ms of one step (decode + reduce), or wall clock without timestamps.
     pub step_ms: f64,
     pub kv_gbps: f64,
-    pub probe_gbps: f64,
+    /// The fastest read-probe shape, its every shape, and the host's read bandwidth.
+    pub bounds: Bounds,
     /// Why it could not run here, if so.
     pub skipped: Option<String>,
 }
@@ -108,7 +161,9 @@ impl DecodeResult {
             "context": c.context,
             "step_ms": self.step_ms,
             "kv_gbps": self.kv_gbps,
-            "probe_gbps": self.probe_gbps,
+            "probe_gbps": self.bounds.probe_gbps,
+            "probe_shapes": self.bounds.shapes_json(),
+            "host_read_gbps": self.bounds.host_read_gbps,
             "skipped": self.skipped,
             "adapter": gpu.describe(),
         })
@@ -118,25 +173,26 @@ impl DecodeResult {
         match &self.skipped {
             Some(why) => format!("{}: skipped: {why}\n", self.config.name()),
             None => format!(
-                "{}: step {:.3} ms, K/V read {:.2} GB/s; read probe {:.2} GB/s ({:.2}x of the probe)\n",
+                "{}: step {:.3} ms, K/V read {:.2} GB/s; read probe {:.2} GB/s ({:.2}x of the probe), host read {:.2} GB/s\n",
                 self.config.name(),
                 self.step_ms,
                 self.kv_gbps,
-                self.probe_gbps,
-                self.kv_gbps / self.probe_gbps
+                self.bounds.probe_gbps,
+                self.kv_gbps / self.bounds.probe_gbps,
+                self.bounds.host_read_gbps,
             ),
         }
     }
 }
 
-/// Times the decode pass over `c` and the read probe over as many bytes, in turn.
+/// Times the decode pass over `c` and the read probe's shapes over as many bytes, in turn.
 /// `time_in_turn` gives each job's median GPU milliseconds, the jobs run alternately
 /// ([`time_jobs_in_turn`](super::bench::time_jobs_in_turn)) so that their ratio is not the
 /// machine's drift between two measurements.
 pub fn run(
     gpu: &Gpu,
     c: &DecodeConfig,
-    time_in_turn: impl Fn(&[&Job]) -> Result<Vec<f64>>,
+    time_in_turn: impl Fn(&[&dyn Timed]) -> Result<Vec<f64>>,
 ) -> Result<DecodeResult> {
     let dims = CoreDims {
         batch: c.batch,
@@ -151,7 +207,7 @@ pub fn run(
         config: *c,
         step_ms: 0.0,
         kv_gbps: 0.0,
-        probe_gbps: 0.0,
+        bounds: Bounds::default(),
         skipped: Some(why),
     };
     // K alone past one storage binding: this job binds K and V whole (a KvCache chunks them).
@@ -169,25 +225,28 @@ pub fn run(
     // Checked before it is timed: sampled heads against the f64 reference.
     job.run(None)?;
     check_sampled_heads(c, (q.data(), k.data(), v.data()), scale, &job.read()?)?;
-    let probe = Job::read_probe(gpu, c.kv_bytes() / 2)?;
-    let [step_ms, probe_ms] = time_in_turn(&[&job, &probe])?[..] else {
+    let probes = probe_jobs(gpu, c.kv_bytes())?;
+    let mut jobs: Vec<&dyn Timed> = vec![&job];
+    jobs.extend(probes.iter().map(|(_, p)| p as &dyn Timed));
+    let ms = time_in_turn(&jobs)?;
+    if ms.len() != jobs.len() {
         return Err(Error::Misuse(
-            "the timer gave no median for the decode pass and the probe".into(),
+            "the timer gave no median for the decode pass and the probes".into(),
         ));
-    };
-    let gbps = |ms: f64| c.kv_bytes() as f64 / ms / 1e6;
+    }
+    let step_ms = ms[0];
     Ok(DecodeResult {
         config: *c,
         step_ms,
-        kv_gbps: gbps(step_ms),
-        probe_gbps: gbps(probe_ms),
+        kv_gbps: c.kv_bytes() as f64 / step_ms / 1e6,
+        bounds: Bounds::measure(&probes, &ms[1..], c.kv_bytes()),
         skipped: None,
     })
 }
 
 /// The first, a middle and the last head of every sequence, computed in f64 from the same
 /// `q [B, H, d]`, `k`/`v [B, H_kv, ctx, d]`, against the pass's combined `[B, 1, H·d]`.
-fn check_sampled_heads(
+pub fn check_sampled_heads(
     c: &DecodeConfig,
     (q, k, v): (&[f32], &[f32], &[f32]),
     scale: f32,

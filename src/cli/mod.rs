@@ -5,6 +5,7 @@ pub mod bench_compile;
 pub mod bench_config;
 pub mod bench_decode;
 pub mod bench_sdpa;
+pub mod bench_serve;
 pub mod hf;
 pub mod interop;
 pub mod progress;

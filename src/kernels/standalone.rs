@@ -568,8 +568,9 @@ impl Job {
         })?
     }
 
-    /// The read probe over two zeroed buffers of `bytes` each (rounded down to vec4s).
-    pub fn read_probe(gpu: &Gpu, bytes: u64) -> Result<Self> {
+    /// The read probe in `shape` over two zeroed buffers of `bytes` each (rounded down to
+    /// vec4s).
+    pub fn read_probe(gpu: &Gpu, bytes: u64, shape: read_probe::ProbeShape) -> Result<Self> {
         gpu.check_fits("a read-probe buffer", bytes)?;
         let vec4s = u32::try_from(bytes / 16).map_err(|_| Error::TooLarge {
             what: "a read-probe buffer (vec4s)".into(),
@@ -582,13 +583,13 @@ impl Job {
                 gpu.storage("probe a", bytes, none),
                 gpu.storage("probe b", bytes, none),
             );
-            let out_len = 64 * read_probe::groups(vec4s) as usize;
+            let out_len = shape.out_len(vec4s);
             let out = gpu.storage(
                 "probe sums",
                 4 * out_len as u64,
                 wgpu::BufferUsages::COPY_SRC,
             );
-            let step = read_probe::dispatch(gpu, vec4s, &a, &b, &out)?;
+            let step = read_probe::dispatch(gpu, shape, vec4s, &a, &b, &out)?;
             Ok(Job::new(gpu, vec![step], vec![a, b], out, out_len))
         })?
     }

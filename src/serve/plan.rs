@@ -7,6 +7,7 @@
 use crate::attention::gpu_tensor::GpuTensor;
 use crate::error::{Error, Result};
 use crate::gpu::pass::Pass;
+use crate::gpu::timer::PassTimer;
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::paged_attention::{
     self as kernel, PagedBindings, PagedParams, PagedShape, DIRECT, FLAG_ALIBI, FLAG_LSE,
@@ -356,11 +357,25 @@ impl BatchAttention {
         out: &GpuTensor,
         lse: Option<&GpuTensor>,
     ) -> Result<()> {
+        self.record_timed(encoder, q, pool, out, lse, None)
+    }
+
+    /// [`record`](Self::record) with a begin/end timestamp pair on each of its dispatches when
+    /// a timer is given (see [`run_timed`](Self::run_timed)).
+    pub fn record_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        q: &GpuTensor,
+        pool: &PagedKvPool,
+        out: &GpuTensor,
+        lse: Option<&GpuTensor>,
+        timer: Option<&mut PassTimer>,
+    ) -> Result<()> {
         self.check(q, pool, out, lse)?;
         let prepared = self.gpu.scoped("recording batched paged attention", || {
             self.prepare(q.buffer(), pool, out.buffer(), lse.map(|t| t.buffer()))
         })??;
-        prepared.record(encoder);
+        prepared.record(encoder, timer);
         Ok(())
     }
 
@@ -411,6 +426,38 @@ impl BatchAttention {
             merge,
         })
     }
+
+    /// Dispatches one run records (a timer for [`run_timed`](Self::run_timed) needs as many).
+    pub fn passes(&self) -> u32 {
+        (self.items > 0) as u32 + self.merge_groups.is_some() as u32
+    }
+
+    /// [`run`](Self::run), waited for; with a timer, each dispatch's GPU milliseconds in
+    /// dispatch order (what `wgpu-mha bench --only serve` times).
+    pub fn run_timed(
+        &self,
+        q: &GpuTensor,
+        pool: &PagedKvPool,
+        out: &GpuTensor,
+        lse: Option<&GpuTensor>,
+        mut timer: Option<&mut PassTimer>,
+    ) -> Result<Vec<(&'static str, f64)>> {
+        let gpu = &self.gpu;
+        let mut encoder = gpu.encoder("batched paged attention (timed)");
+        self.record_timed(&mut encoder, q, pool, out, lse, timer.as_deref_mut())?;
+        if let Some(t) = timer.as_deref() {
+            t.resolve(&mut encoder);
+        }
+        gpu.scoped("submitting batched paged attention", || {
+            gpu.queue().submit([encoder.finish()]);
+        })?;
+        gpu.wait()?;
+        match timer {
+            Some(t) => t.read(gpu),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// [`record`](Self::record), submitted.
     pub fn run(
         &self,
@@ -511,18 +558,28 @@ pub(crate) struct PreparedRun<'a> {
 }
 
 impl PreparedRun<'_> {
-    pub(crate) fn record(&self, encoder: &mut wgpu::CommandEncoder) {
+    /// Records the run; with a timer, a timestamp pair on each dispatch.
+    pub(crate) fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        mut timer: Option<&mut PassTimer>,
+    ) {
         let plan = self.plan;
         if plan.items > 0 {
+            let writes = timer
+                .as_deref_mut()
+                .and_then(|t| t.next(plan.attention.label));
             record_one(
                 encoder,
                 &plan.attention,
                 &self.attention,
                 plan.attention_groups,
+                writes,
             );
         }
         if let Some((bind, groups)) = &self.merge {
-            record_one(encoder, &plan.merge, bind, *groups);
+            let writes = timer.and_then(|t| t.next(plan.merge.label));
+            record_one(encoder, &plan.merge, bind, *groups, writes);
         }
     }
 }
@@ -532,10 +589,11 @@ fn record_one(
     pass: &Pass,
     bind: &wgpu::BindGroup,
     groups: [u32; 3],
+    timestamp_writes: Option<wgpu::ComputePassTimestampWrites<'_>>,
 ) {
     let mut p = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
         label: Some(pass.label),
-        timestamp_writes: None,
+        timestamp_writes,
     });
     pass.set_on(&mut p, bind);
     p.dispatch_workgroups(groups[0], groups[1], groups[2]);

@@ -30,7 +30,7 @@ for backend in vulkan ${GL:+gl}; do
 done
 stamp bench
 # BENCH: bench argument lists separated by ';' (empty: no bench).
-IFS=';' read -ra benches <<< "${BENCH-"--only decode;--only sdpa;--no-naive"}"
+IFS=';' read -ra benches <<< "${BENCH-"--only decode;--only serve;--only sdpa;--no-naive"}"
 for b in "${benches[@]}"; do
   echo "== bench $b"; timeout 150 $B/wgpu-mha --backend vulkan bench $b --iters 5 2>&1 | grep -v '^\s*$'
 done

@@ -1,0 +1,737 @@
+//! `wgpu-mha bench --only serve` (sizes divided by `--config serve:div=N`): batched paged
+//! attention ([`wgpu_mha::serve::BatchAttention`]) at the issue's serving shapes, H 32, H_kv 8,
+//! D 128, pages of 16 tokens, random page data, pages in shuffled order:
+//!
+//! - `mixed_decode`: a B16 decode step over 15 × 1,024 + 1 × 32,768 tokens;
+//! - `uniform_decode`: the same total as 16 × 3,008, timed in turn with the mixed step; its
+//!   `skew_ratio` is the mixed step's time over the uniform one's;
+//! - `paged_vs_contiguous`: 1 × 32,768 and 16 × 2,048, the paged step against the contiguous
+//!   decode pass (`bench --only decode`'s) over the same keys and values, f32 (the contiguous
+//!   pass has no f16 cache); `paged_vs_contiguous` = contiguous ms / paged ms (> 1: paged is
+//!   faster);
+//! - `mixed_step`: four causal prefill chunks of 256 rows ending at 256, 1,280, 4,352 and 8,448
+//!   tokens, and 12 decode rows over 1,024 tokens, in GFLOP/s against the fused core
+//!   (`flash_attention`) on B1 H32 Lq 256 Lk 3,584 (the chunks' mean context) d128, no mask;
+//!   `vs_flash` is their ratio.
+//!
+//! Every row carries both read bounds measured in the same run: the fastest read-probe shape
+//! over the step's K/V bytes (`probe_gbps`), timed in turn with the step, and the host's read
+//! bandwidth over as many bytes (`host_read_gbps`). Each step's output is checked (sampled
+//! rows against an f64 reference over the pages; the paged decode against the contiguous pass
+//! element by element) before anything is timed. A row that cannot run here (a pool past one
+//! storage binding, f16 without SHADER_F16) says why and is skipped.
+
+use wgpu_mha::error::{Error, Result};
+use wgpu_mha::gpu::timer::PassTimer;
+use wgpu_mha::gpu::Gpu;
+use wgpu_mha::kernels::read_probe::ProbeShape;
+use wgpu_mha::kernels::standalone::{Core, CoreDims, Job};
+use wgpu_mha::model::mask::Mask;
+use wgpu_mha::model::tensor::Tensor;
+use wgpu_mha::serve::{
+    BatchAttention, BatchOptions, KvLayout, PageTable, PagedKvPool, PlanInputs, PoolConfig,
+};
+use wgpu_mha::GpuTensor;
+
+use super::bench::Timed;
+use super::bench_decode::{probe_jobs, Bounds};
+
+const HEADS: usize = 32;
+const KV_HEADS: usize = 8;
+const HEAD_DIM: usize = 128;
+const PAGE: usize = 16;
+
+/// The sizes of a serve bench: every token count (contexts, prefill rows) divided by `div`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeSize {
+    pub div: usize,
+}
+
+impl Default for ServeSize {
+    /// The issue's sizes.
+    fn default() -> Self {
+        ServeSize { div: 1 }
+    }
+}
+
+impl ServeSize {
+    /// `serve:div=16` (or `serve:` for the full sizes): `div` a power of two from 1 to 256.
+    pub fn parse(spec: &str) -> Result<Self> {
+        let bad = |why: String| Error::Misuse(format!("serve bench spec `{spec}`: {why}"));
+        let body = spec
+            .strip_prefix("serve:")
+            .ok_or_else(|| bad("expected `serve:` and optionally `div=N`".into()))?;
+        let mut size = ServeSize::default();
+        for pair in body.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{pair}` is not key=value")))?;
+            if key.trim() != "div" {
+                return Err(bad(format!("unknown key `{}` (div)", key.trim())));
+            }
+            size.div = value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&v: &usize| v.is_power_of_two() && v <= 256)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "`{pair}`: div must be a power of two from 1 to 256"
+                    ))
+                })?;
+        }
+        Ok(size)
+    }
+
+    fn tokens(&self, n: usize) -> usize {
+        (n / self.div).max(1)
+    }
+
+    /// `(kv tokens, query rows)` of each sequence of the mixed decode step.
+    fn mixed_decode(&self) -> Vec<(usize, usize)> {
+        let mut seqs = vec![(self.tokens(1_024), 1); 15];
+        seqs.push((self.tokens(32_768), 1));
+        seqs
+    }
+
+    /// As many tokens as [`mixed_decode`](Self::mixed_decode) over 16 equal sequences.
+    fn uniform_decode(&self) -> Vec<(usize, usize)> {
+        let total: usize = self.mixed_decode().iter().map(|s| s.0).sum();
+        vec![(total.div_ceil(16), 1); 16]
+    }
+
+    fn mixed_step(&self) -> Vec<(usize, usize)> {
+        let rows = self.tokens(256);
+        let mut seqs: Vec<(usize, usize)> = [0, 1_024, 4_096, 8_192]
+            .iter()
+            .map(|&before| (before / self.div + rows, rows))
+            .collect();
+        seqs.extend([(self.tokens(1_024), 1); 12]);
+        seqs
+    }
+}
+
+/// `(sequences, context)` of the paged-vs-contiguous rows.
+fn contiguous_shapes(size: &ServeSize) -> [(usize, usize); 2] {
+    [(1, size.tokens(32_768)), (16, size.tokens(2_048))]
+}
+
+/// SplitMix64 → uniform floats in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn float(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.float()).collect()
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// One step of a batch on the device, with the host copies its check reads.
+struct PagedBatch {
+    plan: BatchAttention,
+    pool: PagedKvPool,
+    q: GpuTensor,
+    out: GpuTensor,
+    host_pool: Vec<f32>,
+    table: PageTable,
+    seqs: Vec<(usize, usize)>,
+    q_host: Vec<f32>,
+    causal: bool,
+}
+
+impl Timed for PagedBatch {
+    fn passes(&self) -> u32 {
+        self.plan.passes().max(1)
+    }
+    fn run(&self, timer: Option<&mut PassTimer>) -> Result<Vec<(&'static str, f64)>> {
+        self.plan
+            .run_timed(&self.q, &self.pool, &self.out, None, timer)
+    }
+}
+
+impl PagedBatch {
+    /// `seqs` (`(kv tokens, query rows)`) over one pool of exactly their pages, random, the
+    /// pages in shuffled order.
+    fn new(gpu: &Gpu, seqs: &[(usize, usize)], f16: bool, causal: bool, seed: u64) -> Result<Self> {
+        let pages: Vec<usize> = seqs.iter().map(|s| s.0.div_ceil(PAGE)).collect();
+        let config = PoolConfig {
+            max_pages: pages.iter().sum(),
+            page_size: PAGE,
+            kv_heads: KV_HEADS,
+            head_dim: HEAD_DIM,
+            layout: KvLayout::Nhd,
+            f16,
+        };
+        config.check(gpu)?;
+        let mut rng = Rng(seed);
+        let mut order: Vec<u32> = (0..config.max_pages as u32).collect();
+        rng.shuffle(&mut order);
+        let mut table = PageTable {
+            kv_indptr: vec![0],
+            kv_indices: order,
+            kv_last_page_len: Vec::new(),
+        };
+        let mut qo_indptr = vec![0u32];
+        for (&(tokens, rows), &n) in seqs.iter().zip(&pages) {
+            let last = table.kv_indptr.last().copied().unwrap_or(0);
+            table.kv_indptr.push(last + n as u32);
+            table
+                .kv_last_page_len
+                .push((tokens - PAGE * (n - 1)) as u32);
+            qo_indptr.push(qo_indptr.last().copied().unwrap_or(0) + rows as u32);
+        }
+        let total_q = *qo_indptr.last().unwrap_or(&0) as usize;
+        let options = BatchOptions {
+            causal,
+            ..BatchOptions::default()
+        };
+        let plan = BatchAttention::plan(
+            gpu,
+            &PlanInputs {
+                qo_indptr: &qo_indptr,
+                table: &table,
+                num_qo_heads: HEADS,
+                num_kv_heads: KV_HEADS,
+                head_dim: HEAD_DIM,
+                page_size: PAGE,
+                layout: KvLayout::Nhd,
+                f16,
+                options,
+            },
+        )?;
+        let host_pool = rng.floats(config.elements());
+        let pool = PagedKvPool::upload(gpu, config, &host_pool)?;
+        let q_host = rng.floats(total_q * HEADS * HEAD_DIM);
+        let q = GpuTensor::upload(
+            gpu,
+            &Tensor::new([total_q, HEADS, HEAD_DIM], q_host.clone())?,
+        )?;
+        let out = GpuTensor::zeros(gpu, &[total_q, HEADS, HEAD_DIM])?;
+        Ok(PagedBatch {
+            plan,
+            pool,
+            q,
+            out,
+            host_pool,
+            table,
+            seqs: seqs.to_vec(),
+            q_host,
+            causal,
+        })
+    }
+
+    /// K/V bytes one step reads (each sequence's keys and values once).
+    fn kv_bytes(&self) -> u64 {
+        let c = self.pool.config();
+        let tokens: usize = self.seqs.iter().map(|s| s.0).sum();
+        (2 * tokens * KV_HEADS * HEAD_DIM * c.element_bytes()) as u64
+    }
+
+    /// Multiply-adds of `q·kᵀ` and `p·v`, ×2: 4 · H · D per visible key of each row.
+    fn gflop(&self) -> f64 {
+        let keys: usize = self
+            .seqs
+            .iter()
+            .map(|&(kv, rows)| {
+                (0..rows)
+                    .map(|i| if self.causal { kv - rows + i + 1 } else { kv })
+                    .sum::<usize>()
+            })
+            .sum();
+        4.0 * (HEADS * HEAD_DIM) as f64 * keys as f64 / 1e9
+    }
+
+    /// Element `d` of key (`which` 0) or value `j` of sequence `s`, head `kvh`, as stored.
+    fn kv(&self, which: usize, s: usize, j: usize, kvh: usize, d: usize) -> f64 {
+        let c = self.pool.config();
+        let page = self.table.pages(s)[j / PAGE] as usize;
+        let x = self.host_pool[c.index(page, which, j % PAGE, kvh, d)];
+        if c.f16 {
+            half::f16::from_f32(x).to_f64()
+        } else {
+            x as f64
+        }
+    }
+
+    /// Keys and values `[B, H_kv, ctx, D]` of sequences that all hold `ctx` tokens, in the
+    /// contiguous decode pass's layout.
+    fn contiguous(&self, which: usize) -> Vec<f32> {
+        let ctx = self.seqs[0].0;
+        let mut out = Vec::with_capacity(self.seqs.len() * KV_HEADS * ctx * HEAD_DIM);
+        for s in 0..self.seqs.len() {
+            for kvh in 0..KV_HEADS {
+                for j in 0..ctx {
+                    out.extend((0..HEAD_DIM).map(|d| self.kv(which, s, j, kvh, d) as f32));
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs the step once and checks the first and last row, first and last head, of the first,
+    /// a middle and the last sequence against an f64 reference over their pages. The output
+    /// of that run.
+    fn check(&self, gpu: &Gpu, what: &str) -> Result<Vec<f32>> {
+        self.run(None)?;
+        let got = self.out.read(gpu)?.into_data();
+        let f16 = self.pool.config().f16;
+        let tolerance = if f16 { 2e-3 } else { 1e-4 };
+        let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+        let n = self.seqs.len();
+        let mut q_begin = vec![0];
+        for s in &self.seqs {
+            q_begin.push(q_begin.last().copied().unwrap_or(0) + s.1);
+        }
+        for s in [0, n / 2, n - 1] {
+            let (kv, rows) = self.seqs[s];
+            for i in [0, rows - 1] {
+                let row = q_begin[s] + i;
+                let visible = if self.causal { kv - rows + i + 1 } else { kv };
+                for h in [0, HEADS - 1] {
+                    let kvh = h / (HEADS / KV_HEADS);
+                    let q = &self.q_host[(row * HEADS + h) * HEAD_DIM..][..HEAD_DIM];
+                    let scores: Vec<f64> = (0..visible)
+                        .map(|j| {
+                            let dot: f64 = (0..HEAD_DIM)
+                                .map(|d| q[d] as f64 * self.kv(0, s, j, kvh, d))
+                                .sum();
+                            dot * scale
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                    let sum: f64 = weights.iter().sum();
+                    let out = &got[(row * HEADS + h) * HEAD_DIM..][..HEAD_DIM];
+                    for (d, &o) in out.iter().enumerate() {
+                        let want = (0..visible)
+                            .map(|j| weights[j] * self.kv(1, s, j, kvh, d))
+                            .sum::<f64>()
+                            / sum;
+                        let diff = (o as f64 - want).abs();
+                        if diff.is_nan() || diff > tolerance * (1.0 + want.abs()) {
+                            return Err(Error::Misuse(format!(
+                                "{what}: batched paged attention gives {o} at sequence {s}, row \
+                                 {i}, head {h}, element {d}; the f64 reference {want} (nothing \
+                                 was timed)"
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// One row of the serve bench.
+#[derive(Debug, Clone)]
+pub struct ServeResult {
+    pub variant: &'static str,
+    pub dtype: &'static str,
+    /// The batch: `15x1024+1x32768`, `4x256@256/1280/4352/8448+12x1024`, …
+    pub shape: String,
+    pub step_ms: f64,
+    pub kv_gbps: f64,
+    pub bounds: Bounds,
+    /// The row's own figures: `skew_ratio`, `paged_vs_contiguous`, `vs_flash`, and what they
+    /// are made of.
+    pub extra: Vec<(&'static str, f64)>,
+    pub skipped: Option<String>,
+}
+
+impl ServeResult {
+    fn skipped(variant: &'static str, dtype: &'static str, shape: String, why: String) -> Self {
+        ServeResult {
+            variant,
+            dtype,
+            shape,
+            step_ms: 0.0,
+            kv_gbps: 0.0,
+            bounds: Bounds::default(),
+            extra: Vec::new(),
+            skipped: Some(why),
+        }
+    }
+
+    pub fn json(&self, gpu: &Gpu) -> serde_json::Value {
+        let mut row = serde_json::json!({
+            "name": format!("serve:{}:{}:{}", self.variant, self.dtype, self.shape),
+            "variant": self.variant,
+            "dtype": self.dtype,
+            "shape": self.shape,
+            "heads": HEADS,
+            "kv_heads": KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "page_size": PAGE,
+            "skipped": self.skipped,
+            "adapter": gpu.describe(),
+        });
+        if let (None, Some(obj)) = (&self.skipped, row.as_object_mut()) {
+            obj.insert("step_ms".into(), self.step_ms.into());
+            obj.insert("kv_gbps".into(), self.kv_gbps.into());
+            obj.insert("probe_gbps".into(), self.bounds.probe_gbps.into());
+            obj.insert("probe_shapes".into(), self.bounds.shapes_json());
+            obj.insert("host_read_gbps".into(), self.bounds.host_read_gbps.into());
+            for (k, v) in &self.extra {
+                obj.insert((*k).into(), (*v).into());
+            }
+        }
+        row
+    }
+
+    pub fn format(&self) -> String {
+        let head = format!("serve {} {} [{}]", self.variant, self.dtype, self.shape);
+        if let Some(why) = &self.skipped {
+            return format!("{head}: skipped: {why}\n");
+        }
+        let extra: Vec<String> = self
+            .extra
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.3}"))
+            .collect();
+        format!(
+            "{head}: step {:.3} ms, K/V {:.2} GB/s = {:.2}x of the read probe ({:.2} GB/s), host read {:.2} GB/s{}{}\n",
+            self.step_ms,
+            self.kv_gbps,
+            self.kv_gbps / self.bounds.probe_gbps,
+            self.bounds.probe_gbps,
+            self.bounds.host_read_gbps,
+            if extra.is_empty() { "" } else { "; " },
+            extra.join(", ")
+        )
+    }
+}
+
+/// Whether an error means "this does not fit or run here" (the row is skipped with it) rather
+/// than a failure.
+fn cannot_run_here(e: &Error) -> bool {
+    matches!(e, Error::TooLarge { .. } | Error::Unsupported { .. })
+}
+
+/// `a` on success; on an error that says it cannot run here, `Ok(None)` after pushing skipped
+/// rows with the reason; any other error as it is.
+fn or_skip<T>(
+    r: Result<T>,
+    rows: &[(&'static str, &'static str, String)],
+    out: &mut Vec<ServeResult>,
+    report: &mut impl FnMut(&ServeResult),
+) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if cannot_run_here(&e) => {
+            for (variant, dtype, shape) in rows {
+                let r = ServeResult::skipped(variant, dtype, shape.clone(), e.to_string());
+                report(&r);
+                out.push(r);
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `got` within `tolerance · (1 + |want|)` of `want` (false for NaN).
+fn close(got: f64, want: f64, tolerance: f64) -> bool {
+    (got - want).abs() <= tolerance * (1.0 + want.abs())
+}
+
+/// Runs the fused core once and checks its first and last row of its first and last head
+/// (`q [1, H, Lq, D]`, `k`, `v [1, H, Lk, D]`, out `[1, Lq, H·D]`) against f64.
+fn check_flash(
+    job: &Job,
+    dims: CoreDims,
+    (q, k, v): &(Vec<f32>, Vec<f32>, Vec<f32>),
+) -> Result<()> {
+    job.run(None)?;
+    let got = job.read()?;
+    let (lq, lk, d) = (dims.lq, dims.lk, HEAD_DIM);
+    let scale = 1.0 / (d as f64).sqrt();
+    for h in [0, HEADS - 1] {
+        for i in [0, lq - 1] {
+            let q = &q[(h * lq + i) * d..][..d];
+            let scores: Vec<f64> = (0..lk)
+                .map(|j| {
+                    let key = &k[(h * lk + j) * d..][..d];
+                    q.iter()
+                        .zip(key)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for e in 0..d {
+                let want = (0..lk)
+                    .map(|j| weights[j] * v[(h * lk + j) * d + e] as f64)
+                    .sum::<f64>()
+                    / sum;
+                let o = got[(i * HEADS + h) * d + e] as f64;
+                if !close(o, want, 1e-4) {
+                    return Err(Error::Misuse(format!(
+                        "the fused core gives {o} at row {i}, head {h}, element {e}; the f64 \
+                         reference {want} (nothing was timed)"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `first`, then every probe job, to be timed in turn.
+fn with_probes<'a>(
+    mut first: Vec<&'a dyn Timed>,
+    probes: &'a [(ProbeShape, Job)],
+) -> Vec<&'a dyn Timed> {
+    first.extend(probes.iter().map(|(_, p)| p as &dyn Timed));
+    first
+}
+
+fn describe(seqs: &[(usize, usize)]) -> String {
+    let mut parts: Vec<(usize, (usize, usize))> = Vec::new();
+    for &s in seqs {
+        match parts.last_mut() {
+            Some((n, last)) if *last == s => *n += 1,
+            _ => parts.push((1, s)),
+        }
+    }
+    parts
+        .iter()
+        .map(|&(n, (kv, rows))| match rows {
+            1 => format!("{n}x{kv}"),
+            _ => format!("{n}x{rows}rows@{kv}"),
+        })
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// Every row of the serve bench at `size`, each printed through `report` as it lands.
+pub fn run(
+    gpu: &Gpu,
+    size: ServeSize,
+    time_in_turn: impl Fn(&[&dyn Timed]) -> Result<Vec<f64>>,
+    mut report: impl FnMut(&ServeResult),
+) -> Result<Vec<ServeResult>> {
+    let mut rows = Vec::new();
+    let timed = |jobs: &[&dyn Timed]| -> Result<Vec<f64>> {
+        let ms = time_in_turn(jobs)?;
+        match ms.len() == jobs.len() && ms.iter().all(|m| m.is_finite() && *m > 0.0) {
+            true => Ok(ms),
+            false => Err(Error::Misuse(format!(
+                "the timer gave {ms:?} for {} jobs",
+                jobs.len()
+            ))),
+        }
+    };
+
+    // (a) + (b): the mixed and the uniform decode step, timed in turn.
+    for (f16, dtype) in [(true, "f16"), (false, "f32")] {
+        let (mixed_seqs, uniform_seqs) = (size.mixed_decode(), size.uniform_decode());
+        let names = [
+            ("mixed_decode", dtype, describe(&mixed_seqs)),
+            ("uniform_decode", dtype, describe(&uniform_seqs)),
+        ];
+        let built = (|| -> Result<_> {
+            let mixed = PagedBatch::new(gpu, &mixed_seqs, f16, false, 11)?;
+            let uniform = PagedBatch::new(gpu, &uniform_seqs, f16, false, 12)?;
+            let probes = probe_jobs(gpu, mixed.kv_bytes())?;
+            Ok((mixed, uniform, probes))
+        })();
+        let Some((mixed, uniform, probes)) = or_skip(built, &names, &mut rows, &mut report)? else {
+            continue;
+        };
+        mixed.check(gpu, "mixed decode")?;
+        uniform.check(gpu, "uniform decode")?;
+        let ms = timed(&with_probes(vec![&mixed, &uniform], &probes))?;
+        for (i, batch) in [&mixed, &uniform].into_iter().enumerate() {
+            let bytes = batch.kv_bytes();
+            let r = ServeResult {
+                variant: names[i].0,
+                dtype,
+                shape: names[i].2.clone(),
+                step_ms: ms[i],
+                kv_gbps: bytes as f64 / ms[i] / 1e6,
+                bounds: Bounds::measure(&probes, &ms[2..], bytes),
+                extra: match i {
+                    0 => vec![("skew_ratio", ms[0] / ms[1])],
+                    _ => vec![("skew_ratio", ms[0] / ms[1]), ("mixed_ms", ms[0])],
+                },
+                skipped: None,
+            };
+            report(&r);
+            rows.push(r);
+        }
+    }
+
+    // (c): paged against the contiguous decode pass on the same keys and values.
+    for (batch, ctx) in contiguous_shapes(&size) {
+        let seqs = vec![(ctx, 1); batch];
+        let names = [("paged_vs_contiguous", "f32", describe(&seqs))];
+        let built = (|| -> Result<_> {
+            let paged = PagedBatch::new(gpu, &seqs, false, false, 13)?;
+            let dims = CoreDims {
+                batch,
+                heads: HEADS,
+                lq: 1,
+                lk: ctx,
+                qk_head_dim: HEAD_DIM,
+                v_head_dim: HEAD_DIM,
+            };
+            let (k, v) = (paged.contiguous(0), paged.contiguous(1));
+            let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+            let contiguous = Job::decode(gpu, (&paged.q_host, &k, &v), dims, KV_HEADS, scale)?;
+            let probes = probe_jobs(gpu, paged.kv_bytes())?;
+            Ok((paged, contiguous, probes))
+        })();
+        let Some((paged, contiguous, probes)) = or_skip(built, &names, &mut rows, &mut report)?
+        else {
+            continue;
+        };
+        let got = paged.check(gpu, "paged decode")?;
+        contiguous.run(None)?;
+        let want = contiguous.read()?;
+        if let Some((i, (a, b))) = got
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .find(|(_, (a, b))| !close(**a as f64, **b as f64, 1e-4))
+        {
+            return Err(Error::Misuse(format!(
+                "{}: the paged step gives {a} at element {i}, the contiguous decode pass {b} \
+                 (nothing was timed)",
+                names[0].2
+            )));
+        }
+        let ms = timed(&with_probes(vec![&paged, &contiguous], &probes))?;
+        let bytes = paged.kv_bytes();
+        let r = ServeResult {
+            variant: names[0].0,
+            dtype: "f32",
+            shape: names[0].2.clone(),
+            step_ms: ms[0],
+            kv_gbps: bytes as f64 / ms[0] / 1e6,
+            bounds: Bounds::measure(&probes, &ms[2..], bytes),
+            extra: vec![
+                ("paged_vs_contiguous", ms[1] / ms[0]),
+                ("contiguous_ms", ms[1]),
+                ("contiguous_kv_gbps", bytes as f64 / ms[1] / 1e6),
+            ],
+            skipped: None,
+        };
+        report(&r);
+        rows.push(r);
+    }
+
+    // (d): prefill chunks and decode rows in one step, against the fused core.
+    let step_seqs = size.mixed_step();
+    let rows_per_chunk = step_seqs[0].1;
+    let chunks = &step_seqs[..4];
+    let mean_ctx = chunks.iter().map(|s| s.0).sum::<usize>() / chunks.len();
+    let flash_dims = CoreDims {
+        batch: 1,
+        heads: HEADS,
+        lq: rows_per_chunk,
+        lk: mean_ctx,
+        qk_head_dim: HEAD_DIM,
+        v_head_dim: HEAD_DIM,
+    };
+    let flash_gflop = 4.0 * (HEADS * rows_per_chunk * mean_ctx * HEAD_DIM) as f64 / 1e9;
+    for (f16, dtype) in [(true, "f16"), (false, "f32")] {
+        let names = [("mixed_step", dtype, describe(&step_seqs))];
+        let built = (|| -> Result<_> {
+            let step = PagedBatch::new(gpu, &step_seqs, f16, true, 14)?;
+            let mut rng = Rng(15);
+            let z = HEADS * HEAD_DIM;
+            let (q, k, v) = (
+                rng.floats(z * rows_per_chunk),
+                rng.floats(z * mean_ctx),
+                rng.floats(z * mean_ctx),
+            );
+            let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+            let flash = Job::core(
+                gpu,
+                Core::Fused,
+                (&q, &k, &v),
+                flash_dims,
+                scale,
+                &Mask::None,
+            )?;
+            let probes = probe_jobs(gpu, step.kv_bytes())?;
+            Ok((step, flash, (q, k, v), probes))
+        })();
+        let Some((step, flash, flash_inputs, probes)) =
+            or_skip(built, &names, &mut rows, &mut report)?
+        else {
+            continue;
+        };
+        step.check(gpu, "mixed step")?;
+        check_flash(&flash, flash_dims, &flash_inputs)?;
+        let ms = timed(&with_probes(vec![&step, &flash], &probes))?;
+        let bytes = step.kv_bytes();
+        let gflops = step.gflop() / ms[0] * 1e3;
+        let flash_gflops = flash_gflop / ms[1] * 1e3;
+        let r = ServeResult {
+            variant: names[0].0,
+            dtype,
+            shape: names[0].2.clone(),
+            step_ms: ms[0],
+            kv_gbps: bytes as f64 / ms[0] / 1e6,
+            bounds: Bounds::measure(&probes, &ms[2..], bytes),
+            extra: vec![
+                ("gflops", gflops),
+                ("flash_gflops", flash_gflops),
+                ("vs_flash", gflops / flash_gflops),
+            ],
+            skipped: None,
+        };
+        report(&r);
+        rows.push(r);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServeSize;
+
+    #[test]
+    fn sizes_parse_and_divide_every_token_count() {
+        assert_eq!(ServeSize::parse("serve:").unwrap(), ServeSize::default());
+        let s = ServeSize::parse("serve:div=64").unwrap();
+        assert_eq!(s.mixed_decode().iter().map(|x| x.0).sum::<usize>(), 752);
+        assert_eq!(s.uniform_decode(), vec![(47, 1); 16]);
+        assert_eq!(s.mixed_step()[..4], [(4, 4), (20, 4), (68, 4), (132, 4)]);
+        let full = ServeSize::default();
+        assert_eq!(full.uniform_decode(), vec![(3_008, 1); 16]);
+        assert_eq!(
+            full.mixed_step()[..4],
+            [(256, 256), (1_280, 256), (4_352, 256), (8_448, 256)]
+        );
+        for bad in [
+            "serve:div=0",
+            "serve:div=3",
+            "serve:div=512",
+            "serve:x=1",
+            "decode:",
+        ] {
+            assert!(ServeSize::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
