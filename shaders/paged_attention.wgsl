@@ -5,11 +5,11 @@
 // when the keys were split into chunks, a partial state that `paged_merge` combines.
 //
 // Per tile of KEY_TILE keys: the threads stage K and V from their pages into workgroup memory,
-// score every (slot, key) pair, update each slot's running max and sum, and add P·V into
-// accumulators each thread keeps for its slot's share of the value columns.
+// score every (slot, key) pair, update each slot's running max and sum, and add P·V into the
+// slots' accumulators in workgroup memory, a (slot, value column) pair per thread at a time.
 // Dispatch: one workgroup per item, over x then y (groups_x per row).
-// The host's prelude defines THREADS, SLOTS, KEY_TILE, DK4, DV4, ACC (vec4 accumulators per
-// thread: ceil(DV4 / (THREADS / SLOTS))) and the pool's element type KvElem.
+// The host's prelude defines THREADS, SLOTS, KEY_TILE, DK4, DV4 and the pool's element type
+// KvElem.
 
 struct PagedParams {
     heads: u32,
@@ -31,7 +31,7 @@ struct PagedParams {
     q_offset: u32,        // q's row r of head h at q_offset + r · q_row + h · q_head
     q_row: u32,
     q_head: u32,
-    _pad: u32,
+    page_shift: u32,      // log2(page_size)
 }
 
 @group(0) @binding(0) var<uniform> p: PagedParams;
@@ -64,6 +64,15 @@ var<workgroup> scores: array<f32, SLOTS * KEY_TILE>;
 var<workgroup> row_max: array<f32, SLOTS>;
 var<workgroup> row_sum: array<f32, SLOTS>;
 var<workgroup> row_scale: array<f32, SLOTS>;
+// Each slot's output accumulators (a private array indexed at run time would be per-lane
+// gathers on llvmpipe).
+var<workgroup> acc: array<vec4<f32>, SLOTS * DV4>;
+// Per slot: its query's position and head; per key of a tile: its K row's first element
+// (V's follows at v_stride) — worked out once, not per element (integer division is per lane
+// on a CPU adapter).
+var<workgroup> slot_pos: array<u32, SLOTS>;
+var<workgroup> slot_head: array<u32, SLOTS>;
+var<workgroup> key_base: array<u32, KEY_TILE>;
 
 // Element `d` of token `offset` of KV head `kvh` in page `page`; `which` 0 = K, 1 = V.
 fn pool_index(page: u32, which: u32, offset: u32, kvh: u32, d: u32) -> u32 {
@@ -127,17 +136,27 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             row_sum[t] = 0.0;
         }
     }
-    // This thread's slot and value columns: vec4 columns part, part + PARTS, ...
-    let my_slot = t % SLOTS;
-    let part = t / SLOTS;
-    const PARTS: u32 = THREADS / SLOTS;
-    var acc: array<vec4<f32>, ACC>;
-    for (var a = 0u; a < ACC; a++) {
-        acc[a] = vec4<f32>(0.0);
+    for (var e = t; e < SLOTS * DV4; e += THREADS) {
+        acc[e] = vec4<f32>(0.0);
     }
+    if (t < SLOTS) {
+        // The query's own position: its rows are the sequence's last tokens.
+        slot_pos[t] = kv_len - q_len + row0 + t / max(n_heads, 1u);
+        slot_head[t] = kvh * (p.heads / p.kv_heads) + head0 + t % max(n_heads, 1u);
+    }
+    let busy_slots = n_rows * n_heads;
+    // V's element of a key follows its K's by one page half.
+    let v_stride = p.page_size * p.kv_heads * p.head_dim;
     workgroupBarrier();
 
     for (var tile = key_begin; tile < key_end; tile += KEY_TILE) {
+        // Where each key of the tile lies: its page from the table, its row in the page.
+        for (var key = t; key < KEY_TILE; key += THREADS) {
+            let j = min(tile + key, key_end - 1u);
+            let page = plan[p.indices_at + page_begin + (j >> p.page_shift)];
+            key_base[key] = pool_index(page, 0u, j & (p.page_size - 1u), kvh, 0u);
+        }
+        workgroupBarrier();
         // K and V of keys tile .. tile + KEY_TILE (zero past key_end: never read past a chunk).
         for (var e = t; e < KEY_TILE * DK4; e += THREADS) {
             let key = e / DK4;
@@ -146,14 +165,20 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             var kx = vec4<f32>(0.0);
             var vx = vec4<f32>(0.0);
             if (j < key_end) {
-                let page = plan[p.indices_at + page_begin + j / p.page_size];
-                let offset = j % p.page_size;
-                let k_at = pool_index(page, 0u, offset, kvh, c * 4u);
-                let v_at = pool_index(page, 1u, offset, kvh, c * 4u);
-                for (var lane = 0u; lane < 4u; lane++) {
-                    if (c * 4u + lane < p.head_dim) {
-                        kx[lane] = f32(pool[k_at + lane]);
-                        vx[lane] = f32(pool[v_at + lane]);
+                let k_at = key_base[key] + c * 4u;
+                let v_at = k_at + v_stride;
+                if (c * 4u + 3u < p.head_dim) {
+                    kx = vec4<f32>(f32(pool[k_at]), f32(pool[k_at + 1u]), f32(pool[k_at + 2u]),
+                                   f32(pool[k_at + 3u]));
+                    vx = vec4<f32>(f32(pool[v_at]), f32(pool[v_at + 1u]), f32(pool[v_at + 2u]),
+                                   f32(pool[v_at + 3u]));
+                } else {
+                    // The head's last, partial vec4 (lanes past the head size stay 0).
+                    for (var lane = 0u; lane < 4u; lane++) {
+                        if (c * 4u + lane < p.head_dim) {
+                            kx[lane] = f32(pool[k_at + lane]);
+                            vx[lane] = f32(pool[v_at + lane]);
+                        }
                     }
                 }
             }
@@ -167,11 +192,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let slot = e / KEY_TILE;
             let key = e % KEY_TILE;
             let j = tile + key;
-            let row = row0 + slot / max(n_heads, 1u);
-            let h = kvh * (p.heads / p.kv_heads) + head0 + slot % max(n_heads, 1u);
-            // The query's own position: its rows are the sequence's last tokens.
-            let pos = kv_len - q_len + row;
-            var visible = slot < n_rows * n_heads && j < key_end;
+            let pos = slot_pos[slot];
+            let h = slot_head[slot];
+            var visible = slot < busy_slots && j < key_end;
             if (p.causal == 1u) {
                 visible = visible && j <= pos;
             }
@@ -217,56 +240,55 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         workgroupBarrier();
 
-        // acc = acc · rescale + Σ_key weight · v, over this thread's value columns.
-        let rescale = row_scale[my_slot];
-        for (var a = 0u; a < ACC; a++) {
-            let c = part + a * PARTS;
-            if (c < DV4) {
-                var sum = acc[a] * rescale;
-                for (var key = 0u; key < KEY_TILE; key++) {
-                    sum += scores[my_slot * KEY_TILE + key] * v_tile[key * DV4 + c];
-                }
-                acc[a] = sum;
+        // acc = acc · rescale + Σ_key weight · v, a (slot, column) pair per thread at a time.
+        for (var e = t; e < SLOTS * DV4; e += THREADS) {
+            let slot = e / DV4;
+            let c = e % DV4;
+            var sum = acc[e] * row_scale[slot];
+            for (var key = 0u; key < KEY_TILE; key++) {
+                sum += scores[slot * KEY_TILE + key] * v_tile[key * DV4 + c];
             }
+            acc[e] = sum;
         }
         workgroupBarrier();
     }
 
-    // The slot's normalised output and log-sum-exp (natural log), final or partial.
-    if (my_slot >= n_rows * n_heads) {
-        return;
-    }
-    let row = row0 + my_slot / n_heads;
-    let h = kvh * (p.heads / p.kv_heads) + head0 + my_slot % n_heads;
-    let sum = row_sum[my_slot];
-    var inv = 0.0;
-    var row_lse = neg_inf();
-    if (sum >= 0.5) {
-        inv = 1.0 / sum;
-        row_lse = row_max[my_slot] + log(sum);
-    }
-    var out_base: u32;
-    if (partial == DIRECT) {
-        out_base = ((q_begin + row) * p.heads + h) * p.head_dim;
-        if (part == 0u && (p.flags & 4u) != 0u) {
-            lse[(q_begin + row) * p.heads + h] = row_lse;
+    // Each slot's normalised output and log-sum-exp (natural log), final or partial.
+    for (var e = t; e < SLOTS * DV4; e += THREADS) {
+        let slot = e / DV4;
+        let c = e % DV4;
+        if (slot >= n_rows * n_heads) {
+            continue;
         }
-    } else {
-        let prow = partial + row - row0;
-        out_base = (prow * p.heads + h) * p.head_dim;
-        if (part == 0u) {
-            scratch[p.partial_rows * p.heads * p.head_dim + prow * p.heads + h] = row_lse;
+        let row = row0 + slot / n_heads;
+        let h = kvh * (p.heads / p.kv_heads) + head0 + slot % n_heads;
+        let sum = row_sum[slot];
+        var inv = 0.0;
+        var row_lse = neg_inf();
+        if (sum >= 0.5) {
+            inv = 1.0 / sum;
+            row_lse = row_max[slot] + log(sum);
         }
-    }
-    for (var a = 0u; a < ACC; a++) {
-        let c = part + a * PARTS;
-        for (var lane = 0u; lane < 4u; lane++) {
-            let d = c * 4u + lane;
-            if (c < DV4 && d < p.head_dim) {
-                if (partial == DIRECT) {
-                    out[out_base + d] = acc[a][lane] * inv;
-                } else {
-                    scratch[out_base + d] = acc[a][lane] * inv;
+        let o = acc[e] * inv;
+        if (partial == DIRECT) {
+            let base = ((q_begin + row) * p.heads + h) * p.head_dim;
+            if (c == 0u && (p.flags & 4u) != 0u) {
+                lse[(q_begin + row) * p.heads + h] = row_lse;
+            }
+            for (var lane = 0u; lane < 4u; lane++) {
+                if (c * 4u + lane < p.head_dim) {
+                    out[base + c * 4u + lane] = o[lane];
+                }
+            }
+        } else {
+            let prow = partial + row - row0;
+            let base = (prow * p.heads + h) * p.head_dim;
+            if (c == 0u) {
+                scratch[p.partial_rows * p.heads * p.head_dim + prow * p.heads + h] = row_lse;
+            }
+            for (var lane = 0u; lane < 4u; lane++) {
+                if (c * 4u + lane < p.head_dim) {
+                    scratch[base + c * 4u + lane] = o[lane];
                 }
             }
         }

@@ -43,7 +43,7 @@ pub struct PagedParams {
     pub q_offset: u32,
     pub q_row: u32,
     pub q_head: u32,
-    pub _pad: u32,
+    pub page_shift: u32,
 }
 
 /// `PagedParams::flags` bits.
@@ -107,16 +107,17 @@ impl PagedShape {
         }
     }
 
-    /// Workgroup memory the shader declares: q, K and V tiles of vec4s, scores and 3 floats of
-    /// state per slot.
+    /// Workgroup memory the shader declares: q, K and V tiles and the slots' accumulators, of
+    /// vec4s; then scores, 5 words per slot (running max, sum, rescale, position, head) and
+    /// one per key of a tile (where its row starts).
     pub fn workgroup_bytes(&self) -> u32 {
-        let vec4s = self.slots * self.d4 + 2 * self.key_tile * self.d4;
-        16 * vec4s + 4 * (self.slots * self.key_tile + 3 * self.slots)
+        let vec4s = 2 * self.slots * self.d4 + 2 * self.key_tile * self.d4;
+        16 * vec4s + 4 * (self.slots * self.key_tile + 5 * self.slots + self.key_tile)
     }
 
-    /// vec4 accumulators each thread keeps: its slot's columns split over `threads / slots`.
-    pub fn acc(&self) -> u32 {
-        self.d4.div_ceil(self.threads / self.slots).max(1)
+    /// (slot, vec4 column) pairs of the accumulators each thread updates per tile.
+    fn acc_per_thread(&self) -> u32 {
+        (self.slots * self.d4).div_ceil(self.threads)
     }
 
     /// Most keys one work item may cover. On a CPU adapter, llvmpipe stops an invocation's
@@ -131,9 +132,9 @@ impl PagedShape {
         let per_tile = (kt * d4 * 4).div_ceil(t)
             + (s * kt).div_ceil(t) * (1 + d4)
             + 3 * kt
-            + self.acc() * (1 + kt)
+            + self.acc_per_thread() * (1 + kt)
             + 8;
-        let fixed = (s * d4 * 4).div_ceil(t) + self.acc() * 5 + 4096;
+        let fixed = 2 * (s * d4).div_ceil(t) + self.acc_per_thread() * 5 + 4096;
         let tiles = (65_535u32.saturating_sub(fixed) * 2 / 3 / per_tile).max(1);
         tiles * kt
     }
@@ -147,7 +148,6 @@ pub fn source(shape: PagedShape) -> String {
         .u32("KEY_TILE", shape.key_tile)
         .u32("DK4", shape.d4)
         .u32("DV4", shape.d4)
-        .u32("ACC", shape.acc())
         .elem("KvElem", shape.f16)
         .source(&[WGSL])
 }
@@ -222,8 +222,9 @@ mod tests {
 
     #[test]
     fn workgroup_memory_counts_every_array() {
-        // d128: q 8·32 + K, V 2·16·32 vec4s = 1,280 vec4s; scores 128 + state 24 floats.
-        assert_eq!(shape(8, 8, 16, 32).workgroup_bytes(), 16 * 1280 + 4 * 152);
+        // d128: q and accumulators 2·8·32 + K, V 2·16·32 vec4s = 1,536 vec4s; scores 128,
+        // slot state 40 and key rows 16 words.
+        assert_eq!(shape(8, 8, 16, 32).workgroup_bytes(), 16 * 1536 + 4 * 184);
     }
 
     #[test]
@@ -239,10 +240,9 @@ mod tests {
     }
 
     #[test]
-    fn accumulators_cover_every_column() {
-        assert_eq!(shape(64, 16, 32, 32).acc(), 8);
-        assert_eq!(shape(8, 8, 16, 32).acc(), 32);
-        assert_eq!(shape(64, 16, 32, 1).acc(), 1);
-        assert_eq!(shape(64, 16, 32, 33).acc(), 9);
+    fn every_thread_shares_the_accumulators() {
+        assert_eq!(shape(64, 16, 32, 32).acc_per_thread(), 8);
+        assert_eq!(shape(8, 8, 16, 32).acc_per_thread(), 32);
+        assert_eq!(shape(8, 1, 16, 1).acc_per_thread(), 1);
     }
 }

@@ -276,7 +276,7 @@ impl BatchAttention {
                 QueryLayout::TokenMajor => d as u32,
                 QueryLayout::HeadMajor => (total_q * d) as u32,
             },
-            _pad: 0,
+            page_shift: ps.trailing_zeros(),
         };
         let merge_params = MergeParams {
             total_q: total_q as u32,
