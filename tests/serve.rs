@@ -977,3 +977,55 @@ fn an_uploaded_pool_reads_back_and_copies_pages() {
     want.copy_within(0..n, 2 * n);
     assert_eq!(pool.read(g).expect("read"), want);
 }
+
+/// Decode batches (one query row per sequence): on a CPU adapter the lane-keys body runs them
+/// (on a GPU, or with GPU kernel shapes forced, the tiles do); every option, page sizes, f16,
+/// both layouts, keys split into chunks.
+#[test]
+fn decode_batches_match_the_reference() {
+    let g = gpu();
+    let f16 = g.has_f16();
+    let mut split = false;
+    for seed in 0..10u64 {
+        let mut r = Rng(seed * 13 + 5);
+        let page_size = [1, 16, 64, 256][seed as usize % 4];
+        let heads = [(4, 4), (8, 2), (8, 1), (6, 3), (16, 2)][r.range(0, 4)];
+        let head_dim = [8, 12, 64, 128][r.range(0, 3)];
+        let layout = if r.coin() {
+            KvLayout::Nhd
+        } else {
+            KvLayout::Hnd
+        };
+        let n = r.range(1, 20);
+        let max_ctx = if page_size == 1 { 400 } else { 3000 };
+        let mut b = random_batch(
+            seed + 100,
+            n,
+            (1, max_ctx),
+            (1, 1),
+            page_size,
+            heads,
+            head_dim,
+            layout,
+            f16 && r.coin(),
+        );
+        b.options = random_options(&mut r, heads.0);
+        let label = format!(
+            "decode seed {seed}: {n} seqs, page {page_size}, heads {heads:?}, d {head_dim}, \
+             {layout:?}, f16 {}, {:?}",
+            b.config.f16, b.options
+        );
+        let plan = b.check(&label);
+        let cpu = g.kernel_class() == wgpu_mha::KernelClass::Cpu;
+        assert_eq!(
+            plan.lane_keys(),
+            cpu && heads.0 / heads.1 <= 8,
+            "{label}: {plan:?}"
+        );
+        split |= plan.chunk_keys() < max_ctx;
+    }
+    assert!(
+        split,
+        "no decode batch split its keys: the merge went untested"
+    );
+}

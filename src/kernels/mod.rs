@@ -19,6 +19,7 @@ pub mod mla_rows;
 pub mod naive;
 pub mod paged_append;
 pub mod paged_attention;
+pub mod paged_decode;
 pub mod paged_merge;
 pub mod qk_norm;
 pub mod read_probe;

@@ -10,6 +10,8 @@ use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::source::Prelude;
 
 pub const WGSL: &str = include_str!("../../shaders/paged_attention.wgsl");
+/// Parameters, bindings and pool addressing shared with `paged_decode`.
+pub const COMMON_WGSL: &str = include_str!("../../shaders/paged_common.wgsl");
 
 /// u32 words per work item in the plan buffer (mirrors `ITEM_WORDS`).
 pub const ITEM_WORDS: usize = 12;
@@ -149,10 +151,11 @@ pub fn source(shape: PagedShape) -> String {
         .u32("DK4", shape.d4)
         .u32("DV4", shape.d4)
         .elem("KvElem", shape.f16)
-        .source(&[WGSL])
+        .source(&[COMMON_WGSL, WGSL])
 }
 
-const SLOTS: &[Slot] = &[
+/// The binding slots of both paged passes (`paged_decode` binds as this one does).
+pub const SLOTS: &[Slot] = &[
     Slot::Uniform(0),
     Slot::Read(1),
     Slot::Read(2),

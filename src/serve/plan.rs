@@ -13,6 +13,7 @@ use crate::kernels::paged_attention::{
     self as kernel, PagedBindings, PagedParams, PagedShape, DIRECT, FLAG_ALIBI, FLAG_LSE,
     FLAG_SINKS, ITEM_WORDS, NO_WINDOW, SEQ_WORDS,
 };
+use crate::kernels::paged_decode::{self, DecodeShape};
 use crate::kernels::paged_merge::{self, MergeParams};
 use crate::serve::pool::{KvLayout, PagedKvPool};
 use crate::serve::table::{check_qo_indptr, PageTable};
@@ -84,6 +85,8 @@ fn target_items(class: KernelClass) -> usize {
 pub struct BatchAttention {
     gpu: Gpu,
     shape: PagedShape,
+    /// The lane-keys decode body's shape, when it runs instead of the tiles.
+    lane_keys: Option<DecodeShape>,
     attention: Arc<Pass>,
     merge: Arc<Pass>,
     params: wgpu::Buffer,
@@ -118,6 +121,7 @@ impl std::fmt::Debug for BatchAttention {
             .field("layout", &self.layout)
             .field("f16", &self.f16)
             .field("shape", &self.shape)
+            .field("lane_keys", &self.lane_keys)
             .field("work_items", &self.items)
             .field("chunk_keys", &self.chunk_keys)
             .field("split", &self.merge_groups.is_some())
@@ -194,14 +198,32 @@ impl BatchAttention {
         // query heads of a KV head).
         let most_rows = q_rows.iter().copied().max().unwrap_or(0);
         let shape = PagedShape::for_device(gpu, d, inputs.f16, most_rows * (h / h_kv))?;
+        // A decode batch on a CPU adapter: lanes that take keys whole (paged_decode).
+        let lane_keys = match gpu.kernel_class() {
+            KernelClass::Cpu if most_rows <= 1 => {
+                DecodeShape::for_device(gpu, d, inputs.f16, h / h_kv)
+            }
+            _ => None,
+        };
         let software = crate::kernels::is_software(gpu);
-        let max_chunk = shape.max_chunk_keys(software) as usize;
+        let split = match lane_keys {
+            // Items of the group's heads (in `heads` slots), chunks in whole runs of lanes.
+            Some(s) => Split {
+                slots: s.heads as usize,
+                granule: s.threads as usize,
+                max_chunk: s.keys as usize,
+            },
+            None => Split {
+                slots: shape.slots as usize,
+                granule: shape.key_tile as usize,
+                max_chunk: shape.max_chunk_keys(software) as usize,
+            },
+        };
         let work = work_list(
-            &shape,
+            split,
             inputs,
             &tokens,
             &q_rows,
-            max_chunk,
             target_items(gpu.kernel_class()),
         );
 
@@ -291,7 +313,10 @@ impl BatchAttention {
         let built = gpu.scoped("planning a batch", || {
             let none = wgpu::BufferUsages::empty();
             (
-                kernel::pass(gpu, shape),
+                match lane_keys {
+                    Some(s) => paged_decode::pass(gpu, s),
+                    None => kernel::pass(gpu, shape),
+                },
                 paged_merge::pass(gpu, shape.d4),
                 gpu.uniform("paged_attention params", &params),
                 gpu.uniform("paged_merge params", &merge_params),
@@ -304,6 +329,7 @@ impl BatchAttention {
         Ok(BatchAttention {
             gpu: gpu.clone(),
             shape,
+            lane_keys,
             attention,
             merge,
             params,
@@ -339,7 +365,13 @@ impl BatchAttention {
     pub fn chunk_keys(&self) -> usize {
         self.chunk_keys
     }
-    /// The kernel shape the plan runs.
+    /// Whether the plan runs the lane-keys decode body (`paged_decode`: a decode batch on a
+    /// CPU adapter) rather than the tiles of [`shape`](Self::shape).
+    pub fn lane_keys(&self) -> bool {
+        self.lane_keys.is_some()
+    }
+
+    /// The tile pass's shape (what runs unless [`lane_keys`](Self::lane_keys)).
     pub fn shape(&self) -> PagedShape {
         self.shape
     }
@@ -599,6 +631,15 @@ fn record_one(
     p.dispatch_workgroups(groups[0], groups[1], groups[2]);
 }
 
+/// How a pass takes its work: (row, head) slots per item, keys in whole granules (tiles, or
+/// runs of lanes), at most `max_chunk` keys an item.
+#[derive(Debug, Clone, Copy)]
+struct Split {
+    slots: usize,
+    granule: usize,
+    max_chunk: usize,
+}
+
 /// One sequence's block of query rows and the keys they see.
 struct RowBlock {
     seq: usize,
@@ -612,16 +653,16 @@ struct RowBlock {
 /// `target`, so short batches fill the device and long ones are not split further than they
 /// must. A function of its inputs only.
 fn work_list(
-    shape: &PagedShape,
+    split: Split,
     inputs: &PlanInputs,
     tokens: &[usize],
     q_rows: &[usize],
-    max_chunk: usize,
     target: usize,
 ) -> WorkList {
     let (h, h_kv) = (inputs.num_qo_heads, inputs.num_kv_heads);
     let group = h / h_kv;
-    let slots = shape.slots as usize;
+    let slots = split.slots;
+    let max_chunk = split.max_chunk;
     let heads_per_item = group.min(slots);
     let head_blocks = group.div_ceil(heads_per_item);
     let rows_per_item = slots / heads_per_item;
@@ -645,7 +686,7 @@ fn work_list(
         }
     }
     let per_block = h_kv * head_blocks;
-    let tile = shape.key_tile as usize;
+    let tile = split.granule;
     let items_at = |chunk: usize| -> usize {
         blocks
             .iter()

@@ -1,0 +1,113 @@
+//! `paged_decode`: the paged pass for decode batches on CPU adapters, each lane taking a run of
+//! keys whole (see `shaders/paged_decode.wgsl`). Same work list, parameters and bindings as
+//! [`super::paged_attention`]; this module owns its shape and how many keys an item may take.
+
+use crate::gpu::pass::{Pass, PassSpec};
+use crate::gpu::Gpu;
+use crate::kernels::paged_attention::{COMMON_WGSL, SLOTS};
+use crate::kernels::source::Prelude;
+
+pub const WGSL: &str = include_str!("../../shaders/paged_decode.wgsl");
+
+/// Lanes per workgroup: one llvmpipe SIMD vector.
+const THREADS: u32 = 8;
+
+/// Everything the shader is specialised on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DecodeShape {
+    pub threads: u32,
+    /// Query heads an item carries (a power of two ≥ the KV group, ≤ 8).
+    pub heads: u32,
+    pub d4: u32,
+    /// Most keys of one item (a multiple of `threads`).
+    pub keys: u32,
+    pub f16: bool,
+}
+
+impl DecodeShape {
+    /// The shape for a KV group of `group` query heads of `head_dim`, or `None` when the
+    /// lane-keys body does not serve it (a group of more than 8 heads, or no run of keys fits
+    /// the workgroup memory and the loop cap).
+    pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool, group: usize) -> Option<Self> {
+        let limit = gpu.limits().max_compute_workgroup_storage_size;
+        Self::within(limit, head_dim, f16, group)
+    }
+
+    /// [`for_device`](Self::for_device) for `limit` bytes of workgroup memory.
+    pub fn within(limit: u32, head_dim: usize, f16: bool, group: usize) -> Option<Self> {
+        if group == 0 || group > 8 {
+            return None;
+        }
+        let heads = group.next_power_of_two() as u32;
+        let d4 = u32::try_from(head_dim.div_ceil(4)).ok()?;
+        // Workgroup memory: the scores (keys × heads), the lanes' states, one head's
+        // accumulators of every lane.
+        let fixed = (4 * 2 * heads * THREADS).checked_add(16u32.checked_mul(THREADS * d4)?)?;
+        let by_memory = limit.checked_sub(fixed)? / (4 * heads);
+        // Loop iterations of a lane per key, counted as if nothing were unrolled: the K and
+        // the V pass (a vec4 column times every head), the scores and weights per head; and
+        // the rest of the item. llvmpipe stops an invocation's loops at 65,535 in total.
+        let per_key = Self::loops_per_key(d4, heads);
+        let fixed_loops = heads * (d4 * 6 + 2 * THREADS + 8) + 4096;
+        let by_loops = (65_535u32.checked_sub(fixed_loops)? * 2 / 3 / per_key) * THREADS;
+        let keys = (by_memory.min(by_loops) / THREADS) * THREADS;
+        (keys >= THREADS).then_some(DecodeShape {
+            threads: THREADS,
+            heads,
+            d4,
+            keys,
+            f16,
+        })
+    }
+}
+
+impl DecodeShape {
+    /// A lane's loop iterations per key: the K and the V pass (a vec4 column, then every head),
+    /// the scores and the weights per head.
+    fn loops_per_key(d4: u32, heads: u32) -> u32 {
+        2 * d4 * (1 + heads) + 4 * heads + 4
+    }
+}
+
+/// The full source: the shape's constants, the pool's element type, the shared part, the body.
+pub fn source(shape: DecodeShape) -> String {
+    Prelude::new()
+        .u32("THREADS", shape.threads)
+        .u32("HEADS", shape.heads)
+        .u32("DK4", shape.d4)
+        .u32("KEYS", shape.keys)
+        .elem("KvElem", shape.f16)
+        .source(&[COMMON_WGSL, WGSL])
+}
+
+/// The compiled pass of `shape` on `gpu`, bound as [`super::paged_attention::bind`] binds.
+pub fn pass(gpu: &Gpu, shape: DecodeShape) -> std::sync::Arc<Pass> {
+    let key = format!("paged_decode {shape:?}");
+    gpu.compile(&key, &PassSpec::main("paged_decode", SLOTS), || {
+        source(shape)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_and_the_loop_cap_bound_an_items_keys() {
+        let s = DecodeShape::within(32 * 1024, 128, false, 4).expect("d128, 4 heads");
+        assert_eq!((s.heads, s.d4, s.threads), (4, 32, 8));
+        assert!(s.keys.is_multiple_of(8) && s.keys >= 8);
+        // A lane's keys stay within two thirds of llvmpipe's 65,535 loop iterations.
+        assert!(s.keys / 8 * DecodeShape::loops_per_key(32, 4) <= 65_535 * 2 / 3);
+        // The scores, states and accumulators fit the workgroup memory.
+        assert!(4 * s.keys * 4 + 4 * 2 * 4 * 8 + 16 * 8 * 32 <= 32 * 1024);
+        // Groups of 3 heads take 4 slots; more than 8 heads, or heads too wide, are the tile
+        // pass's.
+        assert_eq!(
+            DecodeShape::within(32 * 1024, 64, false, 3).map(|s| s.heads),
+            Some(4)
+        );
+        assert_eq!(DecodeShape::within(32 * 1024, 64, false, 9), None);
+        assert_eq!(DecodeShape::within(32 * 1024, 16_384, false, 1), None);
+    }
+}
