@@ -130,6 +130,24 @@ fn all_sources() -> Vec<(String, String)> {
             }
         }
     }
+    // The lane-keys decode body: every group size it takes, narrow and wide heads.
+    for group in [1, 2, 3, 4, 8] {
+        for head_dim in [4, 30, 64, 128] {
+            for f16 in [false, true] {
+                let s = wgpu_mha::kernels::paged_decode::DecodeShape::within(
+                    32 * 1024,
+                    head_dim,
+                    f16,
+                    group,
+                )
+                .expect("fits 32 KiB");
+                all.push((
+                    format!("paged_decode {s:?}"),
+                    wgpu_mha::kernels::paged_decode::source(s),
+                ));
+            }
+        }
+    }
     for (dk, dv) in [(1, 1), (3, 7), (64, 64), (128, 128), (256, 256)] {
         for rows in [1, 2, 4, 8] {
             for f16 in [false, true] {
