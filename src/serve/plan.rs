@@ -198,9 +198,13 @@ impl BatchAttention {
         // query heads of a KV head).
         let most_rows = q_rows.iter().copied().max().unwrap_or(0);
         let shape = PagedShape::for_device(gpu, d, inputs.f16, most_rows * (h / h_kv))?;
-        // A decode batch on a CPU adapter: lanes that take keys whole (paged_decode).
+        // A decode batch on a CPU adapter: lanes that take keys whole (paged_decode). GL's
+        // llvmpipe keeps the tiles: its GLSL route compiles the unrolled body for minutes
+        // (205 s at d64 with 4 heads, measured), as the module's decode pass keeps its
+        // shared-key body there.
+        let gl = gpu.info().backend == wgpu::Backend::Gl;
         let lane_keys = match gpu.kernel_class() {
-            KernelClass::Cpu if most_rows <= 1 => {
+            KernelClass::Cpu if most_rows <= 1 && !gl => {
                 DecodeShape::for_device(gpu, d, inputs.f16, h / h_kv)
             }
             _ => None,
