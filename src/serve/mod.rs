@@ -15,6 +15,7 @@ mod plan;
 mod pool;
 mod step;
 mod table;
+mod work_list;
 
 pub use allocator::{Growth, PageAllocator, Sequence};
 pub use merge::{merge_states, record_merge_states, State};

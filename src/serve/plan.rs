@@ -10,13 +10,14 @@ use crate::gpu::pass::Pass;
 use crate::gpu::timer::PassTimer;
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::paged_attention::{
-    self as kernel, PagedBindings, PagedParams, PagedShape, DIRECT, FLAG_ALIBI, FLAG_LSE,
-    FLAG_SINKS, ITEM_WORDS, NO_WINDOW, SEQ_WORDS,
+    self as kernel, PagedBindings, PagedParams, PagedShape, FLAG_ALIBI, FLAG_LSE, FLAG_SINKS,
+    ITEM_WORDS, NO_WINDOW,
 };
 use crate::kernels::paged_decode::{self, DecodeShape};
 use crate::kernels::paged_merge::{self, MergeParams};
 use crate::serve::pool::{KvLayout, PagedKvPool};
 use crate::serve::table::{check_qo_indptr, PageTable};
+use crate::serve::work_list::{work_list, Split};
 use std::sync::Arc;
 
 /// What a plan computes besides the table: every option of the attention core.
@@ -127,15 +128,6 @@ impl std::fmt::Debug for BatchAttention {
             .field("split", &self.merge_groups.is_some())
             .finish_non_exhaustive()
     }
-}
-
-/// The host side of a plan: every table the shader reads, as u32 words.
-struct WorkList {
-    items: Vec<u32>,
-    seqs: Vec<u32>,
-    rows: Vec<u32>,
-    partial_rows: usize,
-    chunk_keys: usize,
 }
 
 impl BatchAttention {
@@ -633,153 +625,4 @@ fn record_one(
     });
     pass.set_on(&mut p, bind);
     p.dispatch_workgroups(groups[0], groups[1], groups[2]);
-}
-
-/// How a pass takes its work: (row, head) slots per item, keys in whole granules (tiles, or
-/// runs of lanes), at most `max_chunk` keys an item.
-#[derive(Debug, Clone, Copy)]
-struct Split {
-    slots: usize,
-    granule: usize,
-    max_chunk: usize,
-}
-
-/// One sequence's block of query rows and the keys they see.
-struct RowBlock {
-    seq: usize,
-    row0: usize,
-    rows: usize,
-    keys: (usize, usize),
-}
-
-/// Splits every sequence's rows into blocks of the kernel's slots and their keys into chunks:
-/// the smallest chunk (whole tiles, at most `max_chunk`) whose items still number at most
-/// `target`, so short batches fill the device and long ones are not split further than they
-/// must. A function of its inputs only.
-fn work_list(
-    split: Split,
-    inputs: &PlanInputs,
-    tokens: &[usize],
-    q_rows: &[usize],
-    target: usize,
-) -> WorkList {
-    let (h, h_kv) = (inputs.num_qo_heads, inputs.num_kv_heads);
-    let group = h / h_kv;
-    let slots = split.slots;
-    let max_chunk = split.max_chunk;
-    let heads_per_item = group.min(slots);
-    let head_blocks = group.div_ceil(heads_per_item);
-    let rows_per_item = slots / heads_per_item;
-    let o = &inputs.options;
-    let mut blocks = Vec::new();
-    for (seq, (&kv_len, &q_len)) in tokens.iter().zip(q_rows).enumerate() {
-        for row0 in (0..q_len).step_by(rows_per_item) {
-            let rows = rows_per_item.min(q_len - row0);
-            // Positions exist only where rows are a sequence's last tokens (checked: q_len ≤
-            // kv_len whenever causal, a window or ALiBi reads them).
-            let first_pos = (kv_len + row0).saturating_sub(q_len);
-            let last_pos = first_pos + rows - 1;
-            let hi = if o.causal { last_pos + 1 } else { kv_len };
-            let lo = o.window_left.map_or(0, |w| first_pos.saturating_sub(w));
-            blocks.push(RowBlock {
-                seq,
-                row0,
-                rows,
-                keys: (lo, hi.max(lo)),
-            });
-        }
-    }
-    let per_block = h_kv * head_blocks;
-    let tile = split.granule;
-    let items_at = |chunk: usize| -> usize {
-        blocks
-            .iter()
-            .map(|b| (b.keys.1 - b.keys.0).div_ceil(chunk).max(1) * per_block)
-            .sum()
-    };
-    let max_chunk = max_chunk.max(tile);
-    // Chunks below this many keys cost more in partial states than they win.
-    let min_chunk = (8 * tile).min(max_chunk);
-    let chunk_keys = if items_at(max_chunk) >= target {
-        max_chunk
-    } else {
-        // Smallest whole-tile chunk in [min_chunk, max_chunk] with items ≤ target.
-        let (mut lo, mut hi) = (min_chunk / tile, max_chunk / tile);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if items_at(mid * tile) <= target {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        lo * tile
-    };
-
-    let mut w = WorkList {
-        items: Vec::new(),
-        seqs: Vec::new(),
-        rows: vec![0; 4 * q_rows.iter().sum::<usize>()],
-        partial_rows: 0,
-        chunk_keys,
-    };
-    let mut q_begin = 0;
-    for (&kv_len, &q_len) in tokens.iter().zip(q_rows) {
-        w.seqs
-            .extend([q_begin as u32, q_len as u32, kv_len as u32, 0]);
-        q_begin += q_len;
-    }
-    // Each sequence's first page in kv_indices.
-    for s in 0..tokens.len() {
-        w.seqs[s * SEQ_WORDS + 3] = inputs.table.kv_indptr[s];
-    }
-    for b in &blocks {
-        let span = b.keys.1 - b.keys.0;
-        let chunks = span.div_ceil(chunk_keys).max(1);
-        let partial_base = w.partial_rows;
-        if chunks > 1 {
-            w.partial_rows += chunks * b.rows;
-        }
-        let q_begin = w.seqs[b.seq * SEQ_WORDS] as usize;
-        for i in 0..b.rows {
-            let at = 4 * (q_begin + b.row0 + i);
-            w.rows[at..at + 4].copy_from_slice(&[
-                (partial_base + i) as u32,
-                b.rows as u32,
-                chunks as u32,
-                0,
-            ]);
-        }
-        for c in 0..chunks {
-            let begin = b.keys.0 + c * chunk_keys;
-            let end = (begin + chunk_keys).min(b.keys.1);
-            let partial = if chunks > 1 {
-                (partial_base + c * b.rows) as u32
-            } else {
-                DIRECT
-            };
-            for kvh in 0..h_kv {
-                for hb in 0..head_blocks {
-                    let head0 = hb * heads_per_item;
-                    let n_heads = heads_per_item.min(group - head0);
-                    w.items.extend([
-                        b.seq as u32,
-                        kvh as u32,
-                        head0 as u32,
-                        n_heads as u32,
-                        b.row0 as u32,
-                        b.rows as u32,
-                        begin as u32,
-                        end as u32,
-                        partial,
-                        (c == 0) as u32,
-                        0,
-                        0,
-                    ]);
-                }
-            }
-        }
-    }
-    debug_assert_eq!(w.items.len() % ITEM_WORDS, 0);
-    w
 }
