@@ -11,6 +11,8 @@
 // The host's prelude defines THREADS, SLOTS, KEY_TILE, DK4, DV4 and the pool's element type
 // KvElem; paged_common.wgsl is prepended.
 
+@group(0) @binding(2) var<storage, read> pool: array<KvElem>;   // [pages, 2, ...]
+
 var<workgroup> q_tile: array<vec4<f32>, SLOTS * DK4>;
 var<workgroup> k_tile: array<vec4<f32>, KEY_TILE * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, KEY_TILE * DV4>;

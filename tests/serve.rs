@@ -308,12 +308,12 @@ fn random_options(r: &mut Rng, heads: usize) -> BatchOptions {
 #[test]
 fn random_batches_match_the_reference_gathering_pages() {
     let f16 = gpu().has_f16();
-    let mut split = false;
+    let (mut split, mut register_tiled) = (false, false);
     for seed in 0..16u64 {
         let mut r = Rng(seed * 7 + 1);
         let page_size = [1, 16, 64, 256][seed as usize % 4];
         let heads = [(4, 4), (4, 2), (8, 1), (6, 3)][r.range(0, 3)];
-        let head_dim = [8, 16, 12, 64][r.range(0, 3)];
+        let head_dim = [8, 16, 12, 64, 30][r.range(0, 4)];
         let layout = if r.coin() {
             KvLayout::Nhd
         } else {
@@ -340,10 +340,16 @@ fn random_batches_match_the_reference_gathering_pages() {
         );
         let plan = b.check(&label);
         split |= plan.chunk_keys() < max_ctx;
+        register_tiled |= plan.register_tiled();
     }
     assert!(
         split,
         "no batch split its keys into chunks: the merge went untested"
+    );
+    let cpu = gpu().kernel_class() == wgpu_mha::KernelClass::Cpu;
+    assert_eq!(
+        register_tiled, cpu,
+        "the register-tiled body ran on a CPU adapter only"
     );
 }
 
@@ -985,12 +991,14 @@ fn an_uploaded_pool_reads_back_and_copies_pages() {
 fn decode_batches_match_the_reference() {
     let g = gpu();
     let f16 = g.has_f16();
-    let mut split = false;
+    let cpu = g.kernel_class() == wgpu_mha::KernelClass::Cpu;
+    let gl = g.info().backend == wgpu::Backend::Gl;
+    let (mut split, mut lane_keys) = (false, false);
     for seed in 0..10u64 {
         let mut r = Rng(seed * 13 + 5);
         let page_size = [1, 16, 64, 256][seed as usize % 4];
         let heads = [(4, 4), (8, 2), (8, 1), (6, 3), (16, 2)][r.range(0, 4)];
-        let head_dim = [8, 12, 64, 128][r.range(0, 3)];
+        let head_dim = [8, 12, 64, 128, 30][r.range(0, 4)];
         let layout = if r.coin() {
             KvLayout::Nhd
         } else {
@@ -1016,18 +1024,23 @@ fn decode_batches_match_the_reference() {
             b.config.f16, b.options
         );
         let plan = b.check(&label);
-        // GL's llvmpipe keeps the tiles: its GLSL route compiles the unrolled body for minutes.
-        let cpu =
-            g.kernel_class() == wgpu_mha::KernelClass::Cpu && g.info().backend != wgpu::Backend::Gl;
+        // A CPU adapter runs the lane-keys body where it takes the heads, else the register
+        // tiles; GL's llvmpipe never the lane keys (its GLSL route compiles them for minutes).
         assert_eq!(
-            plan.lane_keys(),
-            cpu && heads.0 / heads.1 <= 8,
+            plan.lane_keys() || plan.register_tiled(),
+            cpu,
             "{label}: {plan:?}"
         );
+        assert!(!(plan.lane_keys() && gl), "{label}: {plan:?}");
+        lane_keys |= plan.lane_keys();
         split |= plan.chunk_keys() < max_ctx;
     }
     assert!(
         split,
         "no decode batch split its keys: the merge went untested"
+    );
+    assert!(
+        lane_keys || !cpu || gl,
+        "no decode batch ran the lane-keys body"
     );
 }

@@ -57,6 +57,8 @@ use super::{head_cap, kv_spans, CoreProblem, KvChunks, QkvBuffers, RowStrides};
 pub const WGSL: &str = include_str!("../../shaders/flash_attention.wgsl");
 /// Every lane reads a key group's K/V vec4s from the staged tiles itself.
 pub const KV_SHARED_WGSL: &str = include_str!("../../shaders/flash_kv_shared.wgsl");
+/// The key-group math over staged tiles, shared with `paged_prefill`.
+pub const GROUP_WGSL: &str = include_str!("../../shaders/flash_group.wgsl");
 /// One lane per key reads them and a subgroup broadcast hands them round (see
 /// [`subgroup_kv`]).
 pub const KV_SUBGROUP_WGSL: &str = include_str!("../../shaders/flash_kv_subgroup.wgsl");
@@ -293,7 +295,13 @@ pub fn source(s: FlashShape) -> String {
     } else {
         KV_SHARED_WGSL
     };
-    super::mask::prelude(prelude).source(&[super::ROWS_WGSL, super::mask::WGSL, kv, WGSL])
+    super::mask::prelude(prelude).source(&[
+        super::ROWS_WGSL,
+        super::mask::WGSL,
+        kv,
+        GROUP_WGSL,
+        WGSL,
+    ])
 }
 
 /// Bindings: params, Q, K, V, output, carried state (and sinks), mask words, mask params:

@@ -21,6 +21,7 @@ pub mod paged_append;
 pub mod paged_attention;
 pub mod paged_decode;
 pub mod paged_merge;
+pub mod paged_prefill;
 pub mod qk_norm;
 pub mod read_probe;
 pub mod rope;

@@ -26,8 +26,9 @@ pub struct DecodeShape {
 
 impl DecodeShape {
     /// The shape for a KV group of `group` query heads of `head_dim`, or `None` when the
-    /// lane-keys body does not serve it (a group of more than 8 heads, or no run of keys fits
-    /// the workgroup memory and the loop cap).
+    /// lane-keys body does not serve it (a head size not a multiple of 4 or wider than 128, a
+    /// group of more than 8 heads, more registers than the compile bound, or no run of keys
+    /// fits the workgroup memory and the loop cap).
     pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool, group: usize) -> Option<Self> {
         let limit = gpu.limits().max_compute_workgroup_storage_size;
         Self::within(limit, head_dim, f16, group)
@@ -35,18 +36,24 @@ impl DecodeShape {
 
     /// [`for_device`](Self::for_device) for `limit` bytes of workgroup memory.
     pub fn within(limit: u32, head_dim: usize, f16: bool, group: usize) -> Option<Self> {
-        if group == 0 || group > 8 {
+        // Whole vec4 rows, eight unrolled chunks of 4 vec4s at most, and as many q and
+        // accumulator vec4s as the contiguous cache's lane-keys pass holds (its cold compile
+        // grows with them: see `kernels::decode`).
+        if group == 0 || group > 8 || head_dim % 4 != 0 || head_dim > 128 {
             return None;
         }
         let heads = group.next_power_of_two() as u32;
-        let d4 = u32::try_from(head_dim.div_ceil(4)).ok()?;
-        // Workgroup memory: the scores (keys × heads), the lanes' states, one head's
-        // accumulators of every lane.
-        let fixed = (4 * 2 * heads * THREADS).checked_add(16u32.checked_mul(THREADS * d4)?)?;
-        let by_memory = limit.checked_sub(fixed)? / (4 * heads);
-        // Loop iterations of a lane per key, counted as if nothing were unrolled: the K and
-        // the V pass (a vec4 column times every head), the scores and weights per head; and
-        // the rest of the item. llvmpipe stops an invocation's loops at 65,535 in total.
+        let d4 = (head_dim / 4) as u32;
+        if 2 * heads * d4 > 256 {
+            return None;
+        }
+        let head_vecs = heads.div_ceil(4);
+        // Workgroup memory, in vec4s: the scores (keys × head vecs), the lanes' states, one
+        // head's accumulators of every lane.
+        let fixed = 2 * head_vecs * THREADS + THREADS * d4;
+        let by_memory = (limit / 16).checked_sub(fixed)? / head_vecs;
+        // Loop iterations of a lane per key, counted as if nothing were unrolled; llvmpipe
+        // stops an invocation's loops at 65,535 in total.
         let per_key = Self::loops_per_key(d4, heads);
         let fixed_loops = heads * (d4 * 6 + 2 * THREADS + 8) + 4096;
         let by_loops = (65_535u32.checked_sub(fixed_loops)? * 2 / 3 / per_key) * THREADS;
@@ -63,9 +70,9 @@ impl DecodeShape {
 
 impl DecodeShape {
     /// A lane's loop iterations per key: the K and the V pass (a vec4 column, then every head),
-    /// the scores and the weights per head.
+    /// the scores and the weights per vec4 of heads.
     fn loops_per_key(d4: u32, heads: u32) -> u32 {
-        2 * d4 * (1 + heads) + 4 * heads + 4
+        2 * d4 * (1 + heads) + 6 * heads.div_ceil(4)
     }
 }
 
@@ -100,14 +107,17 @@ mod tests {
         // A lane's keys stay within two thirds of llvmpipe's 65,535 loop iterations.
         assert!(s.keys / 8 * DecodeShape::loops_per_key(32, 4) <= 65_535 * 2 / 3);
         // The scores, states and accumulators fit the workgroup memory.
-        assert!(4 * s.keys * 4 + 4 * 2 * 4 * 8 + 16 * 8 * 32 <= 32 * 1024);
-        // Groups of 3 heads take 4 slots; more than 8 heads, or heads too wide, are the tile
-        // pass's.
+        assert!(16 * (s.keys + 2 * 8 + 8 * 32) <= 32 * 1024);
+        // Groups of 3 heads take 4 slots; more than 8 heads, heads too wide or not whole
+        // vec4s, or more registers than the compile bound are the tile pass's.
         assert_eq!(
             DecodeShape::within(32 * 1024, 64, false, 3).map(|s| s.heads),
             Some(4)
         );
         assert_eq!(DecodeShape::within(32 * 1024, 64, false, 9), None);
-        assert_eq!(DecodeShape::within(32 * 1024, 16_384, false, 1), None);
+        assert_eq!(DecodeShape::within(32 * 1024, 256, false, 1), None);
+        assert_eq!(DecodeShape::within(32 * 1024, 66, false, 1), None);
+        assert_eq!(DecodeShape::within(32 * 1024, 128, false, 8), None);
+        assert!(DecodeShape::within(32 * 1024, 64, false, 8).is_some());
     }
 }

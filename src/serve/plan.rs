@@ -15,6 +15,7 @@ use crate::kernels::paged_attention::{
 };
 use crate::kernels::paged_decode::{self, DecodeShape};
 use crate::kernels::paged_merge::{self, MergeParams};
+use crate::kernels::paged_prefill::{self, PrefillShape};
 use crate::serve::pool::{KvLayout, PagedKvPool};
 use crate::serve::table::{check_qo_indptr, PageTable};
 use crate::serve::work_list::{work_list, Split};
@@ -88,6 +89,8 @@ pub struct BatchAttention {
     shape: PagedShape,
     /// The lane-keys decode body's shape, when it runs instead of the tiles.
     lane_keys: Option<DecodeShape>,
+    /// The register-tiled body's shape, when it runs instead of the tiles.
+    prefill: Option<PrefillShape>,
     attention: Arc<Pass>,
     merge: Arc<Pass>,
     params: wgpu::Buffer,
@@ -123,6 +126,7 @@ impl std::fmt::Debug for BatchAttention {
             .field("f16", &self.f16)
             .field("shape", &self.shape)
             .field("lane_keys", &self.lane_keys)
+            .field("prefill", &self.prefill)
             .field("work_items", &self.items)
             .field("chunk_keys", &self.chunk_keys)
             .field("split", &self.merge_groups.is_some())
@@ -201,15 +205,25 @@ impl BatchAttention {
             }
             _ => None,
         };
+        // Any other batch on a CPU adapter: the fused core's register tiling (paged_prefill).
+        let prefill = match gpu.kernel_class() {
+            KernelClass::Cpu if lane_keys.is_none() => PrefillShape::for_device(gpu, d, inputs.f16),
+            _ => None,
+        };
         let software = crate::kernels::is_software(gpu);
-        let split = match lane_keys {
+        let split = match (lane_keys, prefill) {
             // Items of the group's heads (in `heads` slots), chunks in whole runs of lanes.
-            Some(s) => Split {
+            (Some(s), _) => Split {
                 slots: s.heads as usize,
                 granule: s.threads as usize,
                 max_chunk: s.keys as usize,
             },
-            None => Split {
+            (None, Some(s)) => Split {
+                slots: s.slots() as usize,
+                granule: s.kv_tile as usize,
+                max_chunk: s.max_chunk_keys() as usize,
+            },
+            (None, None) => Split {
                 slots: shape.slots as usize,
                 granule: shape.key_tile as usize,
                 max_chunk: shape.max_chunk_keys(software) as usize,
@@ -309,9 +323,10 @@ impl BatchAttention {
         let built = gpu.scoped("planning a batch", || {
             let none = wgpu::BufferUsages::empty();
             (
-                match lane_keys {
-                    Some(s) => paged_decode::pass(gpu, s),
-                    None => kernel::pass(gpu, shape),
+                match (lane_keys, prefill) {
+                    (Some(s), _) => paged_decode::pass(gpu, s),
+                    (None, Some(s)) => paged_prefill::pass(gpu, s),
+                    (None, None) => kernel::pass(gpu, shape),
                 },
                 paged_merge::pass(gpu, shape.d4),
                 gpu.uniform("paged_attention params", &params),
@@ -326,6 +341,7 @@ impl BatchAttention {
             gpu: gpu.clone(),
             shape,
             lane_keys,
+            prefill,
             attention,
             merge,
             params,
@@ -367,7 +383,14 @@ impl BatchAttention {
         self.lane_keys.is_some()
     }
 
-    /// The tile pass's shape (what runs unless [`lane_keys`](Self::lane_keys)).
+    /// Whether the plan runs the register-tiled body (`paged_prefill`: any other batch on a CPU
+    /// adapter) rather than the tiles of [`shape`](Self::shape).
+    pub fn register_tiled(&self) -> bool {
+        self.prefill.is_some()
+    }
+
+    /// The tile pass's shape (what runs unless [`lane_keys`](Self::lane_keys) or
+    /// [`register_tiled`](Self::register_tiled)).
     pub fn shape(&self) -> PagedShape {
         self.shape
     }

@@ -1,0 +1,234 @@
+// paged_prefill: the paged pass for blocks of query rows on CPU adapters — flash_attention's
+// register tiling over keys and values staged from a pool's pages. Same work list, parameters,
+// bindings and outputs as paged_attention (paged_common.wgsl is prepended); an item is one
+// sequence's block of rows × the query heads of one KV head × a chunk of keys, and its
+// (row, head) pairs are the slots: slot s is row s / n_heads, head s % n_heads, and thread t
+// owns slots t + THREADS·r (r < ROWS), with q (pre-scaled) and the accumulators in registers,
+// so every K/V vec4 staged in workgroup memory feeds ROWS slots — a GQA group's heads share it.
+//
+// Per tile of KV_TILE keys the threads look up each key's page, stage K and V as vec4s (zero
+// past the chunk's end), then take the keys KEY_GROUP at a time with flash_group.wgsl's
+// quarter-unrolled row loops: scores, the mask where the group can be masked (one score per
+// iteration of a rolled loop, on a copy), the online softmax, P·V. A hidden key scores −inf
+// and the running max starts at LOWEST, so a slot that sees no key ends with a sum below 1/2
+// and writes 0 with lse −inf, as paged_attention. The row loops indexing private arrays at run
+// time work on copies, as in flash_attention.
+// Dispatch: one workgroup per item, over x then y.
+// The host's prelude (src/kernels/paged_prefill.rs) defines THREADS, ROWS, KV_TILE, KEY_GROUP,
+// DK4 (= DV4) and the pool's element type KvElem; flash_kv_shared.wgsl (group_keys,
+// group_values) and flash_group.wgsl are prepended.
+
+@group(0) @binding(2) var<storage, read> pool: array<KvElem>;   // [pages, 2, ...]
+
+const DV4: u32 = DK4;
+
+var<workgroup> k_tile: array<vec4<f32>, KV_TILE * DK4>;
+var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
+var<workgroup> key_row: array<u32, KV_TILE>;   // each staged key's K row in the pool
+
+// Vec4 c of the pool row at `base`, zero past the head size or for a key past the chunk.
+fn pool_vec4(base: u32, c: u32, live: bool) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (live) {
+        let at = base + 4u * c;
+        if (4u * c + 3u < p.head_dim) {
+            x = vec4<f32>(f32(pool[at]), f32(pool[at + 1u]), f32(pool[at + 2u]), f32(pool[at + 3u]));
+        } else {
+            for (var e = 0u; e < 4u; e++) {
+                if (4u * c + e < p.head_dim) {
+                    x[e] = f32(pool[at + e]);
+                }
+            }
+        }
+    }
+    return x;
+}
+
+// Whether the mask can change any score of keys j .. j + KEY_GROUP − 1 for the block's rows at
+// positions [pos0, pos_last] (uniform over the workgroup).
+fn group_needs_mask(j: u32, pos0: u32, pos_last: u32) -> bool {
+    if (p.softcap > 0.0 || (p.flags & 2u) != 0u) {
+        return true;
+    }
+    if (p.causal == 1u && j + KEY_GROUP - 1u > pos0) {
+        return true;
+    }
+    return p.window_left != NO_WINDOW && j + p.window_left < pos_last;
+}
+
+@compute @workgroup_size(THREADS, 1, 1)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let index = wid.y * p.groups_x + wid.x;
+    if (index >= p.items) {
+        return; // uniform across the workgroup: every barrier below is skipped by all threads
+    }
+    let w = index * ITEM_WORDS;
+    let s = p.seqs_at + plan[w] * SEQ_WORDS;
+    let q_begin = plan[s];
+    let q_len = plan[s + 1u];
+    let kv_len = plan[s + 2u];
+    let page_begin = plan[s + 3u];
+    let kvh = plan[w + 1u];
+    let n_heads = plan[w + 3u];
+    let head_base = kvh * (p.heads / p.kv_heads) + plan[w + 2u];
+    let row0 = plan[w + 4u];
+    let rows = plan[w + 5u];
+    let key_begin = plan[w + 6u];
+    let key_end = plan[w + 7u];
+    let partial = plan[w + 8u];
+    let first_chunk = plan[w + 9u];
+    let slots = n_heads * rows;
+    // The block's rows are among the sequence's last tokens.
+    let pos0 = kv_len - q_len + row0;
+    let pos_last = pos0 + rows - 1u;
+    let lane = kv_lane(lid.x);  // for group_keys and group_values
+
+    var q_regs: array<array<vec4<f32>, DK4>, ROWS>;
+    var acc: array<array<vec4<f32>, DV4>, ROWS>;
+    var row_max: array<f32, ROWS>;
+    var row_sum: array<f32, ROWS>;
+    // Through copies: this loop stays rolled. A sink starts its head's softmax on the first
+    // chunk (max = its logit, sum = exp(0) = 1).
+    var start_max: array<f32, ROWS>;
+    var start_sum: array<f32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        let slot = lid.x + THREADS * r;
+        start_max[r] = LOWEST;
+        start_sum[r] = 0.0;
+        if (slot < slots) {
+            let head = head_base + slot % n_heads;
+            if ((p.flags & 1u) != 0u && first_chunk == 1u) {
+                start_max[r] = bitcast<f32>(plan[p.heads_at + head]);
+                start_sum[r] = 1.0;
+            }
+            let q_at = p.q_offset + (q_begin + row0 + slot / n_heads) * p.q_row + head * p.q_head;
+            for (var c = 0u; c < DK4; c++) {
+                var x = vec4<f32>(0.0);
+                for (var e = 0u; e < 4u; e++) {
+                    if (4u * c + e < p.head_dim) {
+                        x[e] = q[q_at + 4u * c + e];
+                    }
+                }
+                q_regs[r][c] = p.scale * x;
+            }
+        }
+    }
+    row_max = start_max;
+    row_sum = start_sum;
+
+    // Slots r >= live_rows of every thread are past the item's (uniform).
+    let live_rows = (slots + THREADS - 1u) / THREADS;
+    let v_stride = p.page_size * p.kv_heads * p.head_dim;
+    for (var j0 = key_begin; j0 < key_end; j0 += KV_TILE) {
+        let keys = min(KV_TILE, key_end - j0);
+        for (var e = lid.x; e < keys; e += THREADS) {
+            let j = j0 + e;
+            let page = plan[p.indices_at + page_begin + (j >> p.page_shift)];
+            key_row[e] = pool_index(page, 0u, j & (p.page_size - 1u), kvh, 0u);
+        }
+        workgroupBarrier();
+        for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
+            let key = e / DK4;
+            let live = key < keys;
+            let base = key_row[min(key, keys - 1u)];
+            k_tile[e] = pool_vec4(base, e % DK4, live);
+            v_tile[e] = pool_vec4(base + v_stride, e % DK4, live);
+        }
+        workgroupBarrier();
+        for (var jg = 0u; jg < keys; jg += KEY_GROUP) {
+            var sc: GroupScores;
+            for (var c = 0u; c < DK4; c++) {
+                let k = group_keys(jg, c, lane);
+                add_group_dots(0u, ROWS / 4u, live_rows, &q_regs, c, k, &sc);
+                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, &q_regs, c, k, &sc);
+                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, &q_regs, c, k, &sc);
+                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, &q_regs, c, k, &sc);
+            }
+            let left = keys - jg;  // keys of this group that exist (at least 1)
+            if (left < KEY_GROUP || group_needs_mask(j0 + jg, pos0, pos_last)) {
+                // Through a copy: this loop stays rolled, one score per iteration.
+                var masked = sc;
+                for (var e = 0u; e < ROWS * KEY_GROUP; e++) {
+                    let r = e / KEY_GROUP;
+                    let jj = e % KEY_GROUP;
+                    let slot = min(lid.x + THREADS * r, slots - 1u);
+                    let pos = pos0 + slot / n_heads;
+                    let key = j0 + jg + jj;
+                    var score = masked[r][jj / 4u][jj % 4u];
+                    if (p.softcap > 0.0) {
+                        score = p.softcap * tanh(score / p.softcap);
+                    }
+                    if ((p.flags & 2u) != 0u) {
+                        let slope = bitcast<f32>(plan[p.heads_at + p.heads + head_base + slot % n_heads]);
+                        score += slope * (f32(key) - f32(pos));
+                    }
+                    var visible = jj < left;
+                    if (p.causal == 1u) {
+                        visible = visible && key <= pos;
+                    }
+                    if (p.window_left != NO_WINDOW) {
+                        visible = visible && key + p.window_left >= pos;
+                    }
+                    masked[r][jj / 4u][jj % 4u] = select(neg_inf(), score, visible);
+                }
+                sc = masked;
+            }
+            var correction: array<f32, ROWS>;
+            group_softmax_rows(0u, ROWS / 4u, &sc, &row_max, &row_sum, &correction);
+            group_softmax_rows(ROWS / 4u, ROWS / 2u, &sc, &row_max, &row_sum, &correction);
+            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u, &sc, &row_max, &row_sum, &correction);
+            group_softmax_rows(3u * ROWS / 4u, ROWS, &sc, &row_max, &row_sum, &correction);
+            for (var c = 0u; c < DV4; c++) {
+                let v = group_values(jg, c, lane);
+                add_group_values(0u, ROWS / 4u, live_rows, &sc, &correction, c, v, &acc);
+                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, &sc, &correction, c, v, &acc);
+                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, &sc, &correction, c, v, &acc);
+                add_group_values(3u * ROWS / 4u, ROWS, live_rows, &sc, &correction, c, v, &acc);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // Through copies from here on: these loops stay rolled.
+    let final_max = row_max;
+    let final_sum = row_sum;
+    for (var r = 0u; r < ROWS; r++) {
+        let slot = lid.x + THREADS * r;
+        if (slot < slots) {
+            let head = head_base + slot % n_heads;
+            let out_row = q_begin + row0 + slot / n_heads;
+            var inv = 0.0;
+            var row_lse = neg_inf();
+            if (final_sum[r] >= 0.5) {
+                inv = 1.0 / final_sum[r];
+                row_lse = final_max[r] + log(final_sum[r]);
+            }
+            var base: u32;
+            if (partial == DIRECT) {
+                base = (out_row * p.heads + head) * p.head_dim;
+            } else {
+                base = ((partial + slot / n_heads) * p.heads + head) * p.head_dim;
+            }
+            for (var c = 0u; c < DV4; c++) {
+                let o = acc[r][c] * inv;
+                for (var e = 0u; e < 4u; e++) {
+                    if (4u * c + e < p.head_dim) {
+                        if (partial == DIRECT) {
+                            out[base + 4u * c + e] = o[e];
+                        } else {
+                            scratch[base + 4u * c + e] = o[e];
+                        }
+                    }
+                }
+            }
+            if (partial == DIRECT) {
+                if ((p.flags & 4u) != 0u) {
+                    lse[out_row * p.heads + head] = row_lse;
+                }
+            } else {
+                let at = p.partial_rows * p.heads * p.head_dim + (partial + slot / n_heads) * p.heads;
+                scratch[at + head] = row_lse;
+            }
+        }
+    }
+}
