@@ -39,7 +39,7 @@ impl DecodeShape {
         // Whole vec4 rows, eight unrolled chunks of 4 vec4s at most, and as many q and
         // accumulator vec4s as the contiguous cache's lane-keys pass holds (its cold compile
         // grows with them: see `kernels::decode`).
-        if group == 0 || group > 8 || head_dim % 4 != 0 || head_dim > 128 {
+        if group == 0 || group > 8 || !head_dim.is_multiple_of(4) || head_dim > 128 {
             return None;
         }
         let heads = group.next_power_of_two() as u32;
