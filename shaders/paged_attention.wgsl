@@ -37,7 +37,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if (item >= p.items) {
         return; // uniform across the workgroup: every barrier below is skipped by all threads
     }
-    let w = item * ITEM_WORDS;
+    let w = (p.item_base + item) * ITEM_WORDS;
     let seq = plan[w];
     let kvh = plan[w + 1u];
     let head0 = plan[w + 2u];

@@ -23,6 +23,10 @@ struct PagedParams {
     q_row: u32,
     q_head: u32,
     page_shift: u32,      // log2(page_size)
+    item_base: u32,       // this dispatch's first item: a plan's parts run in passes of their own
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: PagedParams;

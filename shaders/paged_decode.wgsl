@@ -295,7 +295,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if (index >= p.items) {
         return; // uniform across the workgroup: every barrier below is skipped by all threads
     }
-    let w = index * ITEM_WORDS;
+    let w = (p.item_base + index) * ITEM_WORDS;
     let s = p.seqs_at + plan[w] * SEQ_WORDS;
     let q_len = plan[s + 1u];
     let kv_len = plan[s + 2u];

@@ -130,20 +130,42 @@ fn all_sources() -> Vec<(String, String)> {
             }
         }
     }
-    // The lane-keys decode body: every group size it takes, narrow and wide heads.
+    // The lane-keys decode body: every group size it takes, narrow and wide heads (head sizes
+    // it does not take, 30, or 128 with 8 heads, go to the other bodies).
     for group in [1, 2, 3, 4, 8] {
         for head_dim in [4, 30, 64, 128] {
             for f16 in [false, true] {
-                let s = wgpu_mha::kernels::paged_decode::DecodeShape::within(
+                let shape = wgpu_mha::kernels::paged_decode::DecodeShape::within(
                     32 * 1024,
                     head_dim,
                     f16,
                     group,
+                );
+                let takes = head_dim % 4 == 0 && group.next_power_of_two() * head_dim <= 512;
+                assert_eq!(shape.is_some(), takes, "group {group}, d {head_dim}");
+                if let Some(s) = shape {
+                    all.push((
+                        format!("paged_decode {s:?}"),
+                        wgpu_mha::kernels::paged_decode::source(s),
+                    ));
+                }
+            }
+        }
+    }
+    // The register-tiled body: lavapipe's and GL's rows, narrow, odd and wide heads.
+    for rows in [1, 2, 4, 8] {
+        for head_dim in [4, 30, 128, 256] {
+            for f16 in [false, true] {
+                let s = wgpu_mha::kernels::paged_prefill::PrefillShape::within(
+                    32 * 1024,
+                    rows,
+                    head_dim,
+                    f16,
                 )
                 .expect("fits 32 KiB");
                 all.push((
-                    format!("paged_decode {s:?}"),
-                    wgpu_mha::kernels::paged_decode::source(s),
+                    format!("paged_prefill {s:?}"),
+                    wgpu_mha::kernels::paged_prefill::source(s),
                 ));
             }
         }

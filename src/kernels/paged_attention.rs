@@ -46,6 +46,9 @@ pub struct PagedParams {
     pub q_row: u32,
     pub q_head: u32,
     pub page_shift: u32,
+    /// The dispatch's first item in the work list.
+    pub item_base: u32,
+    pub _pad: [u32; 3],
 }
 
 /// `PagedParams::flags` bits.

@@ -10,6 +10,7 @@
 //! does not list, nor a slot past a sequence's length.
 
 mod allocator;
+mod body;
 mod merge;
 mod plan;
 mod pool;
@@ -18,6 +19,7 @@ mod table;
 mod work_list;
 
 pub use allocator::{Growth, PageAllocator, Sequence};
+pub use body::Body;
 pub use merge::{merge_states, record_merge_states, State};
 pub use plan::{BatchAttention, BatchOptions, PlanInputs, QueryLayout};
 pub(crate) use pool::NewKv;

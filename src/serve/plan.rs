@@ -13,9 +13,8 @@ use crate::kernels::paged_attention::{
     self as kernel, PagedBindings, PagedParams, PagedShape, FLAG_ALIBI, FLAG_LSE, FLAG_SINKS,
     ITEM_WORDS, NO_WINDOW,
 };
-use crate::kernels::paged_decode::{self, DecodeShape};
 use crate::kernels::paged_merge::{self, MergeParams};
-use crate::kernels::paged_prefill::{self, PrefillShape};
+use crate::serve::body::{Bodies, Body};
 use crate::serve::pool::{KvLayout, PagedKvPool};
 use crate::serve::table::{check_qo_indptr, PageTable};
 use crate::serve::work_list::{work_list, Split};
@@ -87,19 +86,14 @@ fn target_items(class: KernelClass) -> usize {
 pub struct BatchAttention {
     gpu: Gpu,
     shape: PagedShape,
-    /// The lane-keys decode body's shape, when it runs instead of the tiles.
-    lane_keys: Option<DecodeShape>,
-    /// The register-tiled body's shape, when it runs instead of the tiles.
-    prefill: Option<PrefillShape>,
-    attention: Arc<Pass>,
+    /// The attention's dispatches: each a body over its part of the work list.
+    parts: Vec<Part>,
     merge: Arc<Pass>,
-    params: wgpu::Buffer,
     merge_params: wgpu::Buffer,
     plan: wgpu::Buffer,
     scratch: wgpu::Buffer,
     /// Bound as `lse` when the caller asks for none.
     no_lse: wgpu::Buffer,
-    attention_groups: [u32; 3],
     merge_groups: Option<[u32; 3]>,
     total_q: usize,
     heads: usize,
@@ -125,8 +119,10 @@ impl std::fmt::Debug for BatchAttention {
             .field("layout", &self.layout)
             .field("f16", &self.f16)
             .field("shape", &self.shape)
-            .field("lane_keys", &self.lane_keys)
-            .field("prefill", &self.prefill)
+            .field(
+                "bodies",
+                &self.parts.iter().map(|p| p.body).collect::<Vec<_>>(),
+            )
             .field("work_items", &self.items)
             .field("chunk_keys", &self.chunk_keys)
             .field("split", &self.merge_groups.is_some())
@@ -194,43 +190,19 @@ impl BatchAttention {
         // query heads of a KV head).
         let most_rows = q_rows.iter().copied().max().unwrap_or(0);
         let shape = PagedShape::for_device(gpu, d, inputs.f16, most_rows * (h / h_kv))?;
-        // A decode batch on a CPU adapter: lanes that take keys whole (paged_decode). GL's
-        // llvmpipe keeps the tiles: its GLSL route compiles the unrolled body for minutes
-        // (205 s at d64 with 4 heads, measured), as the module's decode pass keeps its
-        // shared-key body there.
-        let gl = gpu.info().backend == wgpu::Backend::Gl;
-        let lane_keys = match gpu.kernel_class() {
-            KernelClass::Cpu if most_rows <= 1 && !gl => {
-                DecodeShape::for_device(gpu, d, inputs.f16, h / h_kv)
-            }
-            _ => None,
-        };
-        // Any other batch on a CPU adapter: the fused core's register tiling (paged_prefill).
-        let prefill = match gpu.kernel_class() {
-            KernelClass::Cpu if lane_keys.is_none() => PrefillShape::for_device(gpu, d, inputs.f16),
-            _ => None,
-        };
+        // Decode rows in their own part where the adapter gives them their own body.
+        let bodies = Bodies::for_device(gpu, shape, d, inputs.f16, h / h_kv);
+        let mut body_list = vec![bodies.rows];
+        body_list.extend(bodies.decode);
+        let part_of: Vec<usize> = q_rows
+            .iter()
+            .map(|&rows| usize::from(rows == 1 && bodies.decode.is_some()))
+            .collect();
         let software = crate::kernels::is_software(gpu);
-        let split = match (lane_keys, prefill) {
-            // Items of the group's heads (in `heads` slots), chunks in whole runs of lanes.
-            (Some(s), _) => Split {
-                slots: s.heads as usize,
-                granule: s.threads as usize,
-                max_chunk: s.keys as usize,
-            },
-            (None, Some(s)) => Split {
-                slots: s.slots() as usize,
-                granule: s.kv_tile as usize,
-                max_chunk: s.max_chunk_keys() as usize,
-            },
-            (None, None) => Split {
-                slots: shape.slots as usize,
-                granule: shape.key_tile as usize,
-                max_chunk: shape.max_chunk_keys(software) as usize,
-            },
-        };
+        let splits: Vec<Split> = body_list.iter().map(|b| b.split(software)).collect();
         let work = work_list(
-            split,
+            &splits,
+            &part_of,
             inputs,
             &tokens,
             &q_rows,
@@ -238,7 +210,7 @@ impl BatchAttention {
         );
 
         // The plan buffer: items, sequences, page ids, rows, then per-head sinks and slopes.
-        let mut words = work.items.clone();
+        let mut words: Vec<u32> = work.items.concat();
         let seqs_at = words.len();
         words.extend_from_slice(&work.seqs);
         let indices_at = words.len();
@@ -267,8 +239,7 @@ impl BatchAttention {
         let scratch_floats = work.partial_rows * h * (d + 1);
         gpu.check_fits("a batch plan's partial states", 4 * scratch_floats as u64)?;
 
-        let items = work.items.len() / ITEM_WORDS;
-        let attention_groups = kernel::workgroups(gpu, items)?;
+        let items = seqs_at / ITEM_WORDS;
         let merge_groups = if work.partial_rows > 0 {
             Some(paged_merge::workgroups(
                 gpu,
@@ -293,8 +264,8 @@ impl BatchAttention {
             flags,
             scale: o.scale.unwrap_or(1.0 / (d as f32).sqrt()),
             softcap: o.softcap.unwrap_or(0.0),
-            groups_x: attention_groups[0],
-            items: items as u32,
+            groups_x: 0,
+            items: 0,
             seqs_at: seqs_at as u32,
             indices_at: indices_at as u32,
             heads_at: heads_at as u32,
@@ -309,6 +280,8 @@ impl BatchAttention {
                 QueryLayout::HeadMajor => (total_q * d) as u32,
             },
             page_shift: ps.trailing_zeros(),
+            item_base: 0,
+            _pad: [0; 3],
         };
         let merge_params = MergeParams {
             total_q: total_q as u32,
@@ -323,33 +296,32 @@ impl BatchAttention {
         let built = gpu.scoped("planning a batch", || {
             let none = wgpu::BufferUsages::empty();
             (
-                match (lane_keys, prefill) {
-                    (Some(s), _) => paged_decode::pass(gpu, s),
-                    (None, Some(s)) => paged_prefill::pass(gpu, s),
-                    (None, None) => kernel::pass(gpu, shape),
-                },
                 paged_merge::pass(gpu, shape.d4),
-                gpu.uniform("paged_attention params", &params),
                 gpu.uniform("paged_merge params", &merge_params),
                 gpu.upload("batch plan", &words, none),
                 gpu.storage("batch plan scratch", 4 * scratch_floats as u64, none),
                 gpu.storage("batch plan (no lse)", 4, none),
             )
         })?;
-        let (attention, merge, params, merge_params, plan, scratch, no_lse) = built;
+        let (merge, merge_params, plan, scratch, no_lse) = built;
+        let mut parts = Vec::new();
+        let mut item_base = 0;
+        for (body, items) in body_list.iter().zip(&work.items) {
+            let n = items.len() / ITEM_WORDS;
+            if n > 0 {
+                parts.push(Part::new(gpu, *body, params, item_base, n)?);
+            }
+            item_base += n;
+        }
         Ok(BatchAttention {
             gpu: gpu.clone(),
             shape,
-            lane_keys,
-            prefill,
-            attention,
+            parts,
             merge,
-            params,
             merge_params,
             plan,
             scratch,
             no_lse,
-            attention_groups,
             merge_groups: merge_groups.map(|(g, _)| g),
             total_q,
             heads: h,
@@ -380,13 +352,18 @@ impl BatchAttention {
     /// Whether the plan runs the lane-keys decode body (`paged_decode`: a decode batch on a
     /// CPU adapter) rather than the tiles of [`shape`](Self::shape).
     pub fn lane_keys(&self) -> bool {
-        self.lane_keys.is_some()
+        self.bodies().any(|b| matches!(b, Body::LaneKeys(_)))
     }
 
     /// Whether the plan runs the register-tiled body (`paged_prefill`: any other batch on a CPU
     /// adapter) rather than the tiles of [`shape`](Self::shape).
     pub fn register_tiled(&self) -> bool {
-        self.prefill.is_some()
+        self.bodies().any(|b| matches!(b, Body::RegisterTiled(_)))
+    }
+
+    /// The bodies the plan's dispatches run, in order.
+    pub fn bodies(&self) -> impl Iterator<Item = Body> + '_ {
+        self.parts.iter().map(|p| p.body)
     }
 
     /// The tile pass's shape (what runs unless [`lane_keys`](Self::lane_keys) or
@@ -443,19 +420,25 @@ impl BatchAttention {
         let gpu = &self.gpu;
         self.check_pool(pool)?;
         let lse = lse.unwrap_or(&self.no_lse);
-        let attention = kernel::bind(
-            gpu,
-            &self.attention,
-            &PagedBindings {
-                params: &self.params,
-                q,
-                pool: pool.buffer(),
-                plan: &self.plan,
-                out,
-                lse,
-                scratch: &self.scratch,
-            },
-        )?;
+        let attention = self
+            .parts
+            .iter()
+            .map(|part| {
+                kernel::bind(
+                    gpu,
+                    &part.pass,
+                    &PagedBindings {
+                        params: &part.params,
+                        q,
+                        pool: pool.buffer(),
+                        plan: &self.plan,
+                        out,
+                        lse,
+                        scratch: &self.scratch,
+                    },
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
         let merge = match self.merge_groups {
             Some(groups) => Some((
                 paged_merge::bind(
@@ -480,7 +463,7 @@ impl BatchAttention {
 
     /// Dispatches one run records (a timer for [`run_timed`](Self::run_timed) needs as many).
     pub fn passes(&self) -> u32 {
-        (self.items > 0) as u32 + self.merge_groups.is_some() as u32
+        self.parts.len() as u32 + self.merge_groups.is_some() as u32
     }
 
     /// [`run`](Self::run), waited for; with a timer, each dispatch's GPU milliseconds in
@@ -604,7 +587,7 @@ impl BatchAttention {
 /// One run's bind groups, ready to record (recording cannot fail).
 pub(crate) struct PreparedRun<'a> {
     plan: &'a BatchAttention,
-    attention: wgpu::BindGroup,
+    attention: Vec<wgpu::BindGroup>,
     merge: Option<(wgpu::BindGroup, [u32; 3])>,
 }
 
@@ -616,17 +599,9 @@ impl PreparedRun<'_> {
         mut timer: Option<&mut PassTimer>,
     ) {
         let plan = self.plan;
-        if plan.items > 0 {
-            let writes = timer
-                .as_deref_mut()
-                .and_then(|t| t.next(plan.attention.label));
-            record_one(
-                encoder,
-                &plan.attention,
-                &self.attention,
-                plan.attention_groups,
-                writes,
-            );
+        for (part, bind) in plan.parts.iter().zip(&self.attention) {
+            let writes = timer.as_deref_mut().and_then(|t| t.next(part.pass.label));
+            record_one(encoder, &part.pass, bind, part.groups, writes);
         }
         if let Some((bind, groups)) = &self.merge {
             let writes = timer.and_then(|t| t.next(plan.merge.label));
@@ -648,4 +623,43 @@ fn record_one(
     });
     pass.set_on(&mut p, bind);
     p.dispatch_workgroups(groups[0], groups[1], groups[2]);
+}
+
+/// One dispatch of the attention: a body over its range of the work list, with its own
+/// parameters (the range's first item and count).
+struct Part {
+    body: Body,
+    pass: Arc<Pass>,
+    params: wgpu::Buffer,
+    groups: [u32; 3],
+}
+
+impl Part {
+    fn new(
+        gpu: &Gpu,
+        body: Body,
+        params: PagedParams,
+        item_base: usize,
+        items: usize,
+    ) -> Result<Self> {
+        let groups = kernel::workgroups(gpu, items)?;
+        let params = PagedParams {
+            groups_x: groups[0],
+            items: items as u32,
+            item_base: item_base as u32,
+            ..params
+        };
+        let (pass, params) = gpu.scoped("planning a batch", || {
+            (
+                body.pass(gpu),
+                gpu.uniform("paged_attention params", &params),
+            )
+        })?;
+        Ok(Part {
+            body,
+            pass,
+            params,
+            groups,
+        })
+    }
 }

@@ -7,7 +7,8 @@ use crate::serve::plan::PlanInputs;
 
 /// The host side of a plan: every table the shader reads, as u32 words.
 pub(super) struct WorkList {
-    pub items: Vec<u32>,
+    /// Each part's items (see [`work_list`]).
+    pub items: Vec<Vec<u32>>,
     pub seqs: Vec<u32>,
     pub rows: Vec<u32>,
     pub partial_rows: usize,
@@ -25,18 +26,32 @@ pub(super) struct Split {
 
 /// One sequence's block of query rows and the keys they see.
 struct RowBlock {
+    part: usize,
     seq: usize,
     row0: usize,
     rows: usize,
     keys: (usize, usize),
 }
 
-/// Splits every sequence's rows into blocks of the kernel's slots and their keys into chunks:
-/// the smallest chunk (whole tiles, at most `max_chunk`) whose items still number at most
+/// How a part's items carry the query heads of a KV head: heads per item, items per group,
+/// rows per item.
+fn head_blocks(split: Split, group: usize) -> (usize, usize, usize) {
+    let heads_per_item = group.min(split.slots);
+    (
+        heads_per_item,
+        group.div_ceil(heads_per_item),
+        split.slots / heads_per_item,
+    )
+}
+
+/// Splits every sequence's rows into blocks of its part's slots (`parts[part_of[seq]]`: each
+/// part runs in its own pass) and their keys into chunks: the smallest chunk (whole granules
+/// of every part, at most the smallest `max_chunk`) whose items still number at most
 /// `target`, so short batches fill the device and long ones are not split further than they
 /// must. A function of its inputs only.
 pub(super) fn work_list(
-    split: Split,
+    parts: &[Split],
+    part_of: &[usize],
     inputs: &PlanInputs,
     tokens: &[usize],
     q_rows: &[usize],
@@ -44,14 +59,11 @@ pub(super) fn work_list(
 ) -> WorkList {
     let (h, h_kv) = (inputs.num_qo_heads, inputs.num_kv_heads);
     let group = h / h_kv;
-    let slots = split.slots;
-    let max_chunk = split.max_chunk;
-    let heads_per_item = group.min(slots);
-    let head_blocks = group.div_ceil(heads_per_item);
-    let rows_per_item = slots / heads_per_item;
     let o = &inputs.options;
     let mut blocks = Vec::new();
     for (seq, (&kv_len, &q_len)) in tokens.iter().zip(q_rows).enumerate() {
+        let part = part_of[seq];
+        let (_, _, rows_per_item) = head_blocks(parts[part], group);
         for row0 in (0..q_len).step_by(rows_per_item) {
             let rows = rows_per_item.min(q_len - row0);
             // Positions exist only where rows are a sequence's last tokens (checked: q_len ≤
@@ -61,6 +73,7 @@ pub(super) fn work_list(
             let hi = if o.causal { last_pos + 1 } else { kv_len };
             let lo = o.window_left.map_or(0, |w| first_pos.saturating_sub(w));
             blocks.push(RowBlock {
+                part,
                 seq,
                 row0,
                 rows,
@@ -68,15 +81,23 @@ pub(super) fn work_list(
             });
         }
     }
-    let per_block = h_kv * head_blocks;
-    let tile = split.granule;
+    let used: Vec<Split> = (0..parts.len())
+        .filter(|p| part_of.contains(p))
+        .map(|p| parts[p])
+        .collect();
+    // Granules are powers of two: the largest is a multiple of every other.
+    let tile = used.iter().map(|s| s.granule).max().unwrap_or(1);
+    let max_chunk = used.iter().map(|s| s.max_chunk).min().unwrap_or(tile);
+    let max_chunk = (max_chunk / tile * tile).max(tile);
     let items_at = |chunk: usize| -> usize {
         blocks
             .iter()
-            .map(|b| (b.keys.1 - b.keys.0).div_ceil(chunk).max(1) * per_block)
+            .map(|b| {
+                let per_block = h_kv * head_blocks(parts[b.part], group).1;
+                (b.keys.1 - b.keys.0).div_ceil(chunk).max(1) * per_block
+            })
             .sum()
     };
-    let max_chunk = max_chunk.max(tile);
     // Chunks below this many keys cost more in partial states than they win.
     let min_chunk = (8 * tile).min(max_chunk);
     let chunk_keys = if items_at(max_chunk) >= target {
@@ -96,7 +117,7 @@ pub(super) fn work_list(
     };
 
     let mut w = WorkList {
-        items: Vec::new(),
+        items: vec![Vec::new(); parts.len()],
         seqs: Vec::new(),
         rows: vec![0; 4 * q_rows.iter().sum::<usize>()],
         partial_rows: 0,
@@ -137,11 +158,12 @@ pub(super) fn work_list(
             } else {
                 DIRECT
             };
+            let (heads_per_item, blocks_per_group, _) = head_blocks(parts[b.part], group);
             for kvh in 0..h_kv {
-                for hb in 0..head_blocks {
+                for hb in 0..blocks_per_group {
                     let head0 = hb * heads_per_item;
                     let n_heads = heads_per_item.min(group - head0);
-                    w.items.extend([
+                    w.items[b.part].extend([
                         b.seq as u32,
                         kvh as u32,
                         head0 as u32,
@@ -159,8 +181,10 @@ pub(super) fn work_list(
             }
         }
     }
-    debug_assert_eq!(w.items.len() % ITEM_WORDS, 0);
-    w.items = spread_cost(&w.items);
+    for (items, split) in w.items.iter_mut().zip(parts) {
+        debug_assert_eq!(items.len() % ITEM_WORDS, 0);
+        *items = spread_cost(items, (split.slots / 2).max(1) as u64);
+    }
     w
 }
 
@@ -174,12 +198,15 @@ const ITEM_OVERHEAD_KEYS: u64 = 32;
 /// step of 15 × 256 + 1 × 8,192 keys took 1.5× as long as 16 × 752). Largest first whenever
 /// the running cost is behind the mean, smallest otherwise; ties keep the list's order, so the
 /// order is a function of the plan's inputs. A GPU's scheduler takes workgroups as they free
-/// up, where starting with the largest does no harm.
-fn spread_cost(items: &[u32]) -> Vec<u32> {
+/// up, where starting with the largest does no harm. An item's cost: its keys times its
+/// (row, head) slots, but at least `slot_floor` of them — staging a key costs a tiled body as
+/// much for one slot as for all.
+fn spread_cost(items: &[u32], slot_floor: u64) -> Vec<u32> {
     let cost = |i: usize| -> u64 {
         let w = &items[i * ITEM_WORDS..];
         let keys = u64::from(w[7].saturating_sub(w[6]));
-        (keys + ITEM_OVERHEAD_KEYS) * u64::from(w[3]) * u64::from(w[5])
+        let slots = u64::from(w[3]) * u64::from(w[5]);
+        (keys + ITEM_OVERHEAD_KEYS) * slots.max(slot_floor)
     };
     let n = items.len() / ITEM_WORDS;
     let mut order: Vec<usize> = (0..n).collect();
@@ -220,7 +247,7 @@ mod tests {
         // A long sequence's chunks after many short sequences, as work_list lists them.
         let mut keys = vec![256; 120];
         keys.extend([910; 72]);
-        let spread = spread_cost(&items(&keys));
+        let spread = spread_cost(&items(&keys), 1);
         let got: Vec<u32> = spread.chunks(ITEM_WORDS).map(|w| w[7]).collect();
         // The same items, each once.
         let mut ids: Vec<u32> = spread.chunks(ITEM_WORDS).map(|w| w[0]).collect();
