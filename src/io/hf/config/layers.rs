@@ -58,6 +58,20 @@ impl HfConfig {
             return Ok(None);
         }
         if reads.contains(&"use_sliding_window") && self.flag("use_sliding_window")? != Some(true) {
+            // Qwen2-MoE's config sets sliding_window to 0 without use_sliding_window (qwen2's
+            // to None, whose sliding mask transformers cannot build): a layer that layer_types
+            // calls sliding then attends to no key, which nothing should run.
+            let explicit = reads.contains(&"layer_types")
+                && self.json.get("layer_types").is_some_and(Value::is_array);
+            if explicit && self.layer_kind(prefix, reads)? == LayerKind::Sliding {
+                return Err(Error::UnsupportedModule {
+                    module: format!("attention `{prefix}`"),
+                    what: "a sliding layer in `layer_types` without `use_sliding_window`".into(),
+                    why: "transformers then has no window for it (qwen2: no mask; qwen2_moe: a \
+                          window of 0 keys)"
+                        .into(),
+                });
+            }
             return Ok(None);
         }
         let Some(window) = self.usize("sliding_window")? else {
@@ -98,6 +112,22 @@ impl HfConfig {
                 Some("gemma3" | "gemma3_text") => {
                     let pattern = self.usize("sliding_window_pattern")?.unwrap_or(6);
                     kind(!(layer()? + 1).is_multiple_of(pattern))
+                }
+                // Cohere 2 and EXAONE 4: every sliding_window_pattern-th layer full (default 4;
+                // EXAONE 4's pattern may be a string like "LLLG", which transformers can only
+                // take with layer_types: here an error naming the key).
+                Some("cohere2" | "exaone4") => {
+                    let pattern = self.usize("sliding_window_pattern")?.unwrap_or(4);
+                    kind(!(layer()? + 1).is_multiple_of(pattern))
+                }
+                // OLMo 3: every fourth layer full.
+                Some("olmo3") => kind(!(layer()? + 1).is_multiple_of(4)),
+                // Qwen2-MoE: the even layers below max_window_layers slide (with
+                // use_sliding_window, which `sliding_window` checks first).
+                Some("qwen2_moe") => {
+                    let first_full = self.usize("max_window_layers")?.unwrap_or(28);
+                    let layer = layer()?;
+                    kind(layer.is_multiple_of(2) && layer < first_full)
                 }
                 _ if reads.contains(&"max_window_layers") => {
                     match self.usize("max_window_layers")?.unwrap_or(0) {
