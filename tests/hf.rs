@@ -68,6 +68,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "roformer",
             "seed",
             "siglip",
+            "smollm3",
             "stablelm",
             "starcoder2",
             "t5",
@@ -388,6 +389,14 @@ fn run_hf_and_inspect_read_the_round2_families() {
             &["window=3", "interleaved"],
         ),
         ("cohere2_self_layer1_causal_padding_nope", &[" nope"]),
+        (
+            "smollm3_self_layer0_causal_padding_rope",
+            &["model_type smollm3", "rope(θ=2000000"],
+        ),
+        (
+            "smollm3_self_layer1_causal_padding_nope_window3",
+            &[" nope", "window=3"],
+        ),
     ] {
         let path = root.join(format!("{case}.safetensors"));
         let (code, text) = cli(&["inspect", path.to_str().unwrap()]);

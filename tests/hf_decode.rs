@@ -140,6 +140,8 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "olmo3_self_layer1",
         "cohere2_self_layer0",
         "cohere2_self_layer1",
+        "smollm3_self_layer0",
+        "smollm3_self_layer1",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

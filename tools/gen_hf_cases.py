@@ -325,6 +325,11 @@ FAMILIES = {
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
+    # smollm3: layer 0 rotates and is full, layer 1 has no RoPE (no_rope_layer_interval 2)
+    # and slides over 3 keys (use_sliding_window: its default layer_types).
+    "smollm3": (tf.SmolLM3Model, tf.SmolLM3Config, dict(
+        LM, num_key_value_heads=2, no_rope_layer_interval=2, use_sliding_window=True,
+        sliding_window=3)),
     # cohere2: interleaved RoPE on the sliding layer 0 (window 3), none on the full layer 1.
     "cohere2": (tf.Cohere2Model, tf.Cohere2Config, dict(
         LM, num_key_value_heads=2, sliding_window=3,
@@ -1303,6 +1308,9 @@ def round2_cases(out_dir):
     rope_case(out_dir, "cohere2", "cohere2_self_layer0_causal_padding_window3_interleaved",
               [7, 5], pos, window=3, layer=0)
     rope_case(out_dir, "cohere2", "cohere2_self_layer1_causal_padding_nope", [7, 5], pos)
+    rope_case(out_dir, "smollm3", "smollm3_self_layer0_causal_padding_rope", [7, 5], pos, layer=0)
+    rope_case(out_dir, "smollm3", "smollm3_self_layer1_causal_padding_nope_window3", [7, 5], pos,
+              window=3)
 
 
 # Groups of cases, in the order written; `--only` writes some of them (files made by another

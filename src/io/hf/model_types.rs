@@ -129,6 +129,9 @@ pub enum RopeLayers {
     /// every layer (`true`: EXAONE 4) or none (`false`: Cohere 2, whose attention rotates
     /// only where its layer has a window).
     SlidingOnly { without_window: bool },
+    /// By `no_rope_layers` (1 = RoPE, 0 = none), else all but every
+    /// `no_rope_layer_interval`-th layer (default 4) rotate (SmolLM3).
+    NoRopeLayers,
 }
 
 impl ModelType {
@@ -137,7 +140,9 @@ impl ModelType {
         match self.name {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo" | "olmo2" | "cohere" | "qwen3_moe" | "olmoe" | "granitemoe" | "arcee"
-            | "hunyuan_v1_dense" | "olmo3" | "cohere2" => Biases::ByKey("attention_bias", false),
+            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" => {
+                Biases::ByKey("attention_bias", false)
+            }
             "ernie4_5" => Biases::ByKey("use_bias", false),
             "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
             "helium" => Biases::QkvByKey("attention_bias", false),
@@ -230,6 +235,7 @@ impl ModelType {
                 ("rope_theta", Number(5e5)),
             ],
             "cohere2" => &[("sliding_window", Number(4096.0))],
+            "smollm3" => &[("rope_theta", Number(2e6))],
             "gemma2" => &[
                 ("sliding_window", Number(4096.0)),
                 ("query_pre_attn_scalar", Number(256.0)),
@@ -277,6 +283,7 @@ impl ModelType {
             "cohere2" => RopeLayers::SlidingOnly {
                 without_window: false,
             },
+            "smollm3" => RopeLayers::NoRopeLayers,
             _ => RopeLayers::All,
         }
     }
@@ -587,6 +594,21 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Family::Llama,
         Causality::Always,
         &["sliding_window", "layer_types", "sliding_window_pattern"],
+    ),
+    // SmolLM3Attention: llama's without RoPE on the layers `no_rope_layers` marks 0 (else
+    // every no_rope_layer_interval-th), windows by layer_types (else, with use_sliding_window,
+    // the NoPE layers), θ default 2·10^6.
+    reading(
+        "smollm3",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "layer_types",
+            "no_rope_layers",
+            "no_rope_layer_interval",
+        ],
     ),
     // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
     // LayerNorm of each head of q and k ([heads, head_dim] weights).

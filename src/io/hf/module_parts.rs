@@ -48,6 +48,9 @@ impl HfCheckpoint {
                 return Ok(config);
             }
         }
+        if model_type.rope_layers() == RopeLayers::NoRopeLayers && !c.rope_layer(prefix)? {
+            return Ok(config);
+        }
         let kind = model_type
             .rope_per_layer_kind()
             .then(|| c.layer_kind(prefix, model_type.reads))

@@ -416,3 +416,36 @@ fn round2_layer_patterns_and_rope_rules_follow_their_config_classes() {
         Err(Error::UnsupportedModule { .. })
     ));
 }
+
+#[test]
+fn smollm3_rotates_by_no_rope_layers_and_slides_its_nope_layers() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let at = |layer: usize| format!("model.layers.{layer}.self_attn.");
+    // No list: every no_rope_layer_interval-th layer (default 4) has no RoPE.
+    let default = c(r#"{"model_type": "smollm3"}"#);
+    assert!(default.rope_layer(&at(2)).unwrap());
+    assert!(!default.rope_layer(&at(3)).unwrap());
+    let listed = c(r#"{"model_type": "smollm3", "no_rope_layers": [1, 0]}"#);
+    assert!(listed.rope_layer(&at(0)).unwrap());
+    assert!(!listed.rope_layer(&at(1)).unwrap());
+    assert!(listed.rope_layer(&at(2)).is_err());
+    // Without layer_types, the NoPE layers slide when use_sliding_window and a window are set.
+    let reads = &["sliding_window", "use_sliding_window", "layer_types"][..];
+    let sliding = c(r#"{"model_type": "smollm3", "no_rope_layers": [1, 0],
+        "use_sliding_window": true, "sliding_window": 3}"#);
+    assert_eq!(sliding.sliding_window(&at(0), reads).unwrap(), None);
+    assert_eq!(sliding.sliding_window(&at(1), reads).unwrap(), Some(3));
+    // SmolLM3's masks follow layer_types even without use_sliding_window.
+    let typed = c(
+        r#"{"model_type": "smollm3", "use_sliding_window": false, "sliding_window": 3,
+        "num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]}"#,
+    );
+    assert_eq!(typed.sliding_window(&at(1), reads).unwrap(), Some(3));
+    // Another model type refuses a no_rope_layers with a 0 in it.
+    assert!(c(r#"{"no_rope_layers": [1, 0]}"#)
+        .check_settings("x.", &[])
+        .is_err());
+    assert!(c(r#"{"no_rope_layers": [1, 1]}"#)
+        .check_settings("x.", &[])
+        .is_ok());
+}
