@@ -46,7 +46,12 @@ long factors and the grown θ, as a freshly loaded rotary module computes them f
 `deepseek_v3_*` (plain q_proj with interleaved RoPE; q LoRA with rotate-half RoPE) (`--only mla`:
 their float64 replay keeps V2's `.float()` and the RMSNorms' `.to(torch.float32)` in float64, and
 builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's causal text tower),
-`siglip_vision_*` and `xglm_*` (`--only towers`); the others by 5.24. CodeGen's scores cast
+`siglip_vision_*` and `xglm_*` (`--only towers`), and (`--only round2`, issue 38) `qwen2_moe_*`
+(qkv_bias, its own window pattern), `qwen3_moe_*` (every layer slides), `olmoe_*`, `granitemoe_*`,
+`helium_*` and `ernie4_5_*` (interleaved RoPE; ERNIE's `.float()` kept float64), `arcee_*`,
+`ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
+a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
+and `smollm3_*` (no_rope_layers); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
