@@ -74,14 +74,20 @@ pub fn forward_at(
     };
     clip(&mut q);
     clip(&mut k);
-    if let (Some(norm), Some(w)) = (&config.qk_norm, &weights.qk_norm) {
-        // Q, K = q_norm(Q), k_norm(K): each token's projection, before RoPE.
-        for x in q.chunks_mut(h * dk) {
-            norm.apply(x, &w.q, dk);
+    // Q, K = q_norm(Q), k_norm(K): each token's projection, before RoPE (or after it).
+    let norms = |q: &mut Vec<f64>, k: &mut Vec<f64>| {
+        if let (Some(norm), Some(w)) = (&config.qk_norm, &weights.qk_norm) {
+            for x in q.chunks_mut(h * dk) {
+                norm.apply(x, &w.q, dk);
+            }
+            for x in k.chunks_mut(config.kv_heads * dk) {
+                norm.apply(x, &w.k, dk);
+            }
         }
-        for x in k.chunks_mut(config.kv_heads * dk) {
-            norm.apply(x, &w.k, dk);
-        }
+    };
+    let after_rope = config.qk_norm.is_some_and(|n| n.after_rope);
+    if !after_rope {
+        norms(&mut q, &mut k);
     }
     if let Some(rope) = &config.rope {
         // Rotate every head row of Q and K by its position.
@@ -99,6 +105,9 @@ pub fn forward_at(
                 rope.rotate(head, pos[row], seq_len);
             }
         }
+    }
+    if after_rope {
+        norms(&mut q, &mut k);
     }
     let mut v = linear(&widen(value.data()), b * lk_in, &weights.v); // [B, Lk_in, H_kv·dv]
     clip(&mut v);

@@ -30,14 +30,18 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
         families.into_iter().collect::<Vec<_>>(),
         [
             "albert",
+            "arcee",
             "bart",
             "bert",
             "bloom",
             "clip",
             "codegen",
             "cohere",
+            "cohere2",
             "deepseek",
             "distilbert",
+            "ernie4",
+            "exaone4",
             "falcon",
             "gemma",
             "gemma2",
@@ -46,23 +50,31 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "gpt2",
             "gptj",
             "granite",
+            "granitemoe",
+            "helium",
+            "hunyuan",
             "llama",
+            "ministral",
             "mistral",
             "mpt",
             "olmo",
             "olmo2",
+            "olmo3",
+            "olmoe",
             "phi",
             "phi3",
             "qwen2",
             "qwen3",
             "roformer",
+            "seed",
             "siglip",
+            "smollm3",
             "stablelm",
             "starcoder2",
             "t5",
             "vit",
             "whisper",
-            "xglm"
+            "xglm",
         ]
     );
     cases_pass_on_both_paths("hf");
@@ -305,4 +317,121 @@ fn inspect_lists_every_module_with_what_it_needs() {
             "inspect output lacks `{phrase}`:\n{text}"
         );
     }
+}
+
+/// transformers 5.25's llama-like families (issue 38): `run --hf` on each case file as a
+/// one-file checkpoint (its `hf_config` metadata is the config) gives transformers' answer,
+/// and `inspect` names what each layer is — its window, its RoPE (or none: NoPE), its norms.
+#[test]
+fn run_hf_and_inspect_read_the_round2_families() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let dir = std::env::temp_dir().join(format!("wgpu-mha-hf-round2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (case, phrases) in [
+        (
+            "qwen2_moe_self_layer0_causal_padding_window3_bias",
+            &["model_type qwen2_moe", "window=3", "kv_heads=2"][..],
+        ),
+        (
+            "qwen3_moe_self_layer1_causal_padding_window3_qknorm",
+            &["window=3", "qk_norm(Rms PerHead"],
+        ),
+        (
+            "olmoe_self_layer1_causal_padding_qknorm_whole",
+            &["qk_norm(Rms Whole"],
+        ),
+        (
+            "granitemoe_self_layer1_causal_padding_multiplier_bias",
+            &["scale=0.3"],
+        ),
+        (
+            "helium_self_layer1_causal_padding_interleaved_bias",
+            &["θ=100000", "interleaved"],
+        ),
+        (
+            "arcee_self_layer1_causal_padding",
+            &["model_type arcee", "rope(θ=10000"],
+        ),
+        (
+            "ministral_self_layer0_causal_padding_window3",
+            &["window=3"],
+        ),
+        (
+            "seed_oss_self_layer1_causal_padding_qkv_bias",
+            &["model_type seed_oss", "rope("],
+        ),
+        (
+            "ernie4_5_self_layer1_causal_padding_interleaved_bias",
+            &["θ=500000", "interleaved"],
+        ),
+        (
+            "exaone4_self_layer0_causal_padding_window3_qknorm",
+            &["window=3", "rope(", "qk_norm(Rms PerHead"],
+        ),
+        (
+            "exaone4_self_layer1_causal_padding_nope_qknorm",
+            &[" nope", "qk_norm(Rms PerHead"],
+        ),
+        (
+            "hunyuan_v1_dense_self_layer1_causal_padding_qknorm_after_rope",
+            &["after rope"],
+        ),
+        (
+            "olmo3_self_layer0_causal_padding_window3_qknorm_whole",
+            &["window=3", "θ=10000,", "qk_norm(Rms Whole"],
+        ),
+        (
+            "olmo3_self_layer1_causal_padding_full_qknorm_whole",
+            &["θ=1000,"],
+        ),
+        (
+            "cohere2_self_layer0_causal_padding_window3_interleaved",
+            &["window=3", "interleaved"],
+        ),
+        ("cohere2_self_layer1_causal_padding_nope", &[" nope"]),
+        (
+            "smollm3_self_layer0_causal_padding_rope",
+            &["model_type smollm3", "rope(θ=2000000"],
+        ),
+        (
+            "smollm3_self_layer1_causal_padding_nope_window3",
+            &[" nope", "window=3"],
+        ),
+    ] {
+        let path = root.join(format!("{case}.safetensors"));
+        let (code, text) = cli(&["inspect", path.to_str().unwrap()]);
+        assert_eq!(code, 0, "{case}: {text}");
+        for phrase in phrases.iter().chain(&["  runs"]) {
+            assert!(
+                text.contains(phrase),
+                "{case}: inspect lacks `{phrase}`:\n{text}"
+            );
+        }
+        let prefix = SafetensorsFile::open(&path)
+            .expect("case")
+            .metadata("prefix")
+            .expect("prefix")
+            .to_string();
+        let out = dir.join(format!("{case}.out.safetensors"));
+        let p = path.to_str().unwrap();
+        let (code, text) = cli(&[
+            "run",
+            "--hf",
+            p,
+            "--prefix",
+            &prefix,
+            "--inputs",
+            p,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{case}: {text}");
+        let got = SafetensorsFile::open(&out)
+            .and_then(|f| f.tensor_f32("out"))
+            .expect("out");
+        let case = Case::from_file(&path).expect("case");
+        let err = case.max_abs_err(got.data());
+        assert!(err <= case.bound(), "{}: {err:.3e}", case.name);
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

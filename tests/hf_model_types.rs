@@ -203,10 +203,12 @@ fn models_that_ran_as_another_family_are_refused_by_model_type() {
             &["`alibi` = true", "bfloat16", "√head_dim"],
         ),
         (
-            "qwen3_moe",
+            // OLMoE clamps after its q/k norms; the loader's clamp comes before them.
+            "olmoe",
             "llama",
-            r#"{"model_type": "qwen3_moe", "num_attention_heads": 4, "num_key_value_heads": 2}"#,
-            &["\"qwen3_moe\"", "sliding_window"],
+            r#"{"model_type": "olmoe", "num_attention_heads": 4, "num_key_value_heads": 2,
+                "clip_qkv": 8.0}"#,
+            &["`clip_qkv` = 8.0"],
         ),
         (
             "deepseek_v2",

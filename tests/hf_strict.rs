@@ -790,3 +790,94 @@ fn absent_keys_take_the_defaults_of_the_model_types_config_class() {
     let biased = llama(SQUARE, &["q_proj.bias", "k_proj.bias", "v_proj.bias"]);
     assert_eq!(load(&qwen2, &biased).unwrap().window, None);
 }
+
+/// transformers 5.25's llama-like families (issue 38): each builds its biases by its own keys,
+/// takes its config class's defaults, and ignores what its config class never reads.
+#[test]
+fn round2_families_read_their_config_classes_rules() {
+    let base = |t: &str| json!({"model_type": t, "num_attention_heads": 4});
+    let qkv = ["q_proj.bias", "k_proj.bias", "v_proj.bias"];
+    let all = ["q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"];
+    let runs = |config: &Value, biases: &[&str]| load(config, &llama(SQUARE, biases));
+    // seed_oss: q/k/v by attention_bias (default true), the output by attention_out_bias
+    // (default false).
+    assert!(runs(&base("seed_oss"), &qkv).is_ok());
+    let err = runs(&base("seed_oss"), &all).unwrap_err().to_string();
+    assert!(
+        err.contains("o_proj.bias") && err.contains("attention_out_bias"),
+        "{err}"
+    );
+    let out = patched(&base("seed_oss"), json!({"attention_out_bias": true}));
+    assert!(runs(&out, &all).is_ok());
+    // helium: q/k/v by attention_bias (default false), never the output.
+    assert!(runs(&base("helium"), &[]).is_ok());
+    let helium = patched(&base("helium"), json!({"attention_bias": true}));
+    assert!(runs(&helium, &qkv).is_ok());
+    assert!(runs(&helium, &all).is_err());
+    // qwen2_moe: qkv_bias, default true; ernie4_5: use_bias on all four, default false.
+    assert!(runs(&base("qwen2_moe"), &qkv).is_ok());
+    assert!(runs(
+        &patched(&base("qwen2_moe"), json!({"qkv_bias": false})),
+        &qkv
+    )
+    .is_err());
+    assert!(runs(&base("ernie4_5"), &[]).is_ok());
+    assert!(runs(&patched(&base("ernie4_5"), json!({"use_bias": true})), &all).is_ok());
+    // ministral and exaone4: none.
+    assert!(runs(&base("ministral"), &qkv).is_err());
+
+    // Defaults: θ 10^5 (helium), 5·10^5 (ernie4_5); windows 4096 (ministral, qwen3_moe with
+    // use_sliding_window); attention_multiplier 1 (granitemoe).
+    let m = |config: Value| runs(&config, &[]).unwrap();
+    assert_eq!(m(base("helium")).config.rope.unwrap().theta, 1e5);
+    assert!(m(base("helium")).config.rope.unwrap().interleaved);
+    assert_eq!(m(base("ernie4_5")).config.rope.unwrap().theta, 5e5);
+    assert_eq!(m(base("ministral")).window, Some(4096));
+    assert_eq!(m(base("granitemoe")).config.scale, Some(1.0));
+    let norms = ["q_norm.weight", "k_norm.weight"];
+    let with_norms = |config: &Value, len: usize| {
+        let mut t = llama(SQUARE, &[]);
+        t.extend(norms.map(|n| (format!("{P}{n}"), Tensor::random([len], 5))));
+        load(config, &t)
+    };
+    let qwen3_moe = patched(&base("qwen3_moe"), json!({"use_sliding_window": true}));
+    assert_eq!(with_norms(&qwen3_moe, 4).unwrap().window, Some(4096));
+    // Qwen3MoeConfig has neither max_window_layers nor layer_types: a config that carries them
+    // (Qwen3-MoE checkpoints do) loads, and every layer still slides.
+    let carried = patched(
+        &qwen3_moe,
+        json!({"max_window_layers": 48, "num_hidden_layers": 2,
+               "layer_types": ["full_attention", "full_attention"]}),
+    );
+    assert_eq!(with_norms(&carried, 4).unwrap().window, Some(4096));
+    // ... which a qwen3 (dense) config still reads.
+    let qwen3 = patched(&carried, json!({"model_type": "qwen3"}));
+    assert_eq!(with_norms(&qwen3, 4).unwrap().window, None);
+    // Cohere 2 configs of transformers 4.x say "rope_gptj", its interleaved RoPE; layer 0 of
+    // the default pattern slides (θ 10000, window 4096, RoPE), and carries no q/k norm.
+    let cohere2 = patched(
+        &base("cohere2"),
+        json!({"position_embedding_type": "rope_gptj", "sliding_window_pattern": 4}),
+    );
+    let layer0 = m(cohere2.clone());
+    assert_eq!(layer0.window, Some(4096));
+    assert!(layer0.config.rope.unwrap().interleaved);
+    assert!(with_norms(&cohere2, 4).is_err());
+    // Olmo 3 and EXAONE 4 normalise q and k (whole projection; per head), olmoe too.
+    for (t, len) in [("olmo3", 16), ("olmoe", 16), ("exaone4", 4)] {
+        let got = with_norms(&base(t), len).unwrap();
+        assert!(got.config.qk_norm.is_some(), "{t}");
+        assert!(
+            load(&base(t), &llama(SQUARE, &[])).is_err(),
+            "{t} without its norms"
+        );
+    }
+    // Hunyuan's norms are `query_layernorm` and `key_layernorm`, after RoPE.
+    let mut t = llama(SQUARE, &[]);
+    for n in ["query_layernorm.weight", "key_layernorm.weight"] {
+        t.push((format!("{P}{n}"), Tensor::random([4], 6)));
+    }
+    let hunyuan = load(&base("hunyuan_v1_dense"), &t).unwrap();
+    assert!(hunyuan.config.qk_norm.unwrap().after_rope);
+    assert!(with_norms(&base("hunyuan_v1_dense"), 4).is_err());
+}

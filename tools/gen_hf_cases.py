@@ -46,7 +46,12 @@ long factors and the grown θ, as a freshly loaded rotary module computes them f
 `deepseek_v3_*` (plain q_proj with interleaved RoPE; q LoRA with rotate-half RoPE) (`--only mla`:
 their float64 replay keeps V2's `.float()` and the RMSNorms' `.to(torch.float32)` in float64, and
 builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's causal text tower),
-`siglip_vision_*` and `xglm_*` (`--only towers`); the others by 5.24. CodeGen's scores cast
+`siglip_vision_*` and `xglm_*` (`--only towers`), and (`--only round2`, issue 38) `qwen2_moe_*`
+(qkv_bias, its own window pattern), `qwen3_moe_*` (every layer slides), `olmoe_*`, `granitemoe_*`,
+`helium_*` and `ernie4_5_*` (interleaved RoPE; ERNIE's `.float()` kept float64), `arcee_*`,
+`ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
+a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
+and `smollm3_*` (no_rope_layers); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -280,6 +285,60 @@ FAMILIES = {
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
         attention_types=[[["global", "local"], 1]], window_size=3, max_position_embeddings=16,
         initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+    # transformers 5.25's llama-like families with a twist (`--only round2`).
+    # qwen2_moe: q/k/v biases (qkv_bias), its own default layer pattern: layer 0 slides over 3.
+    "qwen2_moe": (tf.Qwen2MoeModel, tf.Qwen2MoeConfig, dict(
+        LM, num_key_value_heads=2, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, use_sliding_window=True, sliding_window=3,
+        max_window_layers=2)),
+    # qwen3_moe: qwen3's per-head q/k RMSNorm; with use_sliding_window every layer slides.
+    "qwen3_moe": (tf.Qwen3MoeModel, tf.Qwen3MoeConfig, dict(
+        LM, num_key_value_heads=2, head_dim=8, num_experts=2, num_experts_per_tok=1,
+        moe_intermediate_size=16, use_sliding_window=True, sliding_window=3)),
+    # olmoe: RMSNorm over the whole q and k projections (olmo2's).
+    "olmoe": (tf.OlmoeModel, tf.OlmoeConfig, dict(
+        LM, num_key_value_heads=2, num_experts=2, num_experts_per_tok=1)),
+    # granitemoe: the score scale attention_multiplier, biases by attention_bias.
+    "granitemoe": (tf.GraniteMoeModel, tf.GraniteMoeConfig, dict(
+        LM, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1,
+        attention_multiplier=0.3, attention_bias=True)),
+    # helium: interleaved RoPE (GLM's), q/k/v biases by attention_bias, none on o_proj.
+    "helium": (tf.HeliumModel, tf.HeliumConfig, dict(
+        LM, num_key_value_heads=2, head_dim=8, attention_bias=True)),
+    "arcee": (tf.ArceeModel, tf.ArceeConfig, dict(LM, num_key_value_heads=2)),
+    # ministral: no biases, windows by layer_types.
+    "ministral": (tf.MinistralModel, tf.MinistralConfig, dict(
+        LM, num_key_value_heads=2, head_dim=8, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"])),
+    # seed_oss: q/k/v biases (attention_bias, default true), o_proj by attention_out_bias.
+    "seed_oss": (tf.SeedOssModel, tf.SeedOssConfig, dict(
+        LM, num_key_value_heads=2, head_dim=8)),
+    # ernie4_5: interleaved RoPE in float32, biases on every projection by use_bias.
+    "ernie4_5": (tf.Ernie4_5Model, tf.Ernie4_5Config, dict(
+        LM, num_key_value_heads=2, head_dim=8, use_bias=True)),
+    # exaone4: per-head q/k RMSNorm; layer 0 slides over 3 keys with RoPE, layer 1 is full
+    # and has no RoPE (sliding_window_pattern 2).
+    "exaone4": (tf.Exaone4Model, tf.Exaone4Config, dict(
+        LM, num_key_value_heads=2, sliding_window=3, sliding_window_pattern=2)),
+    # hunyuan_v1_dense: per-head q/k RMSNorm after RoPE (query_layernorm, key_layernorm).
+    "hunyuan_v1_dense": (tf.HunYuanDenseV1Model, tf.HunYuanDenseV1Config, dict(
+        LM, num_key_value_heads=2, head_dim=8)),
+    # olmo3: whole-projection q/k RMSNorm, layer 0 slides over 3 keys (θ 10000), layer 1 is
+    # full (θ 1000): a RoPE per layer kind.
+    "olmo3": (tf.Olmo3Model, tf.Olmo3Config, dict(
+        LM, num_key_value_heads=2, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
+    # smollm3: layer 0 rotates and is full, layer 1 has no RoPE (no_rope_layer_interval 2)
+    # and slides over 3 keys (use_sliding_window: its default layer_types).
+    "smollm3": (tf.SmolLM3Model, tf.SmolLM3Config, dict(
+        LM, num_key_value_heads=2, no_rope_layer_interval=2, use_sliding_window=True,
+        sliding_window=3)),
+    # cohere2: interleaved RoPE on the sliding layer 0 (window 3), none on the full layer 1.
+    "cohere2": (tf.Cohere2Model, tf.Cohere2Config, dict(
+        LM, num_key_value_heads=2, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"])),
 }
 HF_MODELS = ("bert", "gpt2", "t5")
 
@@ -439,7 +498,7 @@ def rope_tables(config, position_ids, dtype, layer_type=None, halves=False):
     freqs = position_ids[..., None].to(dtype) * inv_freq
     if halves:  # gpt-oss's tables hold each angle once
         emb = freqs
-    elif config.model_type == "cohere":  # pairs (2k, 2k + 1)
+    elif config.model_type in ("cohere", "cohere2"):  # pairs (2k, 2k + 1)
         emb = torch.repeat_interleave(freqs, 2, dim=-1)
     else:
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -700,10 +759,11 @@ def t5_cases(out_dir, hf_models_dir):
 
 
 def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellings=(), layer=1,
-              variant=None, f32_casts=False):
+              variant=None, f32_casts=False, dot_float=False):
     """`spellings`: (suffix, config-text rewrite) for copies whose hf_config is spelled
     another way; `variant`: the FAMILIES entry to build, when not `family`'s own; `f32_casts`:
-    the module casts to float32 itself (q/k RMSNorm), which the float64 replay keeps float64."""
+    the module casts to float32 itself (q/k RMSNorm), which the float64 replay keeps float64;
+    `dot_float`: it calls `.float()` too (ERNIE 4.5's RoPE), kept float64 likewise."""
     model = build(variant or family)
     config_text, state = saved(model)
     seeded(name)
@@ -713,7 +773,7 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
     attn_name = "attention" if family == "gpt_neox" else "self_attn"
     module = getattr(model.layers[layer], attn_name)
     cfg = model.config
-    kind = cfg.layer_types[layer] if family == "gemma3" else None
+    kind = cfg.layer_types[layer] if family in ("gemma3", "olmo3") else None
     cos64, sin64, inv64 = rope_tables(cfg, position_ids, torch.float64, kind,
                                       halves=family == "gpt_oss")
     with torch.no_grad():  # first: dynamic and longrope update inv_freq for the call
@@ -725,6 +785,9 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
 
     def replay(mod, x, kv, mask, dtype):
         tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+        if dot_float and dtype == torch.float64:
+            with dot_float_keeps_float64():
+                return mod(x, position_embeddings=tables, attention_mask=mask)[0]
         if f32_casts and dtype == torch.float64:
             with float32_means_float64():
                 return mod(x, position_embeddings=tables, attention_mask=mask)[0]
@@ -1217,11 +1280,49 @@ def towers_cases(out_dir):
                 replay=replay_x, causal=True, pad=pad)
 
 
+def round2_cases(out_dir):
+    """transformers 5.25's llama-like families with a twist (issue 38, group 1)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    rope_case(out_dir, "qwen2_moe", "qwen2_moe_self_layer0_causal_padding_window3_bias", [7, 5],
+              pos, window=3, layer=0)
+    rope_case(out_dir, "qwen3_moe", "qwen3_moe_self_layer1_causal_padding_window3_qknorm",
+              [7, 5], pos, window=3, f32_casts=True)
+    rope_case(out_dir, "olmoe", "olmoe_self_layer1_causal_padding_qknorm_whole", [7, 5], pos,
+              f32_casts=True)
+    rope_case(out_dir, "granitemoe", "granitemoe_self_layer1_causal_padding_multiplier_bias",
+              [7, 5], pos)
+    rope_case(out_dir, "helium", "helium_self_layer1_causal_padding_interleaved_bias", [7, 5],
+              pos)
+    rope_case(out_dir, "arcee", "arcee_self_layer1_causal_padding", [7, 5], pos)
+    rope_case(out_dir, "ministral", "ministral_self_layer0_causal_padding_window3", [7, 5], pos,
+              window=3, layer=0)
+    rope_case(out_dir, "seed_oss", "seed_oss_self_layer1_causal_padding_qkv_bias", [7, 5], pos)
+    rope_case(out_dir, "ernie4_5", "ernie4_5_self_layer1_causal_padding_interleaved_bias",
+              [7, 5], pos, dot_float=True)
+    rope_case(out_dir, "exaone4", "exaone4_self_layer0_causal_padding_window3_qknorm", [7, 5],
+              pos, window=3, layer=0, f32_casts=True)
+    rope_case(out_dir, "exaone4", "exaone4_self_layer1_causal_padding_nope_qknorm", [7, 5], pos,
+              f32_casts=True)
+    rope_case(out_dir, "hunyuan_v1_dense", "hunyuan_v1_dense_self_layer1_causal_padding_qknorm_after_rope",
+              [7, 5], pos, f32_casts=True)
+    rope_case(out_dir, "olmo3", "olmo3_self_layer0_causal_padding_window3_qknorm_whole", [7, 5],
+              pos, window=3, layer=0, f32_casts=True)
+    rope_case(out_dir, "olmo3", "olmo3_self_layer1_causal_padding_full_qknorm_whole", [7, 5],
+              pos, f32_casts=True)
+    rope_case(out_dir, "cohere2", "cohere2_self_layer0_causal_padding_window3_interleaved",
+              [7, 5], pos, window=3, layer=0)
+    rope_case(out_dir, "cohere2", "cohere2_self_layer1_causal_padding_nope", [7, 5], pos)
+    rope_case(out_dir, "smollm3", "smollm3_self_layer0_causal_padding_rope", [7, 5], pos, layer=0)
+    rope_case(out_dir, "smollm3", "smollm3_self_layer1_causal_padding_nope_window3", [7, 5], pos,
+              window=3)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2"]
 
 
 def main():
@@ -1252,6 +1353,7 @@ def main():
         "scaled_rope": lambda: scaled_rope_cases(args.out),
         "mla": lambda: mla_cases(args.out),
         "towers": lambda: towers_cases(args.out),
+        "round2": lambda: round2_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -18,7 +18,24 @@ CASES = [
     "t5_encoder_self_block1_padding",  # relative position bias
 ]
 
-
+# transformers 5.25's llama-like families (issue 38): q/k norms before and after RoPE, NoPE
+# layers, windows by each model type's own layer pattern, interleaved RoPE.
+ROUND2 = [
+    "qwen2_moe_self_layer0_causal_padding_window3_bias",
+    "qwen3_moe_self_layer1_causal_padding_window3_qknorm",
+    "olmoe_self_layer1_causal_padding_qknorm_whole",
+    "granitemoe_self_layer1_causal_padding_multiplier_bias",
+    "helium_self_layer1_causal_padding_interleaved_bias",
+    "arcee_self_layer1_causal_padding",
+    "ministral_self_layer0_causal_padding_window3",
+    "seed_oss_self_layer1_causal_padding_qkv_bias",
+    "ernie4_5_self_layer1_causal_padding_interleaved_bias",
+    "exaone4_self_layer1_causal_padding_nope_qknorm",
+    "hunyuan_v1_dense_self_layer1_causal_padding_qknorm_after_rope",
+    "olmo3_self_layer1_causal_padding_full_qknorm_whole",
+    "cohere2_self_layer1_causal_padding_nope",
+    "smollm3_self_layer1_causal_padding_nope_window3",
+]
 def _bound(tensors, meta):
     want = tensors["out_f64"]
     if "err_f32_vs_f64" in meta:
@@ -150,3 +167,9 @@ def test_refusals(tmp_path):
         cross(x)
     # The module still works after every refusal.
     assert module(x).shape == x.shape
+
+
+@pytest.mark.parametrize("name", ROUND2)
+def test_round2_families_load_forward_and_decode(name):
+    test_forward_matches_transformers(name)
+    test_kv_cache_decode_matches_the_whole_forward(name)

@@ -201,13 +201,20 @@ pub(crate) fn front(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result
     // Q, K, V = clamp(Q), clamp(K), clamp(V): OLMo's clip_qkv, on the new rows
     chain.extend(row_passes::clamps(mha, g, b)?);
 
-    // Q, K = q_norm(Q), k_norm(K): normalised in place (the new keys only)
-    chain.extend(row_passes::norms(mha, g, b)?);
+    // Q, K = q_norm(Q), k_norm(K): normalised in place (the new keys only), before RoPE or,
+    // for a norm after it (Hunyuan), once they are rotated
+    let after_rope = c.qk_norm.is_some_and(|n| n.after_rope);
+    if !after_rope {
+        chain.extend(row_passes::norms(mha, g, b)?);
+    }
 
     // Q, K = rope(Q), rope(K): rotated by position in place (the new keys only: a KV cache
     // holds its keys rotated)
     if let (Some(rope), Some(tables)) = (&c.rope, b.rope) {
         chain.extend(row_passes::rotations(mha, rope, g, b, tables)?);
+    }
+    if after_rope {
+        chain.extend(row_passes::norms(mha, g, b)?);
     }
     Ok(chain)
 }

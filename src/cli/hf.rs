@@ -81,8 +81,11 @@ fn describe(m: &HfAttention) -> String {
     }
     if let Some(n) = &c.qk_norm {
         s.push_str(&format!(
-            " qk_norm({:?} {:?}, eps={})",
-            n.kind, n.scope, n.eps
+            " qk_norm({:?} {:?}, eps={}{})",
+            n.kind,
+            n.scope,
+            n.eps,
+            if n.after_rope { ", after rope" } else { "" }
         ));
     }
     if let Some(mla) = &m.mla {
@@ -124,9 +127,13 @@ fn describe(m: &HfAttention) -> String {
             ),
         };
         s.push_str(&format!(
-            " rope(θ={}, rotary_dims={}, {scaling})",
-            r.theta, r.rotary_dims
+            " rope(θ={}, rotary_dims={}, {scaling}{})",
+            r.theta,
+            r.rotary_dims,
+            if r.interleaved { ", interleaved" } else { "" }
         ));
+    } else if m.is_nope_layer() {
+        s.push_str(" nope");
     }
     if let Some(w) = m.window {
         s.push_str(&format!(" window={w}"));

@@ -335,6 +335,9 @@ impl Case {
         }
         if let Some(n) = &c.qk_norm {
             options.push_str(&format!(" qk_norm={:?}/{:?}", n.kind, n.scope));
+            if n.after_rope {
+                options.push_str(" after_rope");
+            }
         }
         if c.sinks {
             options.push_str(" +sinks");

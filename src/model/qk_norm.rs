@@ -1,6 +1,6 @@
-//! Normalisation of the projected queries and keys before RoPE: per-head RMSNorm (Qwen3,
-//! Gemma 3), RMSNorm over the whole projection (OLMo 2) and per-head LayerNorm (StableLM,
-//! Cohere). The CPU side here (settings, weights, the f64 rule the reference uses); the
+//! Normalisation of the projected queries and keys before RoPE (or after it: Hunyuan):
+//! per-head RMSNorm (Qwen3, Gemma 3), RMSNorm over the whole projection (OLMo 2) and per-head
+//! LayerNorm (StableLM, Cohere). The CPU side here (settings, weights, the f64 rule the reference uses); the
 //! GPU pass is `kernels::qk_norm`.
 
 use crate::error::{Error, Result};
@@ -31,6 +31,8 @@ pub struct QkNorm {
     pub eps: f32,
     /// Added to every weight: Gemma's RMSNorm multiplies by `1 + w`.
     pub weight_offset: f32,
+    /// Applied to the rotated q and k (Hunyuan) instead of before RoPE (every other model).
+    pub after_rope: bool,
 }
 
 /// The norms' weights, one value per normalised element: `[head_dim]` (one weight shared by
@@ -50,6 +52,7 @@ impl QkNorm {
             scope: NormScope::PerHead,
             eps,
             weight_offset: 0.0,
+            after_rope: false,
         }
     }
 
@@ -126,6 +129,7 @@ mod tests {
             scope: NormScope::Whole,
             eps: 0.0,
             weight_offset: 1.0,
+            after_rope: false,
         };
         let mut y = vec![1.0, 3.0];
         layer.apply(&mut y, &[0.0, 1.0], 2);

@@ -126,6 +126,8 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     }
     if module.config.rope.is_some() {
         describe.push_str(" +rope");
+    } else if module.is_nope_layer() {
+        describe.push_str(" nope");
     }
     if let Some(w) = module.window {
         describe.push_str(&format!(" window={w}"));

@@ -76,9 +76,12 @@ impl HfAttention {
 
 impl HfDecoder {
     /// The module's output for `x_new` (`[B, n, E]`, the next `n` tokens of each sequence),
-    /// with RoPE `positions` (`[B, n]`; default: the cache position on) and the module's own
-    /// mask over the step's keys.
+    /// with RoPE `positions` (`[B, n]`; default: the cache position on; ignored by a NoPE layer
+    /// of a RoPE model) and the module's own mask over the step's keys.
     pub fn step(&mut self, x_new: &Tensor, positions: Option<&[usize]>) -> Result<Tensor> {
+        // A NoPE layer of a RoPE model takes the model's position_ids and ignores them, as
+        // transformers' layer does.
+        let positions = positions.filter(|_| !self.module.is_nope_layer());
         let n = x_new.shape().get(1).copied().unwrap_or(0);
         let dims = AttnDims {
             batch: self.batch,

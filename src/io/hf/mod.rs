@@ -254,7 +254,9 @@ impl HfCheckpoint {
             .map(|c| c.with_own_rules(prefix, model_type.name))
             .transpose()?;
         if let Some(c) = &module_config {
-            c.check_settings(prefix, model_type.reads)?;
+            // Keys the model type reads are honoured, keys it never reads are ignored as
+            // transformers ignores them; any other key that changes the answer is refused.
+            c.check_settings(prefix, &[model_type.reads, model_type.ignores()].concat())?;
         }
         if family == Family::Mla {
             families::check_understood(family, prefix, &self.names(), &|_| false)?;
@@ -476,6 +478,16 @@ pub struct HfAttention {
 }
 
 impl HfAttention {
+    /// A self-attention layer of a RoPE family that runs without positions (NoPE: EXAONE 4's
+    /// and Cohere 2's full layers).
+    pub fn is_nope_layer(&self) -> bool {
+        self.family.uses_rope()
+            && !self.cross
+            && self.config.rope.is_none()
+            && self.config.alibi.is_none()
+            && self.mla.is_none()
+    }
+
     /// The core's (query, key/value) inputs for hidden states `x`: `x` itself, or MLA's query
     /// input and latent.
     pub fn inputs(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {

@@ -59,6 +59,8 @@ pub struct QkNormRule {
     pub switch: Option<&'static str>,
     /// How the weights are stored under the module.
     pub tensors: NormTensors,
+    /// Normalised after RoPE rather than before it (Hunyuan).
+    pub after_rope: bool,
 }
 
 /// Where a q/k norm's weights sit under the module.
@@ -68,6 +70,8 @@ pub enum NormTensors {
     Single,
     /// StableLM's one LayerNorm per head: `q_layernorm.norms.{h}.weight`, `k_layernorm…`.
     PerHeadModules,
+    /// Hunyuan's `query_layernorm.weight` and `key_layernorm.weight`.
+    QueryKeyLayernorm,
 }
 
 impl NormTensors {
@@ -75,6 +79,9 @@ impl NormTensors {
     pub fn holds(self, rest: &str) -> bool {
         match self {
             NormTensors::Single => rest == "q_norm.weight" || rest == "k_norm.weight",
+            NormTensors::QueryKeyLayernorm => {
+                rest == "query_layernorm.weight" || rest == "key_layernorm.weight"
+            }
             NormTensors::PerHeadModules => ["q_layernorm.norms.", "k_layernorm.norms."]
                 .iter()
                 .filter_map(|p| rest.strip_prefix(p))
@@ -106,8 +113,25 @@ pub enum Biases {
     Always,
     /// q, k and v, not the output (qwen2).
     QkvOnly,
-    /// q, k and v by a config key with its default, never the output (stablelm).
+    /// q, k and v by a config key with its default, never the output (stablelm, helium).
     QkvByKey(&'static str, bool),
+    /// q, k and v by one config key, the output by another, each with its default (seed_oss:
+    /// `attention_bias`, default true; `attention_out_bias`, default false).
+    QkvAndOutByKeys((&'static str, bool), (&'static str, bool)),
+}
+
+/// Which layers of a model type rotate q and k (the others run without positions: NoPE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayers {
+    /// Every layer.
+    All,
+    /// Only the sliding-window layers, when the config sets `sliding_window`; without it,
+    /// every layer (`true`: EXAONE 4) or none (`false`: Cohere 2, whose attention rotates
+    /// only where its layer has a window).
+    SlidingOnly { without_window: bool },
+    /// By `no_rope_layers` (1 = RoPE, 0 = none), else all but every
+    /// `no_rope_layer_interval`-th layer (default 4) rotate (SmolLM3).
+    NoRopeLayers,
 }
 
 impl ModelType {
@@ -115,12 +139,22 @@ impl ModelType {
     pub fn biases(&self) -> Biases {
         match self.name {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
-            | "olmo" | "olmo2" | "cohere" => Biases::ByKey("attention_bias", false),
+            | "olmo" | "olmo2" | "cohere" | "qwen3_moe" | "olmoe" | "granitemoe" | "arcee"
+            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" => {
+                Biases::ByKey("attention_bias", false)
+            }
+            "ernie4_5" => Biases::ByKey("use_bias", false),
+            "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
+            "helium" => Biases::QkvByKey("attention_bias", false),
+            "seed_oss" => {
+                Biases::QkvAndOutByKeys(("attention_bias", true), ("attention_out_bias", false))
+            }
             "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
             "bloom" | "phi" | "albert" | "gpt_bigcode" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
-            "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" => Biases::Never,
+            "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" | "ministral"
+            | "exaone4" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -137,18 +171,30 @@ impl ModelType {
             eps,
             switch: None,
             tensors: NormTensors::Single,
+            after_rope: false,
         };
         let (rms, layer) = (NormKind::Rms, NormKind::Layer);
         Some(match self.name {
             // Qwen3RMSNorm(head_dim): one weight shared by the heads.
-            "qwen3" => rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6)),
+            // Qwen3RMSNorm(head_dim): one weight shared by the heads (qwen3_moe's and
+            // exaone4's the same, with their config classes' default eps).
+            "qwen3" | "qwen3_moe" => rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6)),
+            "exaone4" => rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-5)),
+            // HunYuanDenseV1RMSNorm(head_dim) after RoPE: `query_layernorm`, `key_layernorm`.
+            "hunyuan_v1_dense" => QkNormRule {
+                tensors: NormTensors::QueryKeyLayernorm,
+                after_rope: true,
+                ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-5))
+            },
             // Gemma3RMSNorm(head_dim): x · (1 + w), computed in f32.
             "gemma3" | "gemma3_text" => QkNormRule {
                 weight_offset: 1.0,
                 ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6))
             },
             // Olmo2RMSNorm(heads · head_dim): over the whole projection.
-            "olmo2" => rule(rms, NormScope::Whole, ("rms_norm_eps", 1e-5)),
+            // (olmoe's q_norm is RMSNorm(hidden_size), its k_norm RMSNorm(hidden / heads ·
+            // kv_heads): the same while head_dim = hidden / heads, which `check` verifies.)
+            "olmo2" | "olmoe" | "olmo3" => rule(rms, NormScope::Whole, ("rms_norm_eps", 1e-5)),
             // CohereLayerNorm((heads, head_dim)) without bias, when use_qk_norm.
             "cohere" => QkNormRule {
                 switch: Some("use_qk_norm"),
@@ -172,6 +218,24 @@ impl ModelType {
             "mistral" => &[("sliding_window", Number(4096.0))],
             "mixtral" => &[("rope_theta", Number(1e6))],
             "qwen2" | "qwen3" => &[("max_window_layers", Number(28.0))],
+            "qwen2_moe" => &[
+                ("max_window_layers", Number(28.0)),
+                ("sliding_window", Number(4096.0)),
+            ],
+            "qwen3_moe" | "ministral" => &[("sliding_window", Number(4096.0))],
+            "granitemoe" => &[("attention_multiplier", Number(1.0))],
+            "helium" => &[("rope_theta", Number(1e5))],
+            "ernie4_5" => &[("rope_theta", Number(5e5))],
+            "exaone4" => &[
+                ("sliding_window", Number(4096.0)),
+                ("sliding_window_pattern", Number(4.0)),
+            ],
+            "olmo3" => &[
+                ("sliding_window", Number(4096.0)),
+                ("rope_theta", Number(5e5)),
+            ],
+            "cohere2" => &[("sliding_window", Number(4096.0))],
+            "smollm3" => &[("rope_theta", Number(2e6))],
             "gemma2" => &[
                 ("sliding_window", Number(4096.0)),
                 ("query_pre_attn_scalar", Number(256.0)),
@@ -206,13 +270,45 @@ impl ModelType {
 
     /// Whether the layers' RoPE depends on their kind (`rope_parameters` per layer type).
     pub fn rope_per_layer_kind(&self) -> bool {
-        matches!(self.name, "gemma3" | "gemma3_text")
+        matches!(self.name, "gemma3" | "gemma3_text" | "olmo3")
+    }
+
+    /// Which layers rotate q and k (EXAONE 4 and Cohere 2: the sliding ones; their full
+    /// layers run without positions).
+    pub fn rope_layers(&self) -> RopeLayers {
+        match self.name {
+            "exaone4" => RopeLayers::SlidingOnly {
+                without_window: true,
+            },
+            "cohere2" => RopeLayers::SlidingOnly {
+                without_window: false,
+            },
+            "smollm3" => RopeLayers::NoRopeLayers,
+            _ => RopeLayers::All,
+        }
+    }
+
+    /// Keys of the refused-settings table that transformers' config class and modeling code
+    /// of this model type never read (a checkpoint saved by another version may carry them):
+    /// accepted and ignored, as transformers ignores them.
+    pub fn ignores(&self) -> &'static [&'static str] {
+        match self.name {
+            // Qwen3MoeConfig has neither; every layer slides when use_sliding_window is set.
+            "qwen3_moe" => &["max_window_layers", "layer_types"],
+            // Cohere 2 configs of transformers 4.x carry "rope_gptj": its interleaved RoPE,
+            // which the model type applies whatever the key says.
+            "cohere2" => &["position_embedding_type"],
+            _ => &[],
+        }
     }
 
     /// Whether RoPE rotates interleaved pairs (2k, 2k + 1) rather than halves (Cohere,
     /// GPT-J, CodeGen, RoFormer).
     pub fn interleaved_rope(&self) -> bool {
-        matches!(self.name, "cohere" | "gptj" | "codegen" | "roformer")
+        matches!(
+            self.name,
+            "cohere" | "gptj" | "codegen" | "roformer" | "helium" | "ernie4_5" | "cohere2"
+        )
     }
 
     /// Whether the model type rotates q and k under a family whose names do not (GPT-J under
@@ -420,6 +516,100 @@ pub const MODEL_TYPES: &[ModelType] = &[
     reading("olmo", Family::Llama, Causality::Always, &["clip_qkv"]),
     // Olmo2Attention: llama's with RMSNorm over the whole q and k projections before RoPE.
     mt("olmo2", Family::Llama, Causality::Always),
+    // Qwen2MoeAttention: qwen2's (q/k/v biases by qkv_bias, default true), its layers
+    // sliding by layer_types, else the even layers below max_window_layers when
+    // use_sliding_window (the MoE block is outside the module).
+    reading(
+        "qwen2_moe",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ],
+    ),
+    // Qwen3MoeAttention: qwen3's per-head q/k RMSNorm; with use_sliding_window every layer
+    // slides (its config has no layer_types nor max_window_layers: see `ignores`).
+    reading(
+        "qwen3_moe",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "use_sliding_window"],
+    ),
+    // OlmoeAttention: RMSNorm over the whole q and k projections, then clip_qkv (refused: the
+    // loader clamps before the norms), then RoPE.
+    mt("olmoe", Family::Llama, Causality::Always),
+    // GraniteMoeAttention: granite's (the score scale attention_multiplier).
+    reading(
+        "granitemoe",
+        Family::Llama,
+        Causality::Always,
+        &["attention_multiplier"],
+    ),
+    // HeliumAttention: llama's with interleaved RoPE (θ default 10^5), q/k/v biases by
+    // attention_bias and none on o_proj.
+    mt("helium", Family::Llama, Causality::Always),
+    // ArceeAttention: llama's.
+    mt("arcee", Family::Llama, Causality::Always),
+    // MinistralAttention: mistral's (no biases) with windows by layer_types.
+    reading(
+        "ministral",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types"],
+    ),
+    // SeedOssAttention: llama's, q/k/v biases by attention_bias (default true), o_proj's by
+    // attention_out_bias (default false).
+    mt("seed_oss", Family::Llama, Causality::Always),
+    // Ernie4_5Attention: llama's with interleaved RoPE (θ default 5·10^5) and biases by
+    // use_bias.
+    mt("ernie4_5", Family::Llama, Causality::Always),
+    // Exaone4Attention: per-head q/k RMSNorm before RoPE; sliding layers by layer_types, else
+    // all but every sliding_window_pattern-th (default 4); with a sliding_window, the full
+    // layers have no RoPE.
+    reading(
+        "exaone4",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "sliding_window_pattern", "layer_types"],
+    ),
+    // HunYuanDenseV1Attention: llama's with per-head q/k RMSNorm after RoPE; its "dynamic"
+    // RoPE with `alpha` is a fixed θ·alpha^(d/(d−2)).
+    mt("hunyuan_v1_dense", Family::Llama, Causality::Always),
+    // Olmo3Attention: olmo2's whole-projection q/k RMSNorm, windows by layer_types (else
+    // every fourth layer full) and a RoPE per layer kind (θ default 5·10^5).
+    reading(
+        "olmo3",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types"],
+    ),
+    // Cohere2Attention: cohere's interleaved RoPE on the sliding layers only (none on the
+    // full ones), windows by layer_types, else every sliding_window_pattern-th layer full
+    // (default 4); no q/k norm.
+    reading(
+        "cohere2",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types", "sliding_window_pattern"],
+    ),
+    // SmolLM3Attention: llama's without RoPE on the layers `no_rope_layers` marks 0 (else
+    // every no_rope_layer_interval-th), windows by layer_types (else, with use_sliding_window,
+    // the NoPE layers), θ default 2·10^6.
+    reading(
+        "smollm3",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "layer_types",
+            "no_rope_layers",
+            "no_rope_layer_interval",
+        ],
+    ),
     // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
     // LayerNorm of each head of q and k ([heads, head_dim] weights).
     reading("cohere", Family::Llama, Causality::Always, &["use_qk_norm"]),
@@ -502,25 +692,69 @@ pub const MODEL_TYPES: &[ModelType] = &[
 /// Model types that save one of the recognised layouts with attention the loader does not
 /// compute, and what each would need.
 pub(super) const REFUSED_TYPES: &[(&str, &str)] = &[
-    ("persimmon", "q/k LayerNorm and partial rotary embeddings are not implemented"),
-    ("gpt_neox_japanese", "its rotary embeddings and dense bias are not implemented"),
-    ("qwen3_moe", "its attention reads `sliding_window` on every layer, a rule not checked against its model's masks"),
+    (
+        "persimmon",
+        "q/k LayerNorm and partial rotary embeddings are not implemented",
+    ),
+    (
+        "gpt_neox_japanese",
+        "its rotary embeddings and dense bias are not implemented",
+    ),
     ("big_bird", "block-sparse attention is not implemented"),
-    ("longformer", "sliding-window plus global attention is not implemented"),
-    ("layoutlmv2", "1D and 2D relative position biases are not implemented"),
-    ("layoutlmv3", "1D and 2D relative position biases are not implemented"),
-    ("nezha", "functional relative position encodings are not implemented"),
+    (
+        "longformer",
+        "sliding-window plus global attention is not implemented",
+    ),
+    (
+        "layoutlmv2",
+        "1D and 2D relative position biases are not implemented",
+    ),
+    (
+        "layoutlmv3",
+        "1D and 2D relative position biases are not implemented",
+    ),
+    (
+        "nezha",
+        "functional relative position encodings are not implemented",
+    ),
     ("esm", "rotary position embeddings are not implemented"),
     ("beit", "relative position biases are not implemented"),
-    ("data2vec-vision", "relative position biases are not implemented"),
-    ("swin", "windowed attention with relative position biases is not implemented"),
-    ("umt5", "a relative position bias table per layer is not implemented"),
-    ("longt5", "local and transient-global attention are not implemented"),
-    ("xlm", "its `causal` mode and language embeddings are not checked against the loader"),
-    ("flaubert", "its `causal` mode is not checked against the loader"),
-    ("led", "Longformer's local plus global attention is not implemented"),
-    ("pegasus_x", "block-local attention with global tokens is not implemented"),
-    ("bigbird_pegasus", "block-sparse attention is not implemented"),
+    (
+        "data2vec-vision",
+        "relative position biases are not implemented",
+    ),
+    (
+        "swin",
+        "windowed attention with relative position biases is not implemented",
+    ),
+    (
+        "umt5",
+        "a relative position bias table per layer is not implemented",
+    ),
+    (
+        "longt5",
+        "local and transient-global attention are not implemented",
+    ),
+    (
+        "xlm",
+        "its `causal` mode and language embeddings are not checked against the loader",
+    ),
+    (
+        "flaubert",
+        "its `causal` mode is not checked against the loader",
+    ),
+    (
+        "led",
+        "Longformer's local plus global attention is not implemented",
+    ),
+    (
+        "pegasus_x",
+        "block-local attention with global tokens is not implemented",
+    ),
+    (
+        "bigbird_pegasus",
+        "block-sparse attention is not implemented",
+    ),
     ("informer", "ProbSparse attention is not implemented"),
 ];
 

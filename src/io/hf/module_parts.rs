@@ -3,7 +3,9 @@
 //! ALiBi), biases, q/k norms, sinks and T5's relative bias.
 
 use super::config::HfConfig;
+use super::config::LayerKind;
 use super::families::{self, Biases, Family, ModelType, NormTensors, QkNormRule};
+use super::model_types::RopeLayers;
 use super::HfCheckpoint;
 use crate::error::{Error, Result};
 use crate::model::config::AttentionConfig;
@@ -36,6 +38,19 @@ impl HfCheckpoint {
                 format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
             ));
         };
+        // EXAONE 4 and Cohere 2 rotate only on their sliding layers (NoPE elsewhere).
+        if let RopeLayers::SlidingOnly { without_window } = model_type.rope_layers() {
+            let rotates = match c.usize("sliding_window")? {
+                Some(_) => c.layer_kind(prefix, model_type.reads)? == LayerKind::Sliding,
+                None => without_window,
+            };
+            if !rotates {
+                return Ok(config);
+            }
+        }
+        if model_type.rope_layers() == RopeLayers::NoRopeLayers && !c.rope_layer(prefix)? {
+            return Ok(config);
+        }
         let kind = model_type
             .rope_per_layer_kind()
             .then(|| c.layer_kind(prefix, model_type.reads))
@@ -88,6 +103,7 @@ impl HfCheckpoint {
             scope: rule.scope,
             eps: eps as f32,
             weight_offset: rule.weight_offset,
+            after_rope: rule.after_rope,
         };
         let read_one = |name: String| -> Result<Vec<f32>> {
             if !self.contains(&name) {
@@ -104,6 +120,10 @@ impl HfCheckpoint {
         let read = |which: &str, heads: usize| -> Result<Vec<f32>> {
             match rule.tensors {
                 NormTensors::Single => read_one(format!("{prefix}{which}_norm.weight")),
+                NormTensors::QueryKeyLayernorm => {
+                    let name = if which == "q" { "query" } else { "key" };
+                    read_one(format!("{prefix}{name}_layernorm.weight"))
+                }
                 NormTensors::PerHeadModules => (0..heads)
                     .map(|h| read_one(format!("{prefix}{which}_layernorm.norms.{h}.weight")))
                     .collect::<Result<Vec<_>>>()
@@ -157,6 +177,14 @@ impl HfCheckpoint {
                 (
                     [on, on, on, false],
                     format!("{key} = {on}, never on the output"),
+                )
+            }
+            Biases::QkvAndOutByKeys((key, default), (out_key, out_default)) => {
+                let on = flag(key)?.unwrap_or(default);
+                let out = flag(out_key)?.unwrap_or(out_default);
+                (
+                    [on, on, on, out],
+                    format!("{key} = {on} on q, k and v, {out_key} = {out} on the output"),
                 )
             }
         };

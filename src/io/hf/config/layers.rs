@@ -57,7 +57,27 @@ impl HfConfig {
         if !reads.contains(&"sliding_window") {
             return Ok(None);
         }
-        if reads.contains(&"use_sliding_window") && self.flag("use_sliding_window")? != Some(true) {
+        // SmolLM3's masks follow layer_types whatever use_sliding_window says (the key only
+        // shapes the default layer_types).
+        let gated = self.model_type() != Some("smollm3");
+        if gated
+            && reads.contains(&"use_sliding_window")
+            && self.flag("use_sliding_window")? != Some(true)
+        {
+            // Qwen2-MoE's config sets sliding_window to 0 without use_sliding_window (qwen2's
+            // to None, whose sliding mask transformers cannot build): a layer that layer_types
+            // calls sliding then attends to no key, which nothing should run.
+            let explicit = reads.contains(&"layer_types")
+                && self.json.get("layer_types").is_some_and(Value::is_array);
+            if explicit && self.layer_kind(prefix, reads)? == LayerKind::Sliding {
+                return Err(Error::UnsupportedModule {
+                    module: format!("attention `{prefix}`"),
+                    what: "a sliding layer in `layer_types` without `use_sliding_window`".into(),
+                    why: "transformers then has no window for it (qwen2: no mask; qwen2_moe: a \
+                          window of 0 keys)"
+                        .into(),
+                });
+            }
             return Ok(None);
         }
         let Some(window) = self.usize("sliding_window")? else {
@@ -99,6 +119,28 @@ impl HfConfig {
                     let pattern = self.usize("sliding_window_pattern")?.unwrap_or(6);
                     kind(!(layer()? + 1).is_multiple_of(pattern))
                 }
+                // Cohere 2 and EXAONE 4: every sliding_window_pattern-th layer full (default 4;
+                // EXAONE 4's pattern may be a string like "LLLG", which transformers can only
+                // take with layer_types: here an error naming the key).
+                Some("cohere2" | "exaone4") => {
+                    let pattern = self.usize("sliding_window_pattern")?.unwrap_or(4);
+                    kind(!(layer()? + 1).is_multiple_of(pattern))
+                }
+                // SmolLM3: with use_sliding_window and a window, its NoPE layers slide.
+                Some("smollm3") => kind(
+                    self.flag("use_sliding_window")? == Some(true)
+                        && self.usize("sliding_window")?.is_some()
+                        && !self.rope_layer(prefix)?,
+                ),
+                // OLMo 3: every fourth layer full.
+                Some("olmo3") => kind(!(layer()? + 1).is_multiple_of(4)),
+                // Qwen2-MoE: the even layers below max_window_layers slide (with
+                // use_sliding_window, which `sliding_window` checks first).
+                Some("qwen2_moe") => {
+                    let first_full = self.usize("max_window_layers")?.unwrap_or(28);
+                    let layer = layer()?;
+                    kind(layer.is_multiple_of(2) && layer < first_full)
+                }
                 _ if reads.contains(&"max_window_layers") => {
                     match self.usize("max_window_layers")?.unwrap_or(0) {
                         0 => LayerKind::Sliding,
@@ -119,6 +161,36 @@ impl HfConfig {
             None => Err(Error::file(
                 &self.source,
                 format!("config.json `layer_types` does not say whether layer `{prefix}` slides"),
+            )),
+        }
+    }
+
+    /// Whether SmolLM3's layer at `prefix` rotates: its `no_rope_layers` entry (1 = RoPE,
+    /// 0 = none), else all but every `no_rope_layer_interval`-th layer (default 4).
+    pub fn rope_layer(&self, prefix: &str) -> Result<bool> {
+        let layer = layer_index(prefix).ok_or_else(|| {
+            Error::file(
+                &self.source,
+                format!("which layers rotate depends on the layer of `{prefix}`, which it does not name"),
+            )
+        })?;
+        match self.json.get("no_rope_layers") {
+            None | Some(Value::Null) => {
+                let interval = self.usize("no_rope_layer_interval")?.unwrap_or(4);
+                Ok(!(layer + 1).is_multiple_of(interval))
+            }
+            Some(Value::Array(flags)) => match flags.get(layer).and_then(Value::as_u64) {
+                Some(flag) => Ok(flag != 0),
+                None => Err(Error::file(
+                    &self.source,
+                    format!(
+                        "config.json `no_rope_layers` has no 0/1 entry for layer {layer} (`{prefix}`)"
+                    ),
+                )),
+            },
+            Some(v) => Err(Error::file(
+                &self.source,
+                format!("config.json `no_rope_layers` = {v} is not a list"),
             )),
         }
     }

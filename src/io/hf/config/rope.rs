@@ -51,6 +51,22 @@ impl HfConfig {
             };
             params = Some(p);
             scaling = None;
+        } else if self.model_type() == Some("olmo3") {
+            // Olmo3Config builds its per-kind objects from the 4.x spelling: `rope_theta` for
+            // both kinds, `rope_scaling` for the full layers only. A flat `rope_parameters`
+            // is not what it reads.
+            if params.is_some() {
+                return Err(Error::UnsupportedModule {
+                    module: self.source.clone(),
+                    what: "olmo3 with one flat `rope_parameters` object".into(),
+                    why: "Olmo3Config reads RoPE parameters per layer type \
+                          (`full_attention`, `sliding_attention`)"
+                        .into(),
+                });
+            }
+            if layer_kind == Some(LayerKind::Sliding) {
+                scaling = None;
+            }
         }
         let find = |key: &str| -> Result<Option<f64>> {
             for p in [params, scaling].into_iter().flatten() {
@@ -60,7 +76,7 @@ impl HfConfig {
             }
             self.number_in(&self.json, key)
         };
-        let theta = match find("rope_theta")? {
+        let mut theta = match find("rope_theta")? {
             Some(t) => t,
             None => self
                 .number_in(&self.json, "rotary_emb_base")?
@@ -137,6 +153,14 @@ impl HfConfig {
             "yarn" => self.yarn(&find, &need, params)?,
             // transformers' _compute_dynamic_ntk_parameters: past max_position_embeddings
             // (not the original), θ grows with the call's sequence length.
+            // Hunyuan's "dynamic" with `alpha` (transformers' ntk_alpha): a fixed θ·α^(d/(d−2)).
+            "dynamic" if self.hunyuan_alpha([params, scaling])?.is_some() => {
+                let alpha = self.hunyuan_alpha([params, scaling])?.unwrap_or(1.0);
+                let d = head_dim as f64;
+                theta *= alpha.powf(d / (d - 2.0));
+                self.positive("rope_theta", theta)?;
+                RopeScaling::None
+            }
             "dynamic" => RopeScaling::Dynamic {
                 factor: need("factor")?,
                 max_positions: self.max_positions()?,
@@ -162,6 +186,19 @@ impl HfConfig {
         };
         rope.check(head_dim)?;
         Ok(rope)
+    }
+
+    /// Hunyuan's NTK `alpha` (a non-zero number in its RoPE object), read by its model type only.
+    fn hunyuan_alpha(&self, objects: [Option<&Value>; 2]) -> Result<Option<f64>> {
+        if self.model_type() != Some("hunyuan_v1_dense") {
+            return Ok(None);
+        }
+        for o in objects.into_iter().flatten() {
+            if let Some(a) = self.number_in(o, "alpha")? {
+                return Ok((a != 0.0).then_some(a));
+            }
+        }
+        Ok(None)
     }
 
     /// `max_position_embeddings`, which dynamic and longrope scaling need.

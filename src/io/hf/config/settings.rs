@@ -74,6 +74,13 @@ fn all_full(v: &Value) -> bool {
             .is_some_and(|a| a.iter().all(|t| t.as_str() == Some("full_attention")))
 }
 
+/// Null, or every layer with RoPE (no 0 in `no_rope_layers`).
+fn all_rope(v: &Value) -> bool {
+    v.is_null()
+        || v.as_array()
+            .is_some_and(|a| a.iter().all(|t| t.as_f64().is_some_and(|x| x != 0.0)))
+}
+
 /// Every config key the loader knows to change an attention layer's answer, with its neutral
 /// values. Looked up at the top level and inside `rope_parameters` / `rope_scaling`.
 pub const SETTINGS: &[Setting] = &[
@@ -106,4 +113,5 @@ pub const SETTINGS: &[Setting] = &[
     Setting { key: "use_logn_attn", neutral: off, why: "scores are scaled by log n" },
     Setting { key: "causal", neutral: off, why: "XLM's causal mode" },
     Setting { key: "rotary_value", neutral: off, why: "RoFormer rotates the values too" },
+    Setting { key: "no_rope_layers", neutral: all_rope, why: "the layers it marks 0 run without RoPE" },
 ];

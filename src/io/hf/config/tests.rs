@@ -327,3 +327,125 @@ fn longrope_reads_both_spellings_and_phi3s_names() {
     );
     assert!(v5.rope(8, 1.0, None).is_err());
 }
+
+#[test]
+fn round2_layer_patterns_and_rope_rules_follow_their_config_classes() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let at = |layer: usize| format!("model.layers.{layer}.self_attn.");
+    let kind =
+        |cfg: &HfConfig, layer: usize, reads: &[&str]| cfg.layer_kind(&at(layer), reads).unwrap();
+    let patterned = &["sliding_window", "layer_types", "sliding_window_pattern"][..];
+    // Cohere2Config and Exaone4Config: every sliding_window_pattern-th layer full (default 4).
+    for t in ["cohere2", "exaone4"] {
+        let cfg = c(&format!(r#"{{"model_type": "{t}"}}"#));
+        assert_eq!(kind(&cfg, 2, patterned), LayerKind::Sliding, "{t}");
+        assert_eq!(kind(&cfg, 3, patterned), LayerKind::Full, "{t}");
+        let two = c(&format!(
+            r#"{{"model_type": "{t}", "sliding_window_pattern": 2}}"#
+        ));
+        assert_eq!(kind(&two, 1, patterned), LayerKind::Full, "{t}");
+    }
+    // EXAONE 4's string pattern ("LLLG") only works with layer_types: an error naming it.
+    let lllg = c(r#"{"model_type": "exaone4", "sliding_window_pattern": "LLLG"}"#);
+    let err = lllg.layer_kind(&at(0), patterned).unwrap_err().to_string();
+    assert!(err.contains("sliding_window_pattern"), "{err}");
+    // Olmo3Config: every fourth layer full, whatever else the config says.
+    let olmo3 = c(r#"{"model_type": "olmo3"}"#);
+    let reads = &["sliding_window", "layer_types"][..];
+    assert_eq!(kind(&olmo3, 2, reads), LayerKind::Sliding);
+    assert_eq!(kind(&olmo3, 7, reads), LayerKind::Full);
+    // Qwen2MoeConfig: the even layers below max_window_layers (default 28) slide.
+    let qwen2_moe = &[
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+    ][..];
+    let moe = c(
+        r#"{"model_type": "qwen2_moe", "use_sliding_window": true, "sliding_window": 5,
+        "max_window_layers": 4}"#,
+    );
+    let window = |cfg: &HfConfig, layer| cfg.sliding_window(&at(layer), qwen2_moe).unwrap();
+    assert_eq!(window(&moe, 2), Some(5));
+    assert_eq!(window(&moe, 3), None);
+    assert_eq!(window(&moe, 4), None);
+    // Without use_sliding_window no layer slides (its config saves sliding_window = 0)...
+    let off = c(r#"{"model_type": "qwen2_moe", "use_sliding_window": false, "sliding_window": 0}"#);
+    assert_eq!(window(&off, 0), None);
+    // ... and a layer_types entry that slides anyway has no window transformers could use.
+    let typed = c(
+        r#"{"model_type": "qwen2_moe", "use_sliding_window": false, "sliding_window": 0,
+        "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}"#,
+    );
+    assert!(matches!(
+        typed.sliding_window(&at(0), qwen2_moe),
+        Err(Error::UnsupportedModule { .. })
+    ));
+    assert_eq!(window(&typed, 1), None);
+
+    // Hunyuan's "dynamic" with alpha: a fixed θ·α^(d/(d−2)); without alpha, dynamic NTK.
+    let alpha = c(
+        r#"{"model_type": "hunyuan_v1_dense", "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0,
+        "factor": 1.0}}"#,
+    );
+    let rope = alpha.rope(8, 1.0, None).unwrap();
+    assert_eq!(rope.scaling, RopeScaling::None);
+    assert!((rope.theta - 1e4 * 1000f64.powf(8.0 / 6.0)).abs() < 1e-6 * rope.theta);
+    let llama = c(r#"{"model_type": "llama", "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0,
+        "factor": 2.0}}"#);
+    assert!(matches!(
+        llama.rope(8, 1.0, None).unwrap().scaling,
+        RopeScaling::Dynamic { .. }
+    ));
+
+    // Olmo3Config: the 4.x rope_scaling is the full layers' only; a flat rope_parameters is
+    // not what it reads.
+    let olmo3_4x = c(r#"{"model_type": "olmo3", "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}}"#);
+    let full = olmo3_4x.rope(8, 1.0, Some(LayerKind::Full)).unwrap();
+    let sliding = olmo3_4x.rope(8, 1.0, Some(LayerKind::Sliding)).unwrap();
+    assert_eq!(full.scaling, RopeScaling::Linear { factor: 2.0 });
+    assert_eq!(sliding.scaling, RopeScaling::None);
+    assert_eq!((full.theta, sliding.theta), (5e5, 5e5));
+    let flat = c(r#"{"model_type": "olmo3",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}}"#);
+    assert!(matches!(
+        flat.rope(8, 1.0, Some(LayerKind::Full)),
+        Err(Error::UnsupportedModule { .. })
+    ));
+}
+
+#[test]
+fn smollm3_rotates_by_no_rope_layers_and_slides_its_nope_layers() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let at = |layer: usize| format!("model.layers.{layer}.self_attn.");
+    // No list: every no_rope_layer_interval-th layer (default 4) has no RoPE.
+    let default = c(r#"{"model_type": "smollm3"}"#);
+    assert!(default.rope_layer(&at(2)).unwrap());
+    assert!(!default.rope_layer(&at(3)).unwrap());
+    let listed = c(r#"{"model_type": "smollm3", "no_rope_layers": [1, 0]}"#);
+    assert!(listed.rope_layer(&at(0)).unwrap());
+    assert!(!listed.rope_layer(&at(1)).unwrap());
+    assert!(listed.rope_layer(&at(2)).is_err());
+    // Without layer_types, the NoPE layers slide when use_sliding_window and a window are set.
+    let reads = &["sliding_window", "use_sliding_window", "layer_types"][..];
+    let sliding = c(r#"{"model_type": "smollm3", "no_rope_layers": [1, 0],
+        "use_sliding_window": true, "sliding_window": 3}"#);
+    assert_eq!(sliding.sliding_window(&at(0), reads).unwrap(), None);
+    assert_eq!(sliding.sliding_window(&at(1), reads).unwrap(), Some(3));
+    // SmolLM3's masks follow layer_types even without use_sliding_window.
+    let typed = c(
+        r#"{"model_type": "smollm3", "use_sliding_window": false, "sliding_window": 3,
+        "num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]}"#,
+    );
+    assert_eq!(typed.sliding_window(&at(1), reads).unwrap(), Some(3));
+    // Another model type refuses a no_rope_layers with a 0 in it.
+    assert!(c(r#"{"no_rope_layers": [1, 0]}"#)
+        .check_settings("x.", &[])
+        .is_err());
+    assert!(c(r#"{"no_rope_layers": [1, 1]}"#)
+        .check_settings("x.", &[])
+        .is_ok());
+}
