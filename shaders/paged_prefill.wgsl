@@ -15,34 +15,15 @@
 // time work on copies, as in flash_attention.
 // Dispatch: one workgroup per item, over x then y.
 // The host's prelude (src/kernels/paged_prefill.rs) defines THREADS, ROWS, KV_TILE, KEY_GROUP,
-// DK4 (= DV4) and the pool's element type KvElem; flash_kv_shared.wgsl (group_keys,
-// group_values) and flash_group.wgsl are prepended.
-
-@group(0) @binding(2) var<storage, read> pool: array<KvElem>;   // [pages, 2, ...]
+// DK4 (= DV4) and the pool's element type KvElem; the pool's binding and its reads (pool_vec4:
+// paged_rows_vec4.wgsl where every row starts on a vec4, else paged_rows_scalar.wgsl),
+// flash_kv_shared.wgsl (group_keys, group_values) and flash_group.wgsl are prepended.
 
 const DV4: u32 = DK4;
 
 var<workgroup> k_tile: array<vec4<f32>, KV_TILE * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
 var<workgroup> key_row: array<u32, KV_TILE>;   // each staged key's K row in the pool
-
-// Vec4 c of the pool row at `base`, zero past the head size or for a key past the chunk.
-fn pool_vec4(base: u32, c: u32, live: bool) -> vec4<f32> {
-    var x = vec4<f32>(0.0);
-    if (live) {
-        let at = base + 4u * c;
-        if (4u * c + 3u < p.head_dim) {
-            x = vec4<f32>(f32(pool[at]), f32(pool[at + 1u]), f32(pool[at + 2u]), f32(pool[at + 3u]));
-        } else {
-            for (var e = 0u; e < 4u; e++) {
-                if (4u * c + e < p.head_dim) {
-                    x[e] = f32(pool[at + e]);
-                }
-            }
-        }
-    }
-    return x;
-}
 
 // Whether the mask can change any score of keys j .. j + KEY_GROUP − 1 for the block's rows at
 // positions [pos0, pos_last] (uniform over the workgroup).

@@ -565,7 +565,11 @@ fn uniform_structs_match_their_wgsl_layout() {
                     q_offset,
                     q_row,
                     q_head,
-                    page_shift
+                    page_shift,
+                    item_base,
+                    _pad0,
+                    _pad1,
+                    _pad2
                 ]
             ),
         ),

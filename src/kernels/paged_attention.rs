@@ -48,7 +48,9 @@ pub struct PagedParams {
     pub page_shift: u32,
     /// The dispatch's first item in the work list.
     pub item_base: u32,
-    pub _pad: [u32; 3],
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 /// `PagedParams::flags` bits.

@@ -10,6 +10,10 @@ use crate::kernels::paged_attention::{COMMON_WGSL, SLOTS};
 use crate::kernels::source::Prelude;
 
 pub const WGSL: &str = include_str!("../../shaders/paged_prefill.wgsl");
+/// The pool's binding, its rows read as whole vec4s (head sizes that are multiples of 4).
+pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/paged_rows_vec4.wgsl");
+/// The pool's binding, its rows read element by element.
+pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/paged_rows_scalar.wgsl");
 
 /// Lanes per workgroup: one llvmpipe SIMD vector.
 const THREADS: u32 = 8;
@@ -25,6 +29,8 @@ pub struct PrefillShape {
     /// Keys staged per tile, whole key groups.
     pub kv_tile: u32,
     pub d4: u32,
+    /// The head size (rows are read as whole vec4s when it is a multiple of 4).
+    pub head_dim: u32,
     pub f16: bool,
 }
 
@@ -53,6 +59,7 @@ impl PrefillShape {
             rows,
             kv_tile,
             d4,
+            head_dim: head_dim as u32,
             f16,
         })
     }
@@ -85,6 +92,12 @@ impl PrefillShape {
 
 /// The full source: the shape's constants, the pool's element type, the shared parts, the body.
 pub fn source(shape: PrefillShape) -> String {
+    // Every row starts on a vec4 when the head size is whole vec4s (pages hold whole rows).
+    let rows = if shape.d4 * 4 == shape.head_dim {
+        ROWS_VEC4_WGSL
+    } else {
+        ROWS_SCALAR_WGSL
+    };
     Prelude::new()
         .u32("THREADS", shape.threads)
         .u32("ROWS", shape.rows)
@@ -92,7 +105,7 @@ pub fn source(shape: PrefillShape) -> String {
         .u32("KEY_GROUP", shape.key_group())
         .u32("DK4", shape.d4)
         .elem("KvElem", shape.f16)
-        .source(&[COMMON_WGSL, KV_SHARED_WGSL, GROUP_WGSL, WGSL])
+        .source(&[COMMON_WGSL, rows, KV_SHARED_WGSL, GROUP_WGSL, WGSL])
 }
 
 /// The compiled pass of `shape` on `gpu`, bound as [`super::paged_attention::bind`] binds.

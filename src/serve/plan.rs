@@ -281,7 +281,9 @@ impl BatchAttention {
             },
             page_shift: ps.trailing_zeros(),
             item_base: 0,
-            _pad: [0; 3],
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
         };
         let merge_params = MergeParams {
             total_q: total_q as u32,
