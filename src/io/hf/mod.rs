@@ -8,6 +8,7 @@ pub mod config;
 pub mod decoder;
 pub mod families;
 mod mla;
+mod model_table;
 pub mod model_types;
 mod module_parts;
 mod projections;

@@ -1,0 +1,422 @@
+//! The tables behind [`super::model_types`]: every model type the loader runs, and those it
+//! refuses by name with the reason. One entry per model type, with a comment saying what its
+//! attention in transformers is; the rules each entry's name selects live in `model_types.rs`.
+
+use super::families::Family;
+use super::model_types::{Causality, ModelType};
+
+const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType {
+    ModelType {
+        name,
+        family,
+        causal,
+        reads: &[],
+        unscaled: false,
+    }
+}
+
+const fn reading(
+    name: &'static str,
+    family: Family,
+    causal: Causality,
+    reads: &'static [&'static str],
+) -> ModelType {
+    ModelType {
+        name,
+        family,
+        causal,
+        reads,
+        unscaled: false,
+    }
+}
+
+/// Where gpt2 sits in [`MODEL_TYPES`] (the one layout taken without a `model_type`).
+pub(crate) const GPT2: usize = 0;
+
+const WINDOW: &[&str] = &["sliding_window"];
+
+const GEMMA3: &[&str] = &[
+    "attn_logit_softcapping",
+    "query_pre_attn_scalar",
+    "sliding_window",
+    "layer_types",
+    "sliding_window_pattern",
+];
+
+/// Every model type the loader runs, by family. Each one's attention in transformers 5.24 is
+/// the family's: these projections, softmax(q·kᵀ·scale + mask)·v with scale 1/√d (none for
+/// t5), the causality given, and (RoPE families) half-split RoPE from the config.
+pub const MODEL_TYPES: &[ModelType] = &[
+    reading(
+        "gpt2",
+        Family::Gpt2,
+        Causality::Always,
+        &["scale_attn_weights", "scale_attn_by_inverse_layer_idx"],
+    ),
+    // BertSelfAttention and its copies; absolute position embeddings only.
+    mt("bert", Family::Bert, Causality::IsDecoderKey),
+    mt("roberta", Family::Bert, Causality::IsDecoderKey),
+    mt("xlm-roberta", Family::Bert, Causality::IsDecoderKey),
+    mt("camembert", Family::Bert, Causality::IsDecoderKey),
+    mt("electra", Family::Bert, Causality::IsDecoderKey),
+    mt("ernie", Family::Bert, Causality::IsDecoderKey),
+    mt("bert-generation", Family::Bert, Causality::IsDecoderKey),
+    // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
+    // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
+    mt("roformer", Family::Bert, Causality::IsDecoderKey),
+    // ViTSelfAttention and its copies.
+    mt("vit", Family::Vit, Causality::Never),
+    mt("deit", Family::Vit, Causality::Never),
+    mt("vit_mae", Family::Vit, Causality::Never),
+    mt("vit_msn", Family::Vit, Causality::Never),
+    mt("dinov2", Family::Vit, Causality::Never),
+    mt("yolos", Family::Vit, Causality::Never),
+    mt("distilbert", Family::DistilBert, Causality::Never),
+    // BartAttention and its copies (whisper's k_proj has no bias: zero-filled).
+    mt("bart", Family::Bart, Causality::InDecoderStack),
+    mt("mbart", Family::Bart, Causality::InDecoderStack),
+    mt("marian", Family::Bart, Causality::InDecoderStack),
+    mt("pegasus", Family::Bart, Causality::InDecoderStack),
+    mt("blenderbot", Family::Bart, Causality::InDecoderStack),
+    mt("blenderbot-small", Family::Bart, Causality::InDecoderStack),
+    mt("plbart", Family::Bart, Causality::InDecoderStack),
+    mt("m2m_100", Family::Bart, Causality::InDecoderStack),
+    mt("whisper", Family::Bart, Causality::InDecoderStack),
+    mt("speech_to_text", Family::Bart, Causality::InDecoderStack),
+    mt("opt", Family::Bart, Causality::Always),
+    mt("biogpt", Family::Bart, Causality::Always),
+    mt("xglm", Family::Bart, Causality::Always),
+    mt("wav2vec2", Family::Bart, Causality::Never),
+    mt("hubert", Family::Bart, Causality::Never),
+    // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
+    // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
+    ModelType {
+        name: "gpt_neo",
+        family: Family::Bart,
+        causal: Causality::Always,
+        reads: &["attention_types", "attention_layers"],
+        unscaled: true,
+    },
+    // CLIP/SigLIP: bart-like projections with biases, scale 1/√d. CLIP's text tower is causal;
+    // SigLIP's is not (transformers: "SigLIP's text model does not use a causal mask").
+    mt("clip", Family::Bart, Causality::TextTower),
+    mt("clip_text_model", Family::Bart, Causality::Always),
+    mt("clip_vision_model", Family::Bart, Causality::Never),
+    mt("siglip", Family::Bart, Causality::Never),
+    mt("siglip_text_model", Family::Bart, Causality::Never),
+    mt("siglip_vision_model", Family::Bart, Causality::Never),
+    // GPTJAttention: bart's names without biases, causal, interleaved RoPE (θ 10000) on the
+    // first `rotary_dim` dimensions of each head.
+    reading("gptj", Family::Bart, Causality::Always, &["rotary_dim"]),
+    mt("t5", Family::T5, Causality::InDecoderStack),
+    mt("mt5", Family::T5, Causality::InDecoderStack),
+    mt("llama", Family::Llama, Causality::Always),
+    reading("mistral", Family::Llama, Causality::Always, WINDOW),
+    reading("mixtral", Family::Llama, Causality::Always, WINDOW),
+    reading(
+        "qwen2",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ],
+    ),
+    mt("gemma", Family::Llama, Causality::Always),
+    // Gemma2Attention: llama's scaled by 1/√query_pre_attn_scalar, scores soft-capped by
+    // attn_logit_softcapping, and the layers `layer_types` calls sliding windowed.
+    reading(
+        "gemma2",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "attn_logit_softcapping",
+            "query_pre_attn_scalar",
+            "sliding_window",
+            "layer_types",
+        ],
+    ),
+    // Gemma3Attention: gemma2's (1/√query_pre_attn_scalar, soft-capping when set, windows by
+    // layer_types or every sliding_window_pattern-th layer full) with per-head q/k RMSNorm
+    // (1 + w) and a RoPE per layer kind. `gemma3` is the multimodal parent's type, taken by a
+    // text tower whose sub-config names none.
+    reading("gemma3_text", Family::Llama, Causality::Always, GEMMA3),
+    reading("gemma3", Family::Llama, Causality::Always, GEMMA3),
+    // GptOssAttention: llama's with biases (attention_bias, default true), a learned sink
+    // logit per head in every softmax's denominator, windows by layer_types (without them,
+    // the even layers) and yarn RoPE.
+    reading(
+        "gpt_oss",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types"],
+    ),
+    // GraniteAttention: llama's, with the score scale `attention_multiplier` instead of 1/√d.
+    reading(
+        "granite",
+        Family::Llama,
+        Causality::Always,
+        &["attention_multiplier"],
+    ),
+    // Starcoder2Attention: llama's with biases (`use_bias`) and mistral's sliding window.
+    reading("starcoder2", Family::Llama, Causality::Always, WINDOW),
+    // Qwen3Attention: llama's with per-head RMSNorm of q and k before RoPE (`q_norm`,
+    // `k_norm`: [head_dim]) and qwen2's sliding-window rules.
+    reading(
+        "qwen3",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ],
+    ),
+    // OlmoAttention: llama's, the projections clamped to ±clip_qkv when it is set.
+    reading("olmo", Family::Llama, Causality::Always, &["clip_qkv"]),
+    // Olmo2Attention: llama's with RMSNorm over the whole q and k projections before RoPE.
+    mt("olmo2", Family::Llama, Causality::Always),
+    // Qwen2MoeAttention: qwen2's (q/k/v biases by qkv_bias, default true), its layers
+    // sliding by layer_types, else the even layers below max_window_layers when
+    // use_sliding_window (the MoE block is outside the module).
+    reading(
+        "qwen2_moe",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ],
+    ),
+    // Qwen3MoeAttention: qwen3's per-head q/k RMSNorm; with use_sliding_window every layer
+    // slides (its config has no layer_types nor max_window_layers: see `ignores`).
+    reading(
+        "qwen3_moe",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "use_sliding_window"],
+    ),
+    // OlmoeAttention: RMSNorm over the whole q and k projections, then clip_qkv (refused: the
+    // loader clamps before the norms), then RoPE.
+    mt("olmoe", Family::Llama, Causality::Always),
+    // GraniteMoeAttention: granite's (the score scale attention_multiplier).
+    reading(
+        "granitemoe",
+        Family::Llama,
+        Causality::Always,
+        &["attention_multiplier"],
+    ),
+    // HeliumAttention: llama's with interleaved RoPE (θ default 10^5), q/k/v biases by
+    // attention_bias and none on o_proj.
+    mt("helium", Family::Llama, Causality::Always),
+    // ArceeAttention: llama's.
+    mt("arcee", Family::Llama, Causality::Always),
+    // MinistralAttention: mistral's (no biases) with windows by layer_types.
+    reading(
+        "ministral",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types"],
+    ),
+    // SeedOssAttention: llama's, q/k/v biases by attention_bias (default true), o_proj's by
+    // attention_out_bias (default false).
+    mt("seed_oss", Family::Llama, Causality::Always),
+    // Ernie4_5Attention: llama's with interleaved RoPE (θ default 5·10^5) and biases by
+    // use_bias.
+    mt("ernie4_5", Family::Llama, Causality::Always),
+    // Exaone4Attention: per-head q/k RMSNorm before RoPE; sliding layers by layer_types, else
+    // all but every sliding_window_pattern-th (default 4); with a sliding_window, the full
+    // layers have no RoPE.
+    reading(
+        "exaone4",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "sliding_window_pattern", "layer_types"],
+    ),
+    // HunYuanDenseV1Attention: llama's with per-head q/k RMSNorm after RoPE; its "dynamic"
+    // RoPE with `alpha` is a fixed θ·alpha^(d/(d−2)).
+    mt("hunyuan_v1_dense", Family::Llama, Causality::Always),
+    // Olmo3Attention: olmo2's whole-projection q/k RMSNorm, windows by layer_types (else
+    // every fourth layer full) and a RoPE per layer kind (θ default 5·10^5).
+    reading(
+        "olmo3",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types"],
+    ),
+    // Cohere2Attention: cohere's interleaved RoPE on the sliding layers only (none on the
+    // full ones), windows by layer_types, else every sliding_window_pattern-th layer full
+    // (default 4); no q/k norm.
+    reading(
+        "cohere2",
+        Family::Llama,
+        Causality::Always,
+        &["sliding_window", "layer_types", "sliding_window_pattern"],
+    ),
+    // SmolLM3Attention: llama's without RoPE on the layers `no_rope_layers` marks 0 (else
+    // every no_rope_layer_interval-th), windows by layer_types (else, with use_sliding_window,
+    // the NoPE layers), θ default 2·10^6.
+    reading(
+        "smollm3",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "sliding_window",
+            "use_sliding_window",
+            "layer_types",
+            "no_rope_layers",
+            "no_rope_layer_interval",
+        ],
+    ),
+    // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
+    // LayerNorm of each head of q and k ([heads, head_dim] weights).
+    reading("cohere", Family::Llama, Causality::Always, &["use_qk_norm"]),
+    // StableLmAttention: llama's names, q/k/v biases by use_qkv_bias, partial RoPE (default
+    // 0.25) and, with qk_layernorm, a bias-free LayerNorm per head.
+    reading(
+        "stablelm",
+        Family::Llama,
+        Causality::Always,
+        &["qk_layernorm", "partial_rotary_factor"],
+    ),
+    reading(
+        "phi3",
+        Family::Phi3,
+        Causality::Always,
+        &["sliding_window", "partial_rotary_factor"],
+    ),
+    // PhiAttention: biased q/k/v projections and `dense`, partial RoPE (default 0.5); its
+    // optional q/k LayerNorm (with biases) is refused by name (qk_layernorm).
+    reading(
+        "phi",
+        Family::Phi,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
+    // CodeGenAttention: `qkv_proj` packed in 4 blocks (mp_num) of [q, v, k] slices of E/4
+    // rows each, `out_proj`, no biases, causal, scale 1/√d, GPT-J's interleaved RoPE (θ 10000)
+    // on the first `rotary_dim` dimensions of each head.
+    reading(
+        "codegen",
+        Family::CodeGen,
+        Causality::Always,
+        &["rotary_dim"],
+    ),
+    // AlbertAttention: bert-like, an encoder.
+    mt("albert", Family::Albert, Causality::Never),
+    // GPTBigCodeAttention: a Linear c_attn, multi-query (`[E + 2d, E]`, the default) or per
+    // head packed (`[3E, E]`), causal, scale_attn_weights as GPT-2's.
+    reading(
+        "gpt_bigcode",
+        Family::Gpt2,
+        Causality::Always,
+        &["scale_attn_weights"],
+    ),
+    // BloomAttention: gpt_neox's per-head packing in `query_key_value` with biases, no RoPE,
+    // ALiBi (its slopes are AttentionConfig::with_alibi's); causal.
+    mt("bloom", Family::GptNeox, Causality::Always),
+    // FalconAttention: `query_key_value` packed per key/value group (new_decoder_architecture:
+    // num_kv_heads; multi_query, the default: one; else one per head), biases by `bias`,
+    // rotary (half-split, θ from the config) and 1/√d, causal; `alibi` is refused (its own
+    // rules, see config::falcon_mpt).
+    reading(
+        "falcon",
+        Family::GptNeox,
+        Causality::Always,
+        &["new_decoder_architecture"],
+    ),
+    // MptAttention: `Wqkv` (q, k, v rows), no biases, ALiBi (max 8) always, q/k/v clamped by
+    // `attn_config.clip_qkv`, scale `attn_config.softmax_scale` (default 1/√d), causal.
+    reading(
+        "mpt",
+        Family::Mpt,
+        Causality::Always,
+        &["clip_qkv", "softmax_scale"],
+    ),
+    // DeepseekV2Attention / DeepseekV3Attention: multi-head latent attention (q LoRA or q_proj,
+    // the compressed latent and a shared RoPE key, kv_b_proj per head), causal; its sizes,
+    // attention_bias, rope_interleave and yarn's mscale_all_dim are read by `HfCheckpoint::
+    // mla_attention`.
+    mt("deepseek_v2", Family::Mla, Causality::Always),
+    mt("deepseek_v3", Family::Mla, Causality::Always),
+    reading(
+        "gpt_neox",
+        Family::GptNeox,
+        Causality::Always,
+        &["partial_rotary_factor", "rotary_pct"],
+    ),
+];
+
+/// Model types that save one of the recognised layouts with attention the loader does not
+/// compute, and what each would need.
+pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
+    (
+        "persimmon",
+        "q/k LayerNorm and partial rotary embeddings are not implemented",
+    ),
+    (
+        "gpt_neox_japanese",
+        "its rotary embeddings and dense bias are not implemented",
+    ),
+    ("big_bird", "block-sparse attention is not implemented"),
+    (
+        "longformer",
+        "sliding-window plus global attention is not implemented",
+    ),
+    (
+        "layoutlmv2",
+        "1D and 2D relative position biases are not implemented",
+    ),
+    (
+        "layoutlmv3",
+        "1D and 2D relative position biases are not implemented",
+    ),
+    (
+        "nezha",
+        "functional relative position encodings are not implemented",
+    ),
+    ("esm", "rotary position embeddings are not implemented"),
+    ("beit", "relative position biases are not implemented"),
+    (
+        "data2vec-vision",
+        "relative position biases are not implemented",
+    ),
+    (
+        "swin",
+        "windowed attention with relative position biases is not implemented",
+    ),
+    (
+        "umt5",
+        "a relative position bias table per layer is not implemented",
+    ),
+    (
+        "longt5",
+        "local and transient-global attention are not implemented",
+    ),
+    (
+        "xlm",
+        "its `causal` mode and language embeddings are not checked against the loader",
+    ),
+    (
+        "flaubert",
+        "its `causal` mode is not checked against the loader",
+    ),
+    (
+        "led",
+        "Longformer's local plus global attention is not implemented",
+    ),
+    (
+        "pegasus_x",
+        "block-local attention with global tokens is not implemented",
+    ),
+    (
+        "bigbird_pegasus",
+        "block-sparse attention is not implemented",
+    ),
+    ("informer", "ProbSparse attention is not implemented"),
+];
