@@ -488,6 +488,67 @@ impl Job {
         })?
     }
 
+    /// The fused core over f16 queries, keys and values (rounded to f16 on upload, each in its
+    /// own buffer; the pass keeps f32 scores and accumulators), no mask: the baseline of a step
+    /// that reads f16 K/V.
+    pub fn fused_f16_kv(
+        gpu: &Gpu,
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        dims: CoreDims,
+        scale: f32,
+    ) -> Result<Self> {
+        dims.check()?;
+        expect_len("q", q.len(), dims.q_len())?;
+        expect_len("k", k.len(), dims.k_len())?;
+        expect_len("v", v.len(), dims.v_len())?;
+        gpu.check_fits("q|k|v", 2 * (q.len() + k.len() + v.len()) as u64)?;
+        let mut c = dims.problem(scale);
+        (c.layout.q.offset, c.layout.k.offset, c.layout.v.offset) = (0, 0, 0);
+        let flash = flash_attention::Flash::new(gpu, c.qk_head_dim, c.v_head_dim, true)
+            .ok_or_else(|| Error::Unsupported {
+                adapter: gpu.describe(),
+                what: format!(
+                    "fused attention over f16 keys and values, head size {}",
+                    c.qk_head_dim
+                ),
+            })?;
+        let encoded = EncodedMask::new(&Mask::None, dims.attn())?;
+        gpu.scoped("standalone fused core, f16 K/V", || -> Result<Self> {
+            let copy = wgpu::BufferUsages::COPY_SRC;
+            let qb = gpu.upload_f32_as("q (f16)", q, true);
+            let kb = gpu.upload_f32_as("k (f16)", k, true);
+            let vb = gpu.upload_f32_as("v (f16)", v, true);
+            let mask_buffers = MaskBuffers::new(gpu, encoded.words.len());
+            mask_buffers.write(gpu.queue(), &encoded.words, &encoded.params);
+            let out = gpu.storage("combined", 4 * c.combined_len() as u64, copy);
+            let carry = gpu.storage("flash carry", 4 * flash.carry_len(&c) as u64, copy);
+            let b = flash_attention::FlashBuffers {
+                qkv: QkvBuffers {
+                    q: &qb,
+                    k: &kb,
+                    v: &vb,
+                },
+                out: &out,
+                carry: &carry,
+                mask: &mask_buffers,
+                chunks: None,
+                sinks: false,
+            };
+            let steps = flash.dispatches(gpu, &c, &b)?;
+            let result = out.clone();
+            let keep = vec![
+                qb,
+                kb,
+                vb,
+                mask_buffers.words,
+                mask_buffers.params,
+                out,
+                carry,
+            ];
+            Ok(Job::new(gpu, steps, keep, result, c.combined_len()))
+        })?
+    }
+
     /// A softmax job over `s [rows, cols]`; every run starts again from `s` (it works in place).
     /// The decode pass (and its reduce) on `q [B, H, Lq, dk]` and `k`, `v` of `kv_heads`
     /// heads (`[B, H_kv, Lk, d]`, each in its own buffer), no mask → combined heads.
