@@ -9,5 +9,6 @@ pub mod bench_serve;
 pub mod hf;
 pub mod interop;
 pub mod progress;
+mod serve_batch;
 pub mod soak;
 pub mod torch_layout;
