@@ -46,6 +46,8 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "gemma",
             "gemma2",
             "gemma3",
+            "glm",
+            "glm4",
             "gpt",
             "gpt2",
             "gptj",
@@ -57,6 +59,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "ministral",
             "mistral",
             "mpt",
+            "nemotron",
             "olmo",
             "olmo2",
             "olmo3",
@@ -396,6 +399,18 @@ fn run_hf_and_inspect_read_the_round2_families() {
         (
             "smollm3_self_layer1_causal_padding_nope_window3",
             &[" nope", "window=3"],
+        ),
+        (
+            "glm_self_layer1_causal_padding_interleaved_partial_bias",
+            &["model_type glm", "rotary_dims=4", "interleaved"],
+        ),
+        (
+            "glm4_self_layer1_causal_padding_interleaved_partial_bias",
+            &["model_type glm4", "rotary_dims=4", "interleaved"],
+        ),
+        (
+            "nemotron_self_layer1_causal_padding_partial_bias",
+            &["model_type nemotron", "rotary_dims=4"],
         ),
     ] {
         let path = root.join(format!("{case}.safetensors"));

@@ -51,7 +51,9 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 `helium_*` and `ernie4_5_*` (interleaved RoPE; ERNIE's `.float()` kept float64), `arcee_*`,
 `ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
-and `smollm3_*` (no_rope_layers); the others by 5.24. CodeGen's scores cast
+and `smollm3_*` (no_rope_layers), and (`--only glm`, issue 38 group 3) `glm_*` and `glm4_*`
+(interleaved partial RoPE, q/k/v biases) and `nemotron_*` (half-split partial RoPE); the others
+by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -339,6 +341,16 @@ FAMILIES = {
     "cohere2": (tf.Cohere2Model, tf.Cohere2Config, dict(
         LM, num_key_value_heads=2, sliding_window=3,
         layer_types=["sliding_attention", "full_attention"])),
+    # issue 38 group 3 (`--only glm`): partial rotary forms.
+    # glm: interleaved RoPE on half of each head (partial_rotary_factor 0.5, its default),
+    # q/k/v biases (attention_bias, default true), none on o_proj.
+    "glm": (tf.GlmModel, tf.GlmConfig, dict(LM, num_key_value_heads=2, head_dim=8)),
+    # glm4: glm's attention; a quarter of each head rotates here.
+    "glm4": (tf.Glm4Model, tf.Glm4Config, dict(
+        LM, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25)),
+    # nemotron: half-split RoPE on half of each head (default 0.5), biases on all four.
+    "nemotron": (tf.NemotronModel, tf.NemotronConfig, dict(
+        LM, num_key_value_heads=2, attention_bias=True)),
 }
 HF_MODELS = ("bert", "gpt2", "t5")
 
@@ -1318,11 +1330,23 @@ def round2_cases(out_dir):
               window=3)
 
 
+
+def glm_cases(out_dir):
+    """Partial rotary forms of transformers 5.25 (issue 38, group 3)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    rope_case(out_dir, "glm", "glm_self_layer1_causal_padding_interleaved_partial_bias",
+              [7, 5], pos)
+    rope_case(out_dir, "glm4", "glm4_self_layer1_causal_padding_interleaved_partial_bias",
+              [7, 5], pos)
+    rope_case(out_dir, "nemotron", "nemotron_self_layer1_causal_padding_partial_bias", [7, 5],
+              pos)
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "glm"]
 
 
 def main():
@@ -1354,6 +1378,7 @@ def main():
         "mla": lambda: mla_cases(args.out),
         "towers": lambda: towers_cases(args.out),
         "round2": lambda: round2_cases(args.out),
+        "glm": lambda: glm_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

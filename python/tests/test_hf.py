@@ -35,6 +35,10 @@ ROUND2 = [
     "olmo3_self_layer1_causal_padding_full_qknorm_whole",
     "cohere2_self_layer1_causal_padding_nope",
     "smollm3_self_layer1_causal_padding_nope_window3",
+    # group 3: partial rotary forms
+    "glm_self_layer1_causal_padding_interleaved_partial_bias",
+    "glm4_self_layer1_causal_padding_interleaved_partial_bias",
+    "nemotron_self_layer1_causal_padding_partial_bias",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

@@ -273,6 +273,30 @@ pub const MODEL_TYPES: &[ModelType] = &[
             "no_rope_layer_interval",
         ],
     ),
+    // GlmAttention: llama's names, q/k/v biases by attention_bias (default true), none on
+    // o_proj, and interleaved RoPE on the first partial_rotary_factor (default 0.5) of each
+    // head, pairs (2k, 2k + 1) turning at θ^(−2k/rotary_dims).
+    reading(
+        "glm",
+        Family::Llama,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
+    // Glm4Attention: glm's (its decoder layer's extra norms are outside the module).
+    reading(
+        "glm4",
+        Family::Llama,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
+    // NemotronAttention: llama's, biases on all four by attention_bias (default false),
+    // half-split RoPE on the first partial_rotary_factor (default 0.5) of each head.
+    reading(
+        "nemotron",
+        Family::Llama,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
     // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
     // LayerNorm of each head of q and k ([heads, head_dim] weights).
     reading("cohere", Family::Llama, Causality::Always, &["use_qk_norm"]),

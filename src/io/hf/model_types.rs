@@ -148,6 +148,8 @@ impl ModelType {
             "ernie4_5" => Biases::ByKey("use_bias", false),
             "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
             "helium" => Biases::QkvByKey("attention_bias", false),
+            "glm" | "glm4" => Biases::QkvByKey("attention_bias", true),
+            "nemotron" => Biases::ByKey("attention_bias", false),
             "seed_oss" => {
                 Biases::QkvAndOutByKeys(("attention_bias", true), ("attention_out_bias", false))
             }
@@ -309,7 +311,15 @@ impl ModelType {
     pub fn interleaved_rope(&self) -> bool {
         matches!(
             self.name,
-            "cohere" | "gptj" | "codegen" | "roformer" | "helium" | "ernie4_5" | "cohere2"
+            "cohere"
+                | "gptj"
+                | "codegen"
+                | "roformer"
+                | "helium"
+                | "ernie4_5"
+                | "cohere2"
+                | "glm"
+                | "glm4"
         )
     }
 
@@ -326,12 +336,12 @@ impl ModelType {
     }
 
     /// The share of each head RoPE rotates when the config names none: transformers'
-    /// GPTNeoXConfig defaults `rotary_pct` (5: `partial_rotary_factor`) to 0.25; the others
-    /// rotate all of it.
+    /// GPTNeoXConfig defaults `rotary_pct` (5: `partial_rotary_factor`) to 0.25; GLM's,
+    /// GLM-4's, Nemotron's and Phi's config classes to 0.5; the others rotate all of it.
     pub fn default_rotary_share(&self) -> f64 {
         match self.name {
             "gpt_neox" | "stablelm" => 0.25,
-            "phi" => 0.5,
+            "phi" | "glm" | "glm4" | "nemotron" => 0.5,
             _ => 1.0,
         }
     }
