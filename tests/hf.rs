@@ -64,6 +64,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "olmo2",
             "olmo3",
             "olmoe",
+            "persimmon",
             "phi",
             "phi3",
             "qwen2",
@@ -411,6 +412,15 @@ fn run_hf_and_inspect_read_the_round2_families() {
         (
             "nemotron_self_layer1_causal_padding_partial_bias",
             &["model_type nemotron", "rotary_dims=4"],
+        ),
+        (
+            "persimmon_self_layer1_causal_padding_qk_layernorm_bias",
+            &[
+                "model_type persimmon",
+                "qk_norm(Layer PerHead",
+                "bias",
+                "rotary_dims=4",
+            ],
         ),
     ] {
         let path = root.join(format!("{case}.safetensors"));

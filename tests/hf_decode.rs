@@ -145,6 +145,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "glm_self",
         "glm4_self",
         "nemotron_self",
+        "persimmon_self",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

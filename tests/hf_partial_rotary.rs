@@ -94,3 +94,62 @@ fn nemotron_rotates_half_split_half_heads_with_biases_by_attention_bias() {
     let rope = load(&quarter, &llama(&[])).unwrap().config.rope.unwrap();
     assert_eq!(rope.rotary_dims, 2);
 }
+
+/// Persimmon's layout at `P`: `query_key_value` `[3E, E]` (E = 16, 2 heads of 8) and
+/// `dense`, both biased, plus `norms` (names under `P` with their shapes).
+fn persimmon(norms: &[(&str, usize)]) -> Vec<(String, Tensor)> {
+    let mut specs: Vec<(String, Vec<usize>)> = vec![
+        (format!("{P}query_key_value.weight"), vec![48, 16]),
+        (format!("{P}query_key_value.bias"), vec![48]),
+        (format!("{P}dense.weight"), vec![16, 16]),
+        (format!("{P}dense.bias"), vec![16]),
+    ];
+    specs.extend(norms.iter().map(|(n, len)| (format!("{P}{n}"), vec![*len])));
+    let refs: Vec<(&str, &[usize])> = specs.iter().map(|(n, s)| (n.as_str(), &s[..])).collect();
+    tensors(&refs)
+}
+
+const NORMS: [(&str, usize); 4] = [
+    ("q_layernorm.weight", 8),
+    ("q_layernorm.bias", 8),
+    ("k_layernorm.weight", 8),
+    ("k_layernorm.bias", 8),
+];
+
+#[test]
+fn persimmon_normalises_q_and_k_with_biased_layer_norms_before_partial_rope() {
+    // PersimmonConfig: qk_layernorm true, layer_norm_eps 1e-5, partial_rotary_factor 0.5.
+    let m = load(&base("persimmon"), &persimmon(&NORMS)).unwrap();
+    let norm = m.config.qk_norm.unwrap();
+    assert_eq!(norm.eps, 1e-5);
+    let w = m.weights.qk_norm.as_ref().unwrap();
+    assert_eq!((w.q_bias.len(), w.k_bias.len()), (8, 8));
+    let rope = m.config.rope.unwrap();
+    assert_eq!((rope.rotary_dims, rope.theta), (4, 10_000.0));
+    assert!(!rope.interleaved && m.causal);
+    // Each norm tensor is needed, named when missing.
+    for skip in 0..4 {
+        let mut some = NORMS.to_vec();
+        let (gone, _) = some.remove(skip);
+        let err = load(&base("persimmon"), &persimmon(&some))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(gone) && err.contains("missing"), "{err}");
+    }
+    // A bias as long as no weight is refused.
+    let mut short = NORMS.to_vec();
+    short[3].1 = 7;
+    assert!(load(&base("persimmon"), &persimmon(&short)).is_err());
+    // qk_layernorm false: no norm, and norm tensors transformers would not build are refused.
+    let off = with(base("persimmon"), json!({"qk_layernorm": false}));
+    assert!(load(&off, &persimmon(&[]))
+        .unwrap()
+        .config
+        .qk_norm
+        .is_none());
+    assert!(load(&off, &persimmon(&NORMS)).is_err());
+    // Its projections are always biased.
+    let mut t = persimmon(&NORMS);
+    t.retain(|(n, _)| !n.ends_with("dense.bias"));
+    assert!(load(&base("persimmon"), &t).is_err());
+}

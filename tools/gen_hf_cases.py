@@ -52,7 +52,7 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 `ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
 and `smollm3_*` (no_rope_layers), and (`--only glm`, issue 38 group 3) `glm_*` and `glm4_*`
-(interleaved partial RoPE, q/k/v biases) and `nemotron_*` (half-split partial RoPE); the others
+(interleaved partial RoPE, q/k/v biases) `nemotron_*` (half-split partial RoPE) and `persimmon_*` (q/k LayerNorm with bias); the others
 by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
@@ -351,6 +351,9 @@ FAMILIES = {
     # nemotron: half-split RoPE on half of each head (default 0.5), biases on all four.
     "nemotron": (tf.NemotronModel, tf.NemotronConfig, dict(
         LM, num_key_value_heads=2, attention_bias=True)),
+    # persimmon: packed query_key_value (per head), q/k LayerNorm with bias (qk_layernorm,
+    # default true) before half-split RoPE on half of each head (default 0.5).
+    "persimmon": (tf.PersimmonModel, tf.PersimmonConfig, dict(LM)),
 }
 HF_MODELS = ("bert", "gpt2", "t5")
 
@@ -1341,6 +1344,8 @@ def glm_cases(out_dir):
               [7, 5], pos)
     rope_case(out_dir, "nemotron", "nemotron_self_layer1_causal_padding_partial_bias", [7, 5],
               pos)
+    rope_case(out_dir, "persimmon", "persimmon_self_layer1_causal_padding_qk_layernorm_bias",
+              [7, 5], pos)
 
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).

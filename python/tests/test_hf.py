@@ -39,6 +39,7 @@ ROUND2 = [
     "glm_self_layer1_causal_padding_interleaved_partial_bias",
     "glm4_self_layer1_causal_padding_interleaved_partial_bias",
     "nemotron_self_layer1_causal_padding_partial_bias",
+    "persimmon_self_layer1_causal_padding_qk_layernorm_bias",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

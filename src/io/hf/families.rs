@@ -192,7 +192,9 @@ impl Family {
                 "Cohere's interleaved RoPE, Granite's attention_multiplier, Gemma2's soft-capping"
             }
             Family::Phi3 => "other packings of qkv_proj",
-            Family::GptNeox => "BLOOM's ALiBi, Falcon's grouped packing, Persimmon's q/k LayerNorm",
+            Family::GptNeox => {
+                "BLOOM's ALiBi, Falcon's grouped packing, GPT-NeoX-Japanese's rotary"
+            }
         }
     }
 

@@ -368,6 +368,16 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // mla_attention`.
     mt("deepseek_v2", Family::Mla, Causality::Always),
     mt("deepseek_v3", Family::Mla, Causality::Always),
+    // PersimmonAttention: `query_key_value` packed per head (gpt_neox's) and `dense`, all
+    // biased; with qk_layernorm (default true) an nn.LayerNorm(head_dim) with bias on q and k
+    // (one for every head) before half-split RoPE on the first partial_rotary_factor (default
+    // 0.5) of each head.
+    reading(
+        "persimmon",
+        Family::GptNeox,
+        Causality::Always,
+        &["partial_rotary_factor", "qk_layernorm"],
+    ),
     reading(
         "gpt_neox",
         Family::GptNeox,
@@ -379,10 +389,6 @@ pub const MODEL_TYPES: &[ModelType] = &[
 /// Model types that save one of the recognised layouts with attention the loader does not
 /// compute, and what each would need.
 pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
-    (
-        "persimmon",
-        "q/k LayerNorm and partial rotary embeddings are not implemented",
-    ),
     (
         "gpt_neox_japanese",
         "its rotary embeddings and dense bias are not implemented",
