@@ -58,6 +58,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "llama",
             "ministral",
             "mistral",
+            "modernbert",
             "mpt",
             "nemotron",
             "olmo",
@@ -412,6 +413,14 @@ fn run_hf_and_inspect_read_the_round2_families() {
         (
             "nemotron_self_layer1_causal_padding_partial_bias",
             &["model_type nemotron", "rotary_dims=4"],
+        ),
+        (
+            "modernbert_self_layer0_padding_global",
+            &["model_type modernbert", "θ=20000,"],
+        ),
+        (
+            "modernbert_self_layer1_padding_local2_4x",
+            &["θ=500,", "window=±2"],
         ),
         (
             "persimmon_self_layer1_causal_padding_qk_layernorm_bias",

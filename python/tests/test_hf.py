@@ -174,6 +174,18 @@ def test_refusals(tmp_path):
     assert module(x).shape == x.shape
 
 
+# Encoders of issue 38: forward only (no causal decode).
+ENCODERS = [
+    "modernbert_self_layer0_padding_global",
+    "modernbert_self_layer1_padding_local2",
+]
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_encoder_families_load_and_forward(name):
+    test_forward_matches_transformers(name)
+
+
 @pytest.mark.parametrize("name", ROUND2)
 def test_round2_families_load_forward_and_decode(name):
     test_forward_matches_transformers(name)

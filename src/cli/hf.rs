@@ -142,7 +142,9 @@ fn describe(m: &HfAttention) -> String {
         s.push_str(" nope");
     }
     if let Some(w) = m.window {
-        s.push_str(&format!(" window={w}"));
+        // An encoder's window reaches both ways (ModernBERT: |i − j| ≤ w).
+        let both = if m.causal { "" } else { "±" };
+        s.push_str(&format!(" window={both}{w}"));
     }
     if let Some(b) = &m.relative_bias {
         s.push_str(&format!(

@@ -362,6 +362,17 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["clip_qkv", "softmax_scale"],
     ),
+    // ModernBertAttention (5.25, padded): `Wqkv` (q rows, then k, then v) and `Wo`, biases by
+    // attention_bias (default false), an encoder; half-split RoPE with θ per layer kind
+    // (global_rope_theta 160000 / local_rope_theta 10000, or the nested rope_parameters);
+    // layers by layer_types, else all but every global_attn_every_n_layers-th (default 3)
+    // slide, seeing keys |i − j| ≤ local_attention / 2 (default 128).
+    reading(
+        "modernbert",
+        Family::ModernBert,
+        Causality::Never,
+        &["layer_types"],
+    ),
     // DeepseekV2Attention / DeepseekV3Attention: multi-head latent attention (q LoRA or q_proj,
     // the compressed latent and a shared RoPE key, kv_b_proj per head), causal; its sizes,
     // attention_bias, rope_interleave and yarn's mscale_all_dim are read by `HfCheckpoint::

@@ -157,6 +157,7 @@ impl ModelType {
                 Biases::ByKey("attention_bias", false)
             }
             "ernie4_5" => Biases::ByKey("use_bias", false),
+            "modernbert" => Biases::ByKey("attention_bias", false),
             "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
             "helium" => Biases::QkvByKey("attention_bias", false),
             "glm" | "glm4" => Biases::QkvByKey("attention_bias", true),
@@ -261,6 +262,12 @@ impl ModelType {
             "cohere2" => &[("sliding_window", Number(4096.0))],
             "smollm3" => &[("rope_theta", Number(2e6))],
             "persimmon" => &[("qk_layernorm", Flag(true))],
+            "modernbert" => &[
+                ("local_attention", Number(128.0)),
+                ("global_attn_every_n_layers", Number(3.0)),
+                ("global_rope_theta", Number(160_000.0)),
+                ("local_rope_theta", Number(10_000.0)),
+            ],
             "gemma2" => &[
                 ("sliding_window", Number(4096.0)),
                 ("query_pre_attn_scalar", Number(256.0)),
@@ -295,7 +302,7 @@ impl ModelType {
 
     /// Whether the layers' RoPE depends on their kind (`rope_parameters` per layer type).
     pub fn rope_per_layer_kind(&self) -> bool {
-        matches!(self.name, "gemma3" | "gemma3_text" | "olmo3")
+        matches!(self.name, "gemma3" | "gemma3_text" | "olmo3" | "modernbert")
     }
 
     /// Which layers rotate q and k (EXAONE 4 and Cohere 2: the sliding ones; their full
