@@ -4,7 +4,8 @@
 //   RMSNorm    x · w / sqrt(mean(x²) + eps)
 //   LayerNorm  (x − mean(x)) · w / sqrt(var(x) + eps)
 // with w = weight[e] + weight_offset (Gemma's 1 + w), weight indexed by the head's element e,
-// or by head·head_dim + e when it holds a weight per head. Sums are in f32, as transformers
+// or by head·head_dim + e when it holds a weight per head; then + bias[·] (same index) when
+// has_bias (Persimmon's LayerNorm). Sums are in f32, as transformers
 // casts to float32.
 // The host prepends a prelude defining the element type QkvElem (f32, or f16 in an f16 module).
 // Dispatch: one workgroup of 64 per group, spread over x then y.
@@ -23,7 +24,7 @@ struct NormParams {
     eps: f32,
     weight_offset: f32,
     groups_x: u32,
-    _pad0: u32,
+    has_bias: u32,        // 1: add bias (indexed as weight)
     _pad1: u32,
     _pad2: u32,
 }
@@ -31,6 +32,7 @@ struct NormParams {
 @group(0) @binding(0) var<uniform> p: NormParams;
 @group(0) @binding(1) var<storage, read_write> x: array<QkvElem>;
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>; // the weight again when has_bias = 0
 
 const WG: u32 = 64u;
 var<workgroup> partial: array<f32, 64>;
@@ -90,7 +92,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             w_index = (h0 + e / p.head_dim) * p.head_dim + e % p.head_dim;
         }
         let w = weight[w_index] + p.weight_offset;
+        var add = 0.0;
+        if (p.has_bias == 1u) {
+            add = bias[w_index];
+        }
         let k = at(b, h0, i, e);
-        x[k] = QkvElem((f32(x[k]) - mean) * inv * w);
+        x[k] = QkvElem((f32(x[k]) - mean) * inv * w + add);
     }
 }

@@ -78,10 +78,10 @@ pub fn forward_at(
     let norms = |q: &mut Vec<f64>, k: &mut Vec<f64>| {
         if let (Some(norm), Some(w)) = (&config.qk_norm, &weights.qk_norm) {
             for x in q.chunks_mut(h * dk) {
-                norm.apply(x, &w.q, dk);
+                norm.apply_with_bias(x, &w.q, &w.q_bias, dk);
             }
             for x in k.chunks_mut(config.kv_heads * dk) {
-                norm.apply(x, &w.k, dk);
+                norm.apply_with_bias(x, &w.k, &w.k_bias, dk);
             }
         }
     };

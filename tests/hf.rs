@@ -46,6 +46,8 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "gemma",
             "gemma2",
             "gemma3",
+            "glm",
+            "glm4",
             "gpt",
             "gpt2",
             "gptj",
@@ -56,11 +58,14 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "llama",
             "ministral",
             "mistral",
+            "modernbert",
             "mpt",
+            "nemotron",
             "olmo",
             "olmo2",
             "olmo3",
             "olmoe",
+            "persimmon",
             "phi",
             "phi3",
             "qwen2",
@@ -396,6 +401,35 @@ fn run_hf_and_inspect_read_the_round2_families() {
         (
             "smollm3_self_layer1_causal_padding_nope_window3",
             &[" nope", "window=3"],
+        ),
+        (
+            "glm_self_layer1_causal_padding_interleaved_partial_bias",
+            &["model_type glm", "rotary_dims=4", "interleaved"],
+        ),
+        (
+            "glm4_self_layer1_causal_padding_interleaved_partial_bias",
+            &["model_type glm4", "rotary_dims=4", "interleaved"],
+        ),
+        (
+            "nemotron_self_layer1_causal_padding_partial_bias",
+            &["model_type nemotron", "rotary_dims=4"],
+        ),
+        (
+            "modernbert_self_layer0_padding_global",
+            &["model_type modernbert", "θ=20000,"],
+        ),
+        (
+            "modernbert_self_layer1_padding_local2_4x",
+            &["θ=500,", "window=±2"],
+        ),
+        (
+            "persimmon_self_layer1_causal_padding_qk_layernorm_bias",
+            &[
+                "model_type persimmon",
+                "qk_norm(Layer PerHead",
+                "bias",
+                "rotary_dims=4",
+            ],
         ),
     ] {
         let path = root.join(format!("{case}.safetensors"));

@@ -1,15 +1,18 @@
 //! q/k normalisation before RoPE — per-head RMSNorm with one weight (Qwen3) or Gemma's `1 + w`,
 //! per-head LayerNorm with a weight per head (StableLM, Cohere), RMSNorm over the whole
-//! projection (OLMo 2) — on the fused path (prefill and decode), the multi-pass path and a KV
-//! cache's steps, each against the f64 reference; and the norm changes the answer, so an
-//! engine that skipped it would fail. And OLMo's clip_qkv, the other pass on the projections.
+//! projection (OLMo 2), per-head LayerNorm with a bias (Persimmon) — on the fused path
+//! (prefill and decode), the multi-pass path and a KV cache's steps, each against the f64
+//! reference; and the norm changes the answer, so an engine that skipped it would fail. And
+//! OLMo's clip_qkv, the other pass on the projections.
 
 mod common;
 
 use common::{assert_steps_match_causal_forward, check_against_reference, options, BOTH_PATHS};
 use wgpu_mha::model::qk_norm::{NormKind, NormScope, QkNorm, QkNormWeights};
 use wgpu_mha::model::rope::{Rope, RopeScaling};
-use wgpu_mha::{reference, AttentionConfig, AttentionPath, AttentionWeights, Mask, Tensor};
+use wgpu_mha::{
+    reference, AttentionConfig, AttentionPath, AttentionWeights, Mask, MultiHeadAttention, Tensor,
+};
 
 fn norms() -> [(&'static str, QkNorm); 4] {
     let rms = QkNorm::rms_per_head(1e-6);
@@ -110,14 +113,60 @@ fn a_kv_cache_decodes_normalised_keys_like_the_full_forward() {
         if norm.scope == NormScope::PerHead && norm.kind == NormKind::Rms {
             // Qwen3's layout: one [head_dim] weight shared by every head.
             let w = weights.qk_norm.as_ref().unwrap();
-            weights.qk_norm = Some(QkNormWeights {
-                q: w.q[..16].to_vec(),
-                k: w.k[..16].to_vec(),
-            });
+            weights.qk_norm = Some(QkNormWeights::new(w.q[..16].to_vec(), w.k[..16].to_vec()));
         }
         let x = Tensor::random([2, 9, 64], 6);
         assert_steps_match_causal_forward(name, config, &weights, &x, &[4, 1, 1, 3]);
     }
+}
+
+/// Persimmon's LayerNorm with a bias, one `[head_dim]` weight and bias shared by the heads:
+/// every path and a KV cache's steps against the f64 reference; the bias changes the answer,
+/// and a bias of the wrong length is refused.
+#[test]
+fn a_layer_norm_with_bias_matches_the_reference_on_every_path() {
+    let config = config(QkNorm {
+        kind: NormKind::Layer,
+        eps: 1e-5,
+        ..QkNorm::rms_per_head(0.0)
+    });
+    let mut weights = AttentionWeights::random(&config, 8);
+    let w = weights.qk_norm.clone().unwrap();
+    let bias = |seed| Tensor::random([16], seed).into_data();
+    let biased = QkNormWeights {
+        q_bias: bias(9),
+        k_bias: bias(10),
+        ..QkNormWeights::new(w.q[..16].to_vec(), w.k[..16].to_vec())
+    };
+    weights.qk_norm = Some(biased.clone());
+    let mha = MultiHeadAttention::new(common::gpu(), config, &weights).expect("module");
+    let (b, lk) = (2, 9);
+    let kv = Tensor::random([b, lk, 64], 11);
+    for lq in [9, 1] {
+        let q = Tensor::random([b, lq, 64], 12 + lq as u64);
+        for mask in [Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])] {
+            let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
+            for path in BOTH_PATHS {
+                let got = mha
+                    .forward_with(&q, &kv, &kv, &mask, &options(path, false))
+                    .unwrap();
+                let label = format!("biased Lq {lq} {} {path:?}", mask.kind_name());
+                common::assert_close(&label, got.output.data(), &want.output);
+            }
+        }
+    }
+    let x = Tensor::random([b, lk, 64], 13);
+    assert_steps_match_causal_forward("biased", config, &weights, &x, &[4, 1, 4]);
+    let unbiased = AttentionWeights {
+        qk_norm: Some(QkNormWeights::new(biased.q.clone(), biased.k.clone())),
+        ..weights.clone()
+    };
+    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let without = reference::forward(&config, &unbiased, &x, &x, &x, &Mask::Causal).unwrap();
+    assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+    weights.qk_norm.as_mut().unwrap().k_bias.truncate(15);
+    let err = weights.check(&config).unwrap_err().to_string();
+    assert!(err.contains("k_norm.bias"), "{err}");
 }
 
 #[test]

@@ -529,7 +529,7 @@ fn uniform_structs_match_their_wgsl_layout() {
                     eps,
                     weight_offset,
                     groups_x,
-                    _pad0,
+                    has_bias,
                     _pad1,
                     _pad2
                 ]

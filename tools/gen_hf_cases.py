@@ -51,7 +51,10 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 `helium_*` and `ernie4_5_*` (interleaved RoPE; ERNIE's `.float()` kept float64), `arcee_*`,
 `ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
-and `smollm3_*` (no_rope_layers); the others by 5.24. CodeGen's scores cast
+and `smollm3_*` (no_rope_layers), and (`--only glm`, issue 38 group 3) `glm_*` and `glm4_*`
+(interleaved partial RoPE, q/k/v biases) `nemotron_*` (half-split partial RoPE), `persimmon_*` (q/k LayerNorm with bias) and
+`modernbert_*` (a global and a local encoder layer, each θ its kind's; both spellings); the others
+by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -339,6 +342,24 @@ FAMILIES = {
     "cohere2": (tf.Cohere2Model, tf.Cohere2Config, dict(
         LM, num_key_value_heads=2, sliding_window=3,
         layer_types=["sliding_attention", "full_attention"])),
+    # issue 38 group 3 (`--only glm`): partial rotary forms.
+    # glm: interleaved RoPE on half of each head (partial_rotary_factor 0.5, its default),
+    # q/k/v biases (attention_bias, default true), none on o_proj.
+    "glm": (tf.GlmModel, tf.GlmConfig, dict(LM, num_key_value_heads=2, head_dim=8)),
+    # glm4: glm's attention; a quarter of each head rotates here.
+    "glm4": (tf.Glm4Model, tf.Glm4Config, dict(
+        LM, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25)),
+    # nemotron: half-split RoPE on half of each head (default 0.5), biases on all four.
+    "nemotron": (tf.NemotronModel, tf.NemotronConfig, dict(
+        LM, num_key_value_heads=2, attention_bias=True)),
+    # persimmon: packed query_key_value (per head), q/k LayerNorm with bias (qk_layernorm,
+    # default true) before half-split RoPE on half of each head (default 0.5).
+    "persimmon": (tf.PersimmonModel, tf.PersimmonConfig, dict(LM)),
+    # modernbert: an encoder; layer 0 global (θ 20000), layer 1 local (θ 500) seeing keys
+    # |i − j| <= local_attention / 2 = 2; packed Wqkv and Wo with biases.
+    "modernbert": (tf.ModernBertModel, tf.ModernBertConfig, dict(
+        LM, cls_token_id=1, sep_token_id=2, global_attn_every_n_layers=2, local_attention=4,
+        global_rope_theta=20000.0, local_rope_theta=500.0, attention_bias=True)),
 }
 HF_MODELS = ("bert", "gpt2", "t5")
 
@@ -1318,11 +1339,75 @@ def round2_cases(out_dir):
               window=3)
 
 
+
+def glm_cases(out_dir):
+    """Partial rotary forms of transformers 5.25 (issue 38, group 3)."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    rope_case(out_dir, "glm", "glm_self_layer1_causal_padding_interleaved_partial_bias",
+              [7, 5], pos)
+    rope_case(out_dir, "glm4", "glm4_self_layer1_causal_padding_interleaved_partial_bias",
+              [7, 5], pos)
+    rope_case(out_dir, "nemotron", "nemotron_self_layer1_causal_padding_partial_bias", [7, 5],
+              pos)
+    rope_case(out_dir, "persimmon", "persimmon_self_layer1_causal_padding_qk_layernorm_bias",
+              [7, 5], pos)
+    modernbert_case(out_dir, "modernbert_self_layer0_padding_global", 0)
+    modernbert_case(out_dir, "modernbert_self_layer1_padding_local2", 1)
+
+
+def modernbert_4x(config_text):
+    """ModernBERT's 4.x spelling: θ per kind at the top level, layers by
+    global_attn_every_n_layers (no layer_types)."""
+    c = json.loads(config_text)
+    rp = c.pop("rope_parameters")
+    del c["layer_types"]
+    c["global_rope_theta"] = rp["full_attention"]["rope_theta"]
+    c["local_rope_theta"] = rp["sliding_attention"]["rope_theta"]
+    return dump(c)
+
+
+def modernbert_case(out_dir, name, layer):
+    """ModernBertAttention of transformers 5.25 on a right-padded batch: bidirectional, the
+    local layers banded |i - j| <= local_attention // 2 (the mask built here is checked
+    against the model's own through the replay)."""
+    model = build("modernbert")
+    config_text, state = saved(model)
+    seeded(name)
+    length, lengths = 7, [7, 5]
+    input_ids, pad = ids(length), lengths_mask(lengths, length)
+    pos = torch.arange(length)[None, :].expand(B, length)
+    cfg = model.config
+    kind = cfg.layer_types[layer]
+    band = cfg.local_attention // 2 if kind == "sliding_attention" else None
+    cos64, sin64, _ = rope_tables(cfg, pos, torch.float64, kind)
+    with torch.no_grad():
+        cos32, sin32 = model.rotary_emb(torch.zeros(1), pos, kind)
+    assert torch.allclose(cos64.float(), cos32, rtol=0, atol=1e-5)
+
+    def replay(mod, x, kv, mask, dtype):
+        i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+        keep = pad.bool()[:, None, None, :].expand(B, 1, length, length)
+        if band is not None:
+            keep = keep & ((i - j).abs() <= band)
+        own = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+        tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+        return mod(x, position_embeddings=tables, attention_mask=own)[0]
+
+    kwargs = dict(module=model.layers[layer].attn, prefix=f"layers.{layer}.attn.",
+                  run=lambda: model(input_ids, attention_mask=pad, position_ids=pos),
+                  replay=replay, causal=False, pad=pad, position_ids=pos)
+    replay_case(out_dir, name, "modernbert", model, config_text, state, **kwargs)
+    again = type(cfg).from_dict(json.loads(modernbert_4x(config_text)))
+    assert again.rope_parameters == cfg.rope_parameters and again.layer_types == cfg.layer_types
+    replay_case(out_dir, name + "_4x", "modernbert", model, modernbert_4x(config_text), state,
+                **kwargs)
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "glm"]
 
 
 def main():
@@ -1354,6 +1439,7 @@ def main():
         "mla": lambda: mla_cases(args.out),
         "towers": lambda: towers_cases(args.out),
         "round2": lambda: round2_cases(args.out),
+        "glm": lambda: glm_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

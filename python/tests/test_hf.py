@@ -35,6 +35,11 @@ ROUND2 = [
     "olmo3_self_layer1_causal_padding_full_qknorm_whole",
     "cohere2_self_layer1_causal_padding_nope",
     "smollm3_self_layer1_causal_padding_nope_window3",
+    # group 3: partial rotary forms
+    "glm_self_layer1_causal_padding_interleaved_partial_bias",
+    "glm4_self_layer1_causal_padding_interleaved_partial_bias",
+    "nemotron_self_layer1_causal_padding_partial_bias",
+    "persimmon_self_layer1_causal_padding_qk_layernorm_bias",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]
@@ -167,6 +172,18 @@ def test_refusals(tmp_path):
         cross(x)
     # The module still works after every refusal.
     assert module(x).shape == x.shape
+
+
+# Encoders of issue 38: forward only (no causal decode).
+ENCODERS = [
+    "modernbert_self_layer0_padding_global",
+    "modernbert_self_layer1_padding_local2",
+]
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_encoder_families_load_and_forward(name):
+    test_forward_matches_transformers(name)
 
 
 @pytest.mark.parametrize("name", ROUND2)

@@ -22,8 +22,9 @@ pub(crate) struct GpuWeights {
     /// The appended key and value rows (`AttentionWeights::appended_kv`), which each
     /// workspace writes into its K/V buffers once.
     pub appended_kv: (Vec<f32>, Vec<f32>),
-    /// The q and k norms' weights (f32) and their lengths, for a module with `qk_norm`.
-    pub qk_norm: Option<[(wgpu::Buffer, usize); 2]>,
+    /// The q and k norms' weights (f32), their lengths and their biases if any, for a module
+    /// with `qk_norm`.
+    pub qk_norm: Option<[(wgpu::Buffer, usize, Option<wgpu::Buffer>); 2]>,
     /// One sink logit per query head (zeros, unread, for a module without sinks): bound by
     /// every pass that finishes a softmax.
     pub sinks: wgpu::Buffer,
@@ -83,9 +84,11 @@ impl GpuWeights {
                 },
                 sink_logits: w.sinks.clone().filter(|_| config.sinks),
                 qk_norm: w.qk_norm.as_ref().map(|n| {
-                    [&n.q, &n.k].map(|v| {
+                    [(&n.q, &n.q_bias), (&n.k, &n.k_bias)].map(|(v, b)| {
                         let buffer = gpu.upload("qk_norm weight", v, wgpu::BufferUsages::empty());
-                        (buffer, v.len())
+                        let bias = (!b.is_empty())
+                            .then(|| gpu.upload("qk_norm bias", b, wgpu::BufferUsages::empty()));
+                        (buffer, v.len(), bias)
                     })
                 }),
             }

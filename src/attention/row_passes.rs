@@ -34,10 +34,10 @@ pub(crate) fn norms(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result
     };
     let [q_rows, k_rows] = new_rows(mha, g, b);
     let f16 = mha.qkv_elem_bytes() == 2;
-    let [(wq, nq), (wk, nk)] = weights;
+    let [(wq, nq, bq), (wk, nk, bk)] = weights;
     Ok(vec![
-        qk_norm::dispatch(&mha.gpu, norm, f16, q_rows, b.qkv.q, (wq, *nq))?,
-        qk_norm::dispatch(&mha.gpu, norm, f16, k_rows, b.qkv.k, (wk, *nk))?,
+        qk_norm::dispatch(&mha.gpu, norm, f16, q_rows, b.qkv.q, (wq, *nq), bq.as_ref())?,
+        qk_norm::dispatch(&mha.gpu, norm, f16, k_rows, b.qkv.k, (wk, *nk), bk.as_ref())?,
     ])
 }
 

@@ -80,11 +80,17 @@ fn describe(m: &HfAttention) -> String {
         s.push_str(&format!(" alibi(max_bias={m})"));
     }
     if let Some(n) = &c.qk_norm {
+        let biased = m
+            .weights
+            .qk_norm
+            .as_ref()
+            .is_some_and(|w| !w.q_bias.is_empty());
         s.push_str(&format!(
-            " qk_norm({:?} {:?}, eps={}{})",
+            " qk_norm({:?} {:?}, eps={}{}{})",
             n.kind,
             n.scope,
             n.eps,
+            if biased { ", bias" } else { "" },
             if n.after_rope { ", after rope" } else { "" }
         ));
     }
@@ -136,7 +142,9 @@ fn describe(m: &HfAttention) -> String {
         s.push_str(" nope");
     }
     if let Some(w) = m.window {
-        s.push_str(&format!(" window={w}"));
+        // An encoder's window reaches both ways (ModernBERT: |i − j| ≤ w).
+        let both = if m.causal { "" } else { "±" };
+        s.push_str(&format!(" window={both}{w}"));
     }
     if let Some(b) = &m.relative_bias {
         s.push_str(&format!(

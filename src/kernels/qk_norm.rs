@@ -28,7 +28,7 @@ pub struct NormParams {
     pub eps: f32,
     pub weight_offset: f32,
     pub groups_x: u32,
-    pub _pad0: u32,
+    pub has_bias: u32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -38,10 +38,15 @@ pub fn source(f16: bool) -> String {
     Prelude::new().elem("QkvElem", f16).source(&[WGSL])
 }
 
-const SLOTS: &[Slot] = &[Slot::Uniform(0), Slot::Write(1), Slot::Read(2)];
+const SLOTS: &[Slot] = &[
+    Slot::Uniform(0),
+    Slot::Write(1),
+    Slot::Read(2),
+    Slot::Read(3),
+];
 
 /// Normalises `rows` of `x` (the same rows RoPE rotates) with `weight` (`[head_dim]`, or
-/// `[heads · head_dim]`, f32).
+/// `[heads · head_dim]`, f32), then adds `bias` (as long as the weight) when there is one.
 pub fn dispatch(
     gpu: &Gpu,
     norm: &QkNorm,
@@ -49,6 +54,7 @@ pub fn dispatch(
     rows: RopeRows,
     x: &wgpu::Buffer,
     weight: (&wgpu::Buffer, usize),
+    bias: Option<&wgpu::Buffer>,
 ) -> Result<Dispatch> {
     let heads_per_group = match norm.scope {
         NormScope::PerHead => 1,
@@ -73,9 +79,18 @@ pub fn dispatch(
         eps: norm.eps,
         weight_offset: norm.weight_offset,
         groups_x: groups_x as u32,
+        has_bias: bias.is_some() as u32,
         ..Default::default()
     };
     let label = if f16 { "qk_norm f16" } else { "qk_norm" };
     let pass = gpu.compile(label, &PassSpec::main(label, SLOTS), || source(f16));
-    Dispatch::new(gpu, pass, &p, &[(1, x), (2, weight.0)], workgroups)
+    // Without a bias the weight fills its binding; the shader does not read it.
+    let bias = bias.unwrap_or(weight.0);
+    Dispatch::new(
+        gpu,
+        pass,
+        &p,
+        &[(1, x), (2, weight.0), (3, bias)],
+        workgroups,
+    )
 }

@@ -1,6 +1,6 @@
 //! Normalisation of the projected queries and keys before RoPE (or after it: Hunyuan):
 //! per-head RMSNorm (Qwen3, Gemma 3), RMSNorm over the whole projection (OLMo 2) and per-head
-//! LayerNorm (StableLM, Cohere). The CPU side here (settings, weights, the f64 rule the reference uses); the
+//! LayerNorm (StableLM, Cohere; with a bias: Persimmon). The CPU side here (settings, weights, the f64 rule the reference uses); the
 //! GPU pass is `kernels::qk_norm`.
 
 use crate::error::{Error, Result};
@@ -42,6 +42,22 @@ pub struct QkNorm {
 pub struct QkNormWeights {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
+    /// The norms' biases (Persimmon's `nn.LayerNorm`), each as long as its weight; empty:
+    /// none.
+    pub q_bias: Vec<f32>,
+    pub k_bias: Vec<f32>,
+}
+
+impl QkNormWeights {
+    /// Weights without biases.
+    pub fn new(q: Vec<f32>, k: Vec<f32>) -> Self {
+        QkNormWeights {
+            q,
+            k,
+            q_bias: Vec::new(),
+            k_bias: Vec::new(),
+        }
+    }
 }
 
 impl QkNorm {
@@ -54,6 +70,26 @@ impl QkNorm {
             weight_offset: 0.0,
             after_rope: false,
         }
+    }
+
+    /// Checks eps, the weights' lengths for `heads` heads of `head_dim` (`what`: q or k), and
+    /// that a bias, if any, is as long as its weight.
+    pub fn check_with_bias(
+        &self,
+        what: &str,
+        weight: &[f32],
+        bias: &[f32],
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        self.check(what, weight, heads, head_dim)?;
+        if !bias.is_empty() && bias.len() != weight.len() {
+            return Err(Error::weight(
+                format!("{what}_norm.bias"),
+                format!("has {} values; its weight has {}", bias.len(), weight.len()),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks eps and the weights' lengths for `heads` heads of `head_dim` (`what`: q or k).
@@ -88,6 +124,11 @@ impl QkNorm {
 
     /// Normalises one token's projection `x` (`heads · head_dim` values) in place, in f64.
     pub fn apply(&self, x: &mut [f64], weight: &[f32], head_dim: usize) {
+        self.apply_with_bias(x, weight, &[], head_dim);
+    }
+
+    /// [`Self::apply`], then `+ bias` (indexed as the weight; empty: none).
+    pub fn apply_with_bias(&self, x: &mut [f64], weight: &[f32], bias: &[f32], head_dim: usize) {
         let group = match self.scope {
             NormScope::PerHead => head_dim,
             NormScope::Whole => x.len(),
@@ -102,8 +143,10 @@ impl QkNorm {
             let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
             let inv = 1.0 / (var + self.eps as f64).sqrt();
             for (e, v) in values.iter_mut().enumerate() {
-                let w = weight[(g * group + e) % wrap] as f64 + self.weight_offset as f64;
-                *v = (*v - mean) * inv * w;
+                let at = (g * group + e) % wrap;
+                let w = weight[at] as f64 + self.weight_offset as f64;
+                let b = bias.get(at).map_or(0.0, |&b| b as f64);
+                *v = (*v - mean) * inv * w + b;
             }
         }
     }
@@ -135,6 +178,13 @@ mod tests {
         layer.apply(&mut y, &[0.0, 1.0], 2);
         // mean 2, var 1: (−1, 1) · (1 + w).
         assert_eq!(y, [-1.0, 2.0]);
+        // With a bias (Persimmon): + b after the weight.
+        let mut z = vec![1.0, 3.0];
+        layer.apply_with_bias(&mut z, &[0.0, 1.0], &[0.5, -0.5], 2);
+        assert_eq!(z, [-0.5, 1.5]);
+        assert!(layer
+            .check_with_bias("q", &[0.0; 2], &[0.0; 3], 1, 2)
+            .is_err());
         assert!(layer.check("q", &[0.0; 3], 1, 2).is_err());
         assert!(rms.check("k", &[0.0; 4], 2, 2).is_ok());
     }

@@ -155,9 +155,11 @@ impl AttentionWeights {
             .output_projection
             .then(|| Linear::random(c.model_dim, c.v_width(), c.bias, &mut rng));
         // One norm weight per head and element: the general case of every scope.
-        let qk_norm = c.qk_norm.map(|_| QkNormWeights {
-            q: (0..c.qk_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
-            k: (0..c.k_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
+        let qk_norm = c.qk_norm.map(|_| {
+            QkNormWeights::new(
+                (0..c.qk_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
+                (0..c.k_width()).map(|_| rng.uniform(0.5, 1.5)).collect(),
+            )
         });
         // Sink logits around the scores' scale, so that they matter.
         let sinks = c
@@ -257,8 +259,8 @@ impl AttentionWeights {
         }
         match (&self.qk_norm, &c.qk_norm) {
             (Some(w), Some(n)) => {
-                n.check("q", &w.q, c.heads, c.qk_head_dim)?;
-                n.check("k", &w.k, c.kv_heads, c.qk_head_dim)?;
+                n.check_with_bias("q", &w.q, &w.q_bias, c.heads, c.qk_head_dim)?;
+                n.check_with_bias("k", &w.k, &w.k_bias, c.kv_heads, c.qk_head_dim)?;
             }
             (None, Some(_)) => {
                 return Err(Error::weight(

@@ -130,7 +130,8 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
         describe.push_str(" nope");
     }
     if let Some(w) = module.window {
-        describe.push_str(&format!(" window={w}"));
+        let both = if module.causal { "" } else { "±" };
+        describe.push_str(&format!(" window={both}{w}"));
     }
     if module.mla.is_some() {
         describe.push_str(" +mla");

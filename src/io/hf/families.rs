@@ -38,13 +38,15 @@ pub enum Family {
     Mpt,
     /// codegen: `qkv_proj` packed in 4 blocks of [q, v, k] slices, `out_proj`, no biases.
     CodeGen,
+    /// modernbert: packed `Wqkv` (q rows, then k, then v), `Wo`, RoPE, an encoder.
+    ModernBert,
     /// deepseek_v2/v3 multi-head latent attention: `kv_a_proj_with_mqa`, `kv_a_layernorm`,
     /// `kv_b_proj`, `q_proj` or `q_a_proj` + `q_a_layernorm` + `q_b_proj`, `o_proj`.
     Mla,
 }
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
-const MARKERS: [(Family, &str, Option<&str>); 14] = [
+const MARKERS: [(Family, &str, Option<&str>); 15] = [
     (
         Family::Mla,
         "kv_a_proj_with_mqa.weight",
@@ -75,6 +77,7 @@ const MARKERS: [(Family, &str, Option<&str>); 14] = [
     (Family::Albert, "query.weight", Some("dense.weight")),
     (Family::Mpt, "Wqkv.weight", Some("out_proj.weight")),
     (Family::CodeGen, "qkv_proj.weight", Some("out_proj.weight")),
+    (Family::ModernBert, "Wqkv.weight", Some("Wo.weight")),
 ];
 
 impl Family {
@@ -94,6 +97,7 @@ impl Family {
             Family::Albert => "albert",
             Family::Mpt => "mpt",
             Family::CodeGen => "codegen",
+            Family::ModernBert => "modernbert",
             Family::Mla => "mla",
         }
     }
@@ -102,7 +106,12 @@ impl Family {
     pub fn uses_rope(self) -> bool {
         matches!(
             self,
-            Family::Llama | Family::Phi3 | Family::GptNeox | Family::Phi | Family::CodeGen
+            Family::Llama
+                | Family::Phi3
+                | Family::GptNeox
+                | Family::Phi
+                | Family::CodeGen
+                | Family::ModernBert
         )
     }
 
@@ -181,9 +190,12 @@ impl Family {
             Family::Vit => "BEiT's relative position bias",
             Family::DistilBert => "XLM's and FlauBERT's causal mode",
             Family::Gpt2 => "GPT-BigCode's Linear c_attn with multi-query packing",
-            Family::Phi | Family::Albert | Family::Mpt | Family::CodeGen | Family::Mla => {
-                "none known"
-            }
+            Family::Phi
+            | Family::Albert
+            | Family::Mpt
+            | Family::CodeGen
+            | Family::ModernBert
+            | Family::Mla => "none known",
             Family::Bart => {
                 "GPT-J's interleaved rotary embeddings, GPT-Neo's unscaled local layers"
             }
@@ -192,7 +204,9 @@ impl Family {
                 "Cohere's interleaved RoPE, Granite's attention_multiplier, Gemma2's soft-capping"
             }
             Family::Phi3 => "other packings of qkv_proj",
-            Family::GptNeox => "BLOOM's ALiBi, Falcon's grouped packing, Persimmon's q/k LayerNorm",
+            Family::GptNeox => {
+                "BLOOM's ALiBi, Falcon's grouped packing, GPT-NeoX-Japanese's rotary"
+            }
         }
     }
 
@@ -219,6 +233,7 @@ impl Family {
             Family::Albert => &["query", "key", "value", "dense", "LayerNorm"],
             Family::Mpt => &["Wqkv", "out_proj"],
             Family::CodeGen => &["qkv_proj", "out_proj"],
+            Family::ModernBert => &["Wqkv", "Wo"],
             Family::Mla => &[
                 "q_proj",
                 "q_a_proj",
@@ -342,6 +357,7 @@ pub fn projection_names(family: Family) -> [&'static str; 4] {
         Family::Albert => ["query", "key", "value", "dense"],
         Family::Mpt => ["Wqkv", "Wqkv", "Wqkv", "out_proj"],
         Family::CodeGen => ["qkv_proj", "qkv_proj", "qkv_proj", "out_proj"],
+        Family::ModernBert => ["Wqkv", "Wqkv", "Wqkv", "Wo"],
         Family::Mla => ["q_proj", "kv_b_proj", "kv_b_proj", "o_proj"],
     }
 }

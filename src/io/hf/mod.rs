@@ -467,7 +467,8 @@ pub struct HfAttention {
     pub cross: bool,
     /// A decoder self-attention: query i sees keys j ≤ i.
     pub causal: bool,
-    /// Mistral's `sliding_window` W (with `causal`): query i sees keys i − W < j ≤ i.
+    /// Mistral's `sliding_window` W (with `causal`): query i sees keys i − W < j ≤ i; in an
+    /// encoder (ModernBERT's local layers), keys |i − j| ≤ W.
     pub window: Option<usize>,
     pub config: AttentionConfig,
     pub weights: AttentionWeights,
@@ -512,7 +513,13 @@ impl HfAttention {
             (Some(bias), causal, _) => bias.mask(dims, causal)?,
             (None, true, Some(w)) => Mask::SlidingWindow(w),
             (None, true, None) => Mask::Causal,
-            (None, false, _) => Mask::None,
+            (None, false, Some(w)) => {
+                let data = (0..dims.lq * dims.lk)
+                    .map(|n| ((n / dims.lk).abs_diff(n % dims.lk) <= w) as u8)
+                    .collect();
+                Mask::attend([1, 1, dims.lq, dims.lk], data)?
+            }
+            (None, false, None) => Mask::None,
         };
         match attention_mask {
             None => Ok(base),

@@ -273,6 +273,30 @@ pub const MODEL_TYPES: &[ModelType] = &[
             "no_rope_layer_interval",
         ],
     ),
+    // GlmAttention: llama's names, q/k/v biases by attention_bias (default true), none on
+    // o_proj, and interleaved RoPE on the first partial_rotary_factor (default 0.5) of each
+    // head, pairs (2k, 2k + 1) turning at θ^(−2k/rotary_dims).
+    reading(
+        "glm",
+        Family::Llama,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
+    // Glm4Attention: glm's (its decoder layer's extra norms are outside the module).
+    reading(
+        "glm4",
+        Family::Llama,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
+    // NemotronAttention: llama's, biases on all four by attention_bias (default false),
+    // half-split RoPE on the first partial_rotary_factor (default 0.5) of each head.
+    reading(
+        "nemotron",
+        Family::Llama,
+        Causality::Always,
+        &["partial_rotary_factor"],
+    ),
     // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
     // LayerNorm of each head of q and k ([heads, head_dim] weights).
     reading("cohere", Family::Llama, Causality::Always, &["use_qk_norm"]),
@@ -338,12 +362,33 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["clip_qkv", "softmax_scale"],
     ),
+    // ModernBertAttention (5.25, padded): `Wqkv` (q rows, then k, then v) and `Wo`, biases by
+    // attention_bias (default false), an encoder; half-split RoPE with θ per layer kind
+    // (global_rope_theta 160000 / local_rope_theta 10000, or the nested rope_parameters);
+    // layers by layer_types, else all but every global_attn_every_n_layers-th (default 3)
+    // slide, seeing keys |i − j| ≤ local_attention / 2 (default 128).
+    reading(
+        "modernbert",
+        Family::ModernBert,
+        Causality::Never,
+        &["layer_types"],
+    ),
     // DeepseekV2Attention / DeepseekV3Attention: multi-head latent attention (q LoRA or q_proj,
     // the compressed latent and a shared RoPE key, kv_b_proj per head), causal; its sizes,
     // attention_bias, rope_interleave and yarn's mscale_all_dim are read by `HfCheckpoint::
     // mla_attention`.
     mt("deepseek_v2", Family::Mla, Causality::Always),
     mt("deepseek_v3", Family::Mla, Causality::Always),
+    // PersimmonAttention: `query_key_value` packed per head (gpt_neox's) and `dense`, all
+    // biased; with qk_layernorm (default true) an nn.LayerNorm(head_dim) with bias on q and k
+    // (one for every head) before half-split RoPE on the first partial_rotary_factor (default
+    // 0.5) of each head.
+    reading(
+        "persimmon",
+        Family::GptNeox,
+        Causality::Always,
+        &["partial_rotary_factor", "qk_layernorm"],
+    ),
     reading(
         "gpt_neox",
         Family::GptNeox,
@@ -355,10 +400,6 @@ pub const MODEL_TYPES: &[ModelType] = &[
 /// Model types that save one of the recognised layouts with attention the loader does not
 /// compute, and what each would need.
 pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
-    (
-        "persimmon",
-        "q/k LayerNorm and partial rotary embeddings are not implemented",
-    ),
     (
         "gpt_neox_japanese",
         "its rotary embeddings and dense bias are not implemented",

@@ -63,6 +63,8 @@ pub struct QkNormRule {
     pub tensors: NormTensors,
     /// Normalised after RoPE rather than before it (Hunyuan).
     pub after_rope: bool,
+    /// Each norm has a bias too (Persimmon's `nn.LayerNorm`).
+    pub bias: bool,
 }
 
 /// Where a q/k norm's weights sit under the module.
@@ -74,6 +76,8 @@ pub enum NormTensors {
     PerHeadModules,
     /// Hunyuan's `query_layernorm.weight` and `key_layernorm.weight`.
     QueryKeyLayernorm,
+    /// Persimmon's `q_layernorm.weight` / `.bias` and `k_layernorm.weight` / `.bias`.
+    QkLayernorm,
 }
 
 impl NormTensors {
@@ -84,6 +88,13 @@ impl NormTensors {
             NormTensors::QueryKeyLayernorm => {
                 rest == "query_layernorm.weight" || rest == "key_layernorm.weight"
             }
+            NormTensors::QkLayernorm => [
+                "q_layernorm.weight",
+                "q_layernorm.bias",
+                "k_layernorm.weight",
+                "k_layernorm.bias",
+            ]
+            .contains(&rest),
             NormTensors::PerHeadModules => ["q_layernorm.norms.", "k_layernorm.norms."]
                 .iter()
                 .filter_map(|p| rest.strip_prefix(p))
@@ -146,13 +157,16 @@ impl ModelType {
                 Biases::ByKey("attention_bias", false)
             }
             "ernie4_5" => Biases::ByKey("use_bias", false),
+            "modernbert" => Biases::ByKey("attention_bias", false),
             "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
             "helium" => Biases::QkvByKey("attention_bias", false),
+            "glm" | "glm4" => Biases::QkvByKey("attention_bias", true),
+            "nemotron" => Biases::ByKey("attention_bias", false),
             "seed_oss" => {
                 Biases::QkvAndOutByKeys(("attention_bias", true), ("attention_out_bias", false))
             }
             "gpt_neox" | "gpt_oss" => Biases::ByKey("attention_bias", true),
-            "bloom" | "phi" | "albert" | "gpt_bigcode" => Biases::Always,
+            "bloom" | "phi" | "albert" | "gpt_bigcode" | "persimmon" => Biases::Always,
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
             "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" | "ministral"
@@ -174,6 +188,7 @@ impl ModelType {
             switch: None,
             tensors: NormTensors::Single,
             after_rope: false,
+            bias: false,
         };
         let (rms, layer) = (NormKind::Rms, NormKind::Layer);
         Some(match self.name {
@@ -208,6 +223,14 @@ impl ModelType {
                 tensors: NormTensors::PerHeadModules,
                 ..rule(layer, NormScope::PerHead, ("layer_norm_eps", 1e-5))
             },
+            // PersimmonAttention: nn.LayerNorm(head_dim) with bias, one shared by the heads,
+            // when qk_layernorm (default true).
+            "persimmon" => QkNormRule {
+                switch: Some("qk_layernorm"),
+                tensors: NormTensors::QkLayernorm,
+                bias: true,
+                ..rule(layer, NormScope::PerHead, ("layer_norm_eps", 1e-5))
+            },
             _ => return None,
         })
     }
@@ -238,6 +261,13 @@ impl ModelType {
             ],
             "cohere2" => &[("sliding_window", Number(4096.0))],
             "smollm3" => &[("rope_theta", Number(2e6))],
+            "persimmon" => &[("qk_layernorm", Flag(true))],
+            "modernbert" => &[
+                ("local_attention", Number(128.0)),
+                ("global_attn_every_n_layers", Number(3.0)),
+                ("global_rope_theta", Number(160_000.0)),
+                ("local_rope_theta", Number(10_000.0)),
+            ],
             "gemma2" => &[
                 ("sliding_window", Number(4096.0)),
                 ("query_pre_attn_scalar", Number(256.0)),
@@ -272,7 +302,7 @@ impl ModelType {
 
     /// Whether the layers' RoPE depends on their kind (`rope_parameters` per layer type).
     pub fn rope_per_layer_kind(&self) -> bool {
-        matches!(self.name, "gemma3" | "gemma3_text" | "olmo3")
+        matches!(self.name, "gemma3" | "gemma3_text" | "olmo3" | "modernbert")
     }
 
     /// Which layers rotate q and k (EXAONE 4 and Cohere 2: the sliding ones; their full
@@ -309,7 +339,15 @@ impl ModelType {
     pub fn interleaved_rope(&self) -> bool {
         matches!(
             self.name,
-            "cohere" | "gptj" | "codegen" | "roformer" | "helium" | "ernie4_5" | "cohere2"
+            "cohere"
+                | "gptj"
+                | "codegen"
+                | "roformer"
+                | "helium"
+                | "ernie4_5"
+                | "cohere2"
+                | "glm"
+                | "glm4"
         )
     }
 
@@ -326,12 +364,12 @@ impl ModelType {
     }
 
     /// The share of each head RoPE rotates when the config names none: transformers'
-    /// GPTNeoXConfig defaults `rotary_pct` (5: `partial_rotary_factor`) to 0.25; the others
-    /// rotate all of it.
+    /// GPTNeoXConfig defaults `rotary_pct` (5: `partial_rotary_factor`) to 0.25; GLM's,
+    /// GLM-4's, Nemotron's, Persimmon's and Phi's config classes to 0.5; the others rotate all of it.
     pub fn default_rotary_share(&self) -> f64 {
         match self.name {
             "gpt_neox" | "stablelm" => 0.25,
-            "phi" => 0.5,
+            "phi" | "glm" | "glm4" | "nemotron" | "persimmon" => 0.5,
             _ => 1.0,
         }
     }

@@ -120,6 +120,7 @@ impl HfCheckpoint {
         let read = |which: &str, heads: usize| -> Result<Vec<f32>> {
             match rule.tensors {
                 NormTensors::Single => read_one(format!("{prefix}{which}_norm.weight")),
+                NormTensors::QkLayernorm => read_one(format!("{prefix}{which}_layernorm.weight")),
                 NormTensors::QueryKeyLayernorm => {
                     let name = if which == "q" { "query" } else { "key" };
                     read_one(format!("{prefix}{name}_layernorm.weight"))
@@ -130,12 +131,17 @@ impl HfCheckpoint {
                     .map(|w| w.concat()),
             }
         };
-        let weights = QkNormWeights {
-            q: read("q", c.heads)?,
-            k: read("k", c.kv_heads)?,
-        };
-        norm.check(&format!("{prefix}q"), &weights.q, c.heads, c.qk_head_dim)?;
-        norm.check(&format!("{prefix}k"), &weights.k, c.kv_heads, c.qk_head_dim)?;
+        let mut weights = QkNormWeights::new(read("q", c.heads)?, read("k", c.kv_heads)?);
+        if rule.bias {
+            weights.q_bias = read_one(format!("{prefix}q_layernorm.bias"))?;
+            weights.k_bias = read_one(format!("{prefix}k_layernorm.bias"))?;
+        }
+        for (which, w, b, heads) in [
+            ("q", &weights.q, &weights.q_bias, c.heads),
+            ("k", &weights.k, &weights.k_bias, c.kv_heads),
+        ] {
+            norm.check_with_bias(&format!("{prefix}{which}"), w, b, heads, c.qk_head_dim)?;
+        }
         Ok((norm, weights))
     }
 

@@ -32,7 +32,7 @@ pub fn load(
             return gpt_bigcode(ckpt, prefix, heads, kv_heads == Some(1))
         }
         Family::Gpt2 => return gpt2(ckpt, prefix, heads),
-        Family::Phi3 | Family::Mpt => {
+        Family::Phi3 | Family::Mpt | Family::ModernBert => {
             return stacked(ckpt, family, prefix, heads, kv_heads.unwrap_or(heads))
         }
         Family::GptNeox if model_type == "falcon" => return falcon(ckpt, prefix, heads, kv_heads),

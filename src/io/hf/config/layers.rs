@@ -54,6 +54,9 @@ impl HfConfig {
         if reads.contains(&"attention_layers") {
             return self.gpt_neo_window(prefix);
         }
+        if self.model_type() == Some("modernbert") {
+            return self.modernbert_window(prefix, reads);
+        }
         if !reads.contains(&"sliding_window") {
             return Ok(None);
         }
@@ -132,6 +135,12 @@ impl HfConfig {
                         && self.usize("sliding_window")?.is_some()
                         && !self.rope_layer(prefix)?,
                 ),
+                // ModernBERT: all but every global_attn_every_n_layers-th layer (default 3)
+                // slide, from layer 0 (full) on.
+                Some("modernbert") => {
+                    let every = self.usize("global_attn_every_n_layers")?.unwrap_or(3);
+                    kind(!layer()?.is_multiple_of(every))
+                }
                 // OLMo 3: every fourth layer full.
                 Some("olmo3") => kind(!(layer()? + 1).is_multiple_of(4)),
                 // Qwen2-MoE: the even layers below max_window_layers slide (with
@@ -163,6 +172,16 @@ impl HfConfig {
                 format!("config.json `layer_types` does not say whether layer `{prefix}` slides"),
             )),
         }
+    }
+
+    /// ModernBERT's local layers see keys |i − j| ≤ local_attention / 2 (its config's
+    /// `sliding_window`, a half-window: both sides, non-causal); the global layers every key.
+    fn modernbert_window(&self, prefix: &str, reads: &[&str]) -> Result<Option<usize>> {
+        if self.layer_kind(prefix, reads)? == LayerKind::Full {
+            return Ok(None);
+        }
+        let local = self.usize("local_attention")?.unwrap_or(128);
+        Ok(Some(local / 2))
     }
 
     /// Whether SmolLM3's layer at `prefix` rotates: its `no_rope_layers` entry (1 = RoPE,

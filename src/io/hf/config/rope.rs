@@ -67,6 +67,15 @@ impl HfConfig {
             if layer_kind == Some(LayerKind::Sliding) {
                 scaling = None;
             }
+        } else if self.model_type() == Some("modernbert") && params.is_some() {
+            // ModernBertConfig keeps only its per-kind objects; flat keys are dropped.
+            return Err(Error::UnsupportedModule {
+                module: self.source.clone(),
+                what: "modernbert with one flat `rope_parameters` object".into(),
+                why: "ModernBertConfig reads RoPE parameters per layer type \
+                      (`full_attention`, `sliding_attention`)"
+                    .into(),
+            });
         }
         let find = |key: &str| -> Result<Option<f64>> {
             for p in [params, scaling].into_iter().flatten() {
@@ -76,7 +85,8 @@ impl HfConfig {
             }
             self.number_in(&self.json, key)
         };
-        let mut theta = match find("rope_theta")? {
+        let kind_theta = self.modernbert_theta(params, layer_kind)?;
+        let mut theta = match kind_theta.map_or_else(|| find("rope_theta"), |t| Ok(Some(t)))? {
             Some(t) => t,
             None => self
                 .number_in(&self.json, "rotary_emb_base")?
@@ -186,6 +196,44 @@ impl HfConfig {
         };
         rope.check(head_dim)?;
         Ok(rope)
+    }
+
+    /// ModernBERT's θ of a layer kind where its RoPE object names none: `global_rope_theta`
+    /// (full layers) or `local_rope_theta` (sliding), the defaults already filled in. A
+    /// top-level `rope_theta`, which ModernBertConfig does not read, is refused.
+    fn modernbert_theta(
+        &self,
+        params: Option<&Value>,
+        kind: Option<LayerKind>,
+    ) -> Result<Option<f64>> {
+        if self.model_type() != Some("modernbert") {
+            return Ok(None);
+        }
+        if self.json.get("rope_theta").is_some() {
+            return Err(Error::UnsupportedModule {
+                module: self.source.clone(),
+                what: "modernbert with a top-level `rope_theta`".into(),
+                why: "ModernBertConfig takes θ per layer kind (global_rope_theta, \
+                      local_rope_theta, or rope_parameters per layer type)"
+                    .into(),
+            });
+        }
+        if let Some(t) = params
+            .map(|p| self.number_in(p, "rope_theta"))
+            .transpose()?
+        {
+            return Ok(t);
+        }
+        let key = match kind {
+            Some(LayerKind::Sliding) => "local_rope_theta",
+            _ => "global_rope_theta",
+        };
+        let default = if key == "local_rope_theta" {
+            1e4
+        } else {
+            1.6e5
+        };
+        Ok(Some(self.number_in(&self.json, key)?.unwrap_or(default)))
     }
 
     /// Hunyuan's NTK `alpha` (a non-zero number in its RoPE object), read by its model type only.

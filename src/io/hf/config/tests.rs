@@ -449,3 +449,47 @@ fn smollm3_rotates_by_no_rope_layers_and_slides_its_nope_layers() {
         .check_settings("x.", &[])
         .is_ok());
 }
+
+#[test]
+fn modernbert_layers_alternate_with_a_two_sided_window_and_a_theta_per_kind() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let at = |layer: usize| format!("layers.{layer}.attn.");
+    let reads = &["layer_types"][..];
+    // 4.x spelling: every global_attn_every_n_layers-th layer (default 3) global from layer
+    // 0; the others see |i − j| ≤ local_attention / 2 (default 128 / 2); θ per kind.
+    let old = c(r#"{"model_type": "modernbert", "local_attention": 6,
+        "global_rope_theta": 20000.0}"#);
+    assert_eq!(old.sliding_window(&at(0), reads).unwrap(), None);
+    assert_eq!(old.sliding_window(&at(1), reads).unwrap(), Some(3));
+    assert_eq!(old.sliding_window(&at(3), reads).unwrap(), None);
+    let full = old.rope(8, 1.0, Some(LayerKind::Full)).unwrap();
+    let local = old.rope(8, 1.0, Some(LayerKind::Sliding)).unwrap();
+    assert_eq!((full.theta, local.theta), (20000.0, 10000.0));
+    assert_eq!(
+        c(r#"{"model_type": "modernbert"}"#)
+            .sliding_window(&at(2), reads)
+            .unwrap(),
+        Some(64)
+    );
+    // transformers 5: layer_types and one RoPE object per kind.
+    let new = c(
+        r#"{"model_type": "modernbert", "layer_types": ["sliding_attention",
+        "full_attention"], "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}}"#,
+    );
+    assert_eq!(new.sliding_window(&at(0), reads).unwrap(), Some(64));
+    assert_eq!(new.sliding_window(&at(1), reads).unwrap(), None);
+    let local = new.rope(8, 1.0, Some(LayerKind::Sliding)).unwrap();
+    assert_eq!(local.theta, 50.0);
+    // A flat RoPE object or a top-level rope_theta is not what ModernBertConfig reads.
+    for text in [
+        r#"{"model_type": "modernbert", "rope_parameters": {"rope_theta": 5.0}}"#,
+        r#"{"model_type": "modernbert", "rope_theta": 5.0}"#,
+    ] {
+        assert!(matches!(
+            c(text).rope(8, 1.0, Some(LayerKind::Full)),
+            Err(Error::UnsupportedModule { .. })
+        ));
+    }
+}
