@@ -54,6 +54,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "helium",
             "hunyuan",
             "llama",
+            "megatron",
             "ministral",
             "mistral",
             "mpt",

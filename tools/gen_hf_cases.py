@@ -75,6 +75,7 @@ import torch
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st_io  # noqa: E402
+import gen_hf_encoders  # noqa: E402
 
 import transformers as tf  # noqa: E402
 
@@ -1322,7 +1323,7 @@ def round2_cases(out_dir):
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "encoders"]
 
 
 def main():
@@ -1354,6 +1355,7 @@ def main():
         "mla": lambda: mla_cases(args.out),
         "towers": lambda: towers_cases(args.out),
         "round2": lambda: round2_cases(args.out),
+        "encoders": lambda: gen_hf_encoders.encoder_cases(sys.modules[__name__], args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -173,3 +173,15 @@ def test_refusals(tmp_path):
 def test_round2_families_load_forward_and_decode(name):
     test_forward_matches_transformers(name)
     test_kv_cache_decode_matches_the_whole_forward(name)
+
+
+# issue 38's encoder long tail (transformers 5.25): megatron-bert after its
+# input LayerNorm.
+ENCODERS = [
+    "megatron_bert_self_layer1_padding_pre_norm",
+]
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_encoder_families_load_and_forward(name):
+    test_forward_matches_transformers(name)

@@ -64,6 +64,9 @@ fn describe(m: &HfAttention) -> String {
         c.heads,
         c.qk_head_dim
     );
+    if let Some(norm) = &m.input_norm {
+        s.push_str(&format!(" input_norm={norm} (not computed: inputs are its output)"));
+    }
     if let Some(scale) = c.scale {
         s.push_str(&format!(" scale={scale}"));
     }

@@ -121,6 +121,9 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
         if cross { "cross" } else { "self" },
         if causal { ", causal" } else { "" }
     );
+    if let Some(norm) = &module.input_norm {
+        describe.push_str(&format!(" after input norm {norm}"));
+    }
     if module.relative_bias.is_some() {
         describe.push_str(" +relative bias");
     }

@@ -131,6 +131,7 @@ impl HfCheckpoint {
             config,
             weights: core_weights,
             relative_bias: None,
+            input_norm: None,
             mla: Some(weights.inputs()),
         })
     }

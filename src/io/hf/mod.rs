@@ -277,6 +277,10 @@ impl HfCheckpoint {
         let extra = |rest: &str| {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
                 || (model_type.sinks() && rest == "sinks")
+                || model_type.input_norm().is_some_and(|n| {
+                    rest.strip_prefix(n)
+                        .is_some_and(|r| r == ".weight" || r == ".bias")
+                })
         };
         families::check_understood(family, prefix, &self.names(), &extra)?;
         let heads = match (heads, &module_config) {
@@ -385,6 +389,7 @@ impl HfCheckpoint {
             config,
             weights,
             relative_bias,
+            input_norm: model_type.input_norm().map(|n| format!("{prefix}{n}")),
             mla: None,
         })
     }
@@ -473,6 +478,9 @@ pub struct HfAttention {
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
     pub relative_bias: Option<RelativeBias>,
+    /// The LayerNorm (its stored prefix) the model applies before this module inside its
+    /// attention block (megatron-bert's `ln`): not computed here; inputs are its output.
+    pub input_norm: Option<String>,
     /// Multi-head latent attention's pre-stage: the core's inputs are not the hidden states
     /// (see [`HfAttention::inputs`]).
     pub mla: Option<MlaInputs>,

@@ -61,6 +61,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("electra", Family::Bert, Causality::IsDecoderKey),
     mt("ernie", Family::Bert, Causality::IsDecoderKey),
     mt("bert-generation", Family::Bert, Causality::IsDecoderKey),
+    // MegatronBertSelfAttention: bert's; its attention module LayerNorms the input first
+    // (`ln`, see ModelType::input_norm).
+    mt("megatron-bert", Family::Bert, Causality::IsDecoderKey),
     // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
     // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
     mt("roformer", Family::Bert, Causality::IsDecoderKey),

@@ -265,6 +265,16 @@ impl ModelType {
         matches!(self.name, "bloom" | "mpt").then_some(8.0)
     }
 
+    /// The LayerNorm a model type's attention module applies to its input before the
+    /// projections, stored under the module's prefix (megatron-bert's `ln`). As with llama's
+    /// `input_layernorm`, the module computed starts after it: callers give the norm's output.
+    pub fn input_norm(&self) -> Option<&'static str> {
+        match self.name {
+            "megatron-bert" => Some("ln"),
+            _ => None,
+        }
+    }
+
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
     pub fn sinks(&self) -> bool {
         self.name == "gpt_oss"
