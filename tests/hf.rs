@@ -38,6 +38,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "codegen",
             "cohere",
             "cohere2",
+            "data2vec",
             "deepseek",
             "distilbert",
             "ernie4",

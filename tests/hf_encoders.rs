@@ -52,3 +52,11 @@ fn megatron_bert_runs_after_its_input_norm() {
         ],
     );
 }
+
+#[test]
+fn bert_copies_run_as_bert() {
+    inspect_and_run(
+        "data2vec_text_self_layer1_padding",
+        &["model_type data2vec-text", "self  E=32 heads=4"],
+    );
+}

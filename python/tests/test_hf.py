@@ -176,9 +176,10 @@ def test_round2_families_load_forward_and_decode(name):
 
 
 # issue 38's encoder long tail (transformers 5.25): megatron-bert after its
-# input LayerNorm.
+# input LayerNorm, BERT's copies.
 ENCODERS = [
     "megatron_bert_self_layer1_padding_pre_norm",
+    "data2vec_text_self_layer1_padding",
 ]
 
 

@@ -64,6 +64,8 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // MegatronBertSelfAttention: bert's; its attention module LayerNorms the input first
     // (`ln`, see ModelType::input_norm).
     mt("megatron-bert", Family::Bert, Causality::IsDecoderKey),
+    // Data2VecTextSelfAttention: bert's (causal by is_decoder).
+    mt("data2vec-text", Family::Bert, Causality::IsDecoderKey),
     // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
     // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
     mt("roformer", Family::Bert, Causality::IsDecoderKey),
