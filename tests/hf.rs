@@ -54,6 +54,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "granitemoe",
             "helium",
             "hunyuan",
+            "layoutlm",
             "llama",
             "megatron",
             "ministral",

@@ -59,4 +59,8 @@ fn bert_copies_run_as_bert() {
         "data2vec_text_self_layer1_padding",
         &["model_type data2vec-text", "self  E=32 heads=4"],
     );
+    inspect_and_run(
+        "layoutlm_self_layer1_padding",
+        &["model_type layoutlm", "self  E=32 heads=4"],
+    );
 }

@@ -14,6 +14,7 @@ BERT_LIKE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attenti
 FAMILIES = {
     "megatron-bert": (tf.MegatronBertModel, tf.MegatronBertConfig, BERT_LIKE),
     "data2vec-text": (tf.Data2VecTextModel, tf.Data2VecTextConfig, dict(BERT_LIKE, pad_token_id=1)),
+    "layoutlm": (tf.LayoutLMModel, tf.LayoutLMConfig, BERT_LIKE),
 }
 
 
@@ -54,3 +55,4 @@ def encoder_cases(g, out_dir):
     bert_like_case(g, out_dir, "megatron-bert", "megatron_bert_self_layer1_padding_pre_norm",
                    pre_norm=True)
     bert_like_case(g, out_dir, "data2vec-text", "data2vec_text_self_layer1_padding")
+    bert_like_case(g, out_dir, "layoutlm", "layoutlm_self_layer1_padding")

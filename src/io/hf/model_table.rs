@@ -66,6 +66,8 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("megatron-bert", Family::Bert, Causality::IsDecoderKey),
     // Data2VecTextSelfAttention: bert's (causal by is_decoder).
     mt("data2vec-text", Family::Bert, Causality::IsDecoderKey),
+    // LayoutLMSelfAttention: bert's, never causal (its 2-D positions are embeddings).
+    mt("layoutlm", Family::Bert, Causality::Never),
     // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
     // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
     mt("roformer", Family::Bert, Causality::IsDecoderKey),
