@@ -41,6 +41,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "data2vec",
             "deepseek",
             "distilbert",
+            "esm",
             "ernie4",
             "exaone4",
             "falcon",

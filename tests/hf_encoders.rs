@@ -7,7 +7,10 @@ mod common;
 use std::path::Path;
 
 use common::cli;
-use wgpu_mha::{Case, SafetensorsFile};
+use common::hf_dirs::model_dir;
+use serde_json::{json, Value};
+use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
+use wgpu_mha::{Case, Result, SafetensorsFile, Tensor};
 
 /// `inspect` on `case` shows every phrase and `runs`; `run --hf` matches its `out_f64`.
 fn inspect_and_run(case: &str, phrases: &[&str]) {
@@ -63,4 +66,65 @@ fn bert_copies_run_as_bert() {
         "layoutlm_self_layer1_padding",
         &["model_type layoutlm", "self  E=32 heads=4"],
     );
+}
+
+#[test]
+fn esm_rotates_after_its_input_norm() {
+    inspect_and_run(
+        "esm_self_layer1_padding_pre_norm_rotary",
+        &[
+            "model_type esm",
+            "input_norm=encoder.layer.1.attention.LayerNorm (not computed",
+            "rope(θ=1000,",
+        ],
+    );
+}
+
+/// The module of case file `case` loaded from a model directory of its tensors with its
+/// config patched by `patch` (keys set; null removes).
+fn load_patched(case: &str, tag: &str, patch: Value) -> Result<HfAttention> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let file = SafetensorsFile::open(root.join(format!("{case}.safetensors")))?;
+    let prefix = file.metadata("prefix").expect("prefix").to_string();
+    let mut config: Value = serde_json::from_str(file.metadata("hf_config").unwrap()).unwrap();
+    let object = config.as_object_mut().unwrap();
+    for (k, v) in patch.as_object().expect("object") {
+        match v.is_null() {
+            true => object.remove(k),
+            false => object.insert(k.clone(), v.clone()),
+        };
+    }
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for name in file.names().into_iter().filter(|n| n.starts_with(&prefix)) {
+        tensors.push((name.to_string(), file.tensor_f32(name)?));
+    }
+    let tag = format!("enc-{tag}-{}", std::process::id());
+    let dir = model_dir(&tag, &config.to_string(), &tensors, false);
+    HfCheckpoint::open(dir.path())?.attention(&prefix, None)
+}
+
+#[test]
+fn esm_rotates_only_when_its_config_says_rotary() {
+    let esm = "esm_self_layer1_padding_pre_norm_rotary";
+    let m = load_patched(esm, "rotary", json!({})).expect("rotary");
+    assert!(m.config.rope.is_some());
+    for (tag, value) in [("absolute", json!("absolute")), ("none", Value::Null)] {
+        let m = load_patched(esm, tag, json!({"position_embedding_type": value}));
+        assert!(m.expect(tag).config.rope.is_none(), "{tag}");
+    }
+    let patch = json!({"position_embedding_type": "relative_key"});
+    let e = load_patched(esm, "relative", patch).expect_err("relative_key");
+    assert!(e.to_string().contains("relative_key"), "{e}");
+}
+
+#[test]
+fn an_input_norm_is_taken_only_by_the_model_types_that_have_one() {
+    // megatron-bert's `ln` under a bert module is a tensor bert does not have.
+    let megatron = "megatron_bert_self_layer1_padding_pre_norm";
+    let e = load_patched(megatron, "as-bert", json!({"model_type": "bert"})).expect_err("ln");
+    assert!(e.to_string().contains("attention.ln."), "{e}");
+    let patch = json!({"model_type": "megatron-bert", "position_embedding_type": null});
+    let esm = "esm_self_layer1_padding_pre_norm_rotary";
+    let e = load_patched(esm, "as-megatron", patch).expect_err("LayerNorm");
+    assert!(e.to_string().contains("attention.LayerNorm."), "{e}");
 }

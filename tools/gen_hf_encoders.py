@@ -15,6 +15,8 @@ FAMILIES = {
     "megatron-bert": (tf.MegatronBertModel, tf.MegatronBertConfig, BERT_LIKE),
     "data2vec-text": (tf.Data2VecTextModel, tf.Data2VecTextConfig, dict(BERT_LIKE, pad_token_id=1)),
     "layoutlm": (tf.LayoutLMModel, tf.LayoutLMConfig, BERT_LIKE),
+    "esm": (tf.EsmModel, tf.EsmConfig, dict(BERT_LIKE, position_embedding_type="rotary",
+                                            pad_token_id=1, mask_token_id=2, rope_theta=1000.0)),
 }
 
 
@@ -56,3 +58,42 @@ def encoder_cases(g, out_dir):
                    pre_norm=True)
     bert_like_case(g, out_dir, "data2vec-text", "data2vec_text_self_layer1_padding")
     bert_like_case(g, out_dir, "layoutlm", "layoutlm_self_layer1_padding")
+    esm_case(g, out_dir)
+
+
+def esm_case(g, out_dir):
+    """ESM-2's layout: rotary (half-split, θ rope_theta) on bert's names, q scaled before the
+    rotation, and the attention module's own input LayerNorm (`attention.LayerNorm`), which
+    the case starts after, as megatron-bert's. Positions 0..L, as EsmModel's default."""
+    name = "esm_self_layer1_padding_pre_norm_rotary"
+    model = g.build("esm")
+    config_text, state = g.saved(model)
+    g.seeded(name)
+    length = 6
+    input_ids, pad = g.ids(length, low=4), g.lengths_mask([6, 4], length)
+    position_ids = torch.arange(length)[None, :].expand(g.B, length)
+    att = model.encoder.layer[1].attention
+    dense = dense_after(att)
+    with torch.no_grad():
+        tables32 = model.rotary_embeddings(torch.zeros(1), position_ids)
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    inv64 = 1.0 / (model.config.rope_theta
+                   ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    assert torch.allclose(inv64.float(), model.rotary_embeddings.inv_freq, rtol=1e-6, atol=0)
+    freqs = position_ids[..., None].double() * inv64
+    emb = torch.cat((freqs, freqs), dim=-1)
+    tables64 = (emb.cos(), emb.sin())
+
+    def replay(mod, x, kv, mask, dtype):
+        if dtype == torch.float32:
+            y = mod(x, attention_mask=mask, position_embeddings=tables32)[0]
+        else:
+            with g.dot_float_keeps_float64():  # apply_rotary_pos_emb's q.float()
+                y = mod(x, attention_mask=mask, position_embeddings=tables64)[0]
+        return dense(y, dtype)
+
+    g.replay_case(out_dir, name, "esm", model, config_text, state, module=att.self,
+                  prefix="encoder.layer.1.attention.",
+                  run=lambda: model(input_ids, attention_mask=pad),
+                  replay=replay, pad=pad, hooked_out=att.output.dense, position_ids=position_ids)
+

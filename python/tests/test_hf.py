@@ -176,11 +176,12 @@ def test_round2_families_load_forward_and_decode(name):
 
 
 # issue 38's encoder long tail (transformers 5.25): BERT's copies, megatron-bert after its
-# input LayerNorm.
+# input LayerNorm, esm (rotary) after its own.
 ENCODERS = [
     "megatron_bert_self_layer1_padding_pre_norm",
     "data2vec_text_self_layer1_padding",
     "layoutlm_self_layer1_padding",
+    "esm_self_layer1_padding_pre_norm_rotary",
 ]
 
 

@@ -381,6 +381,23 @@ impl HfConfig {
         Ok(((scale - default).abs() > 1e-12 * default).then_some(scale as f32))
     }
 
+    /// Whether `position_embedding_type` is "rotary" (ESM); "absolute" or absent: no positions
+    /// in the attention; any other value is refused (transformers 5.25's ESM has no other).
+    pub fn rotary_position_type(&self) -> Result<bool> {
+        match self.json.get("position_embedding_type") {
+            None | Some(Value::Null) => Ok(false),
+            Some(v) if v.as_str() == Some("absolute") => Ok(false),
+            Some(v) if v.as_str() == Some("rotary") => Ok(true),
+            Some(v) => Err(Error::file(
+                &self.source,
+                format!(
+                    "config.json `position_embedding_type` = {v}: this model type's attention \
+                     is \"absolute\" (none in the attention) or \"rotary\""
+                ),
+            )),
+        }
+    }
+
     /// T5's `relative_attention_num_buckets` (default 32) and `relative_attention_max_distance`
     /// (default 128).
     pub fn t5_bias(&self) -> Result<T5BiasSettings> {

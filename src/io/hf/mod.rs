@@ -278,8 +278,9 @@ impl HfCheckpoint {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
                 || (model_type.sinks() && rest == "sinks")
                 || model_type.input_norm().is_some_and(|n| {
+                    // ESM saves its LayerNorm under the legacy gamma / beta names.
                     rest.strip_prefix(n)
-                        .is_some_and(|r| r == ".weight" || r == ".bias")
+                        .is_some_and(|r| [".weight", ".bias", ".gamma", ".beta"].contains(&r))
                 })
         };
         families::check_understood(family, prefix, &self.names(), &extra)?;

@@ -68,6 +68,10 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("data2vec-text", Family::Bert, Causality::IsDecoderKey),
     // LayoutLMSelfAttention: bert's, never causal (its 2-D positions are embeddings).
     mt("layoutlm", Family::Bert, Causality::Never),
+    // EsmSelfAttention: bert's, q scaled by 1/√d before half-split RoPE (θ rope_theta,
+    // default 10000, every dimension) when position_embedding_type is "rotary"; its attention
+    // module LayerNorms the input first (`LayerNorm`, see ModelType::input_norm).
+    reading("esm", Family::Bert, Causality::IsDecoderKey, &["position_embedding_type"]),
     // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
     // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
     mt("roformer", Family::Bert, Causality::IsDecoderKey),
@@ -387,7 +391,6 @@ pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
         "nezha",
         "functional relative position encodings are not implemented",
     ),
-    ("esm", "rotary position embeddings are not implemented"),
     ("beit", "relative position biases are not implemented"),
     (
         "data2vec-vision",

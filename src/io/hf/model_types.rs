@@ -271,6 +271,7 @@ impl ModelType {
     pub fn input_norm(&self) -> Option<&'static str> {
         match self.name {
             "megatron-bert" => Some("ln"),
+            "esm" => Some("LayerNorm"),
             _ => None,
         }
     }
@@ -324,9 +325,15 @@ impl ModelType {
     }
 
     /// Whether the model type rotates q and k under a family whose names do not (GPT-J under
-    /// bart's, RoFormer under bert's: its self-attention only).
+    /// bart's, RoFormer under bert's: its self-attention only; ESM's when its
+    /// position_embedding_type is "rotary", see `rotary_by_position_type`).
     pub fn rotates(&self) -> bool {
-        matches!(self.name, "gptj" | "roformer")
+        matches!(self.name, "gptj" | "roformer" | "esm")
+    }
+
+    /// Whether `position_embedding_type` decides if the model type rotates (ESM).
+    pub fn rotary_by_position_type(&self) -> bool {
+        self.name == "esm"
     }
 
     /// The config key that gives the rotating dimensions of each head (GPT-J's and CodeGen's

@@ -29,6 +29,20 @@ impl HfCheckpoint {
         if let Some(max_bias) = model_type.alibi() {
             return config.with_alibi(max_bias);
         }
+        // ESM rotates a cross-attention's keys with the queries' positions: not computed.
+        let esm_rotary = model_type.rotary_by_position_type()
+            && module_config
+                .map(HfConfig::rotary_position_type)
+                .transpose()?
+                == Some(true);
+        if cross && esm_rotary {
+            return Err(Error::UnsupportedModule {
+                module: format!("{} attention `{prefix}`", family.name()),
+                what: "a rotary cross-attention".into(),
+                why: "ESM rotates the encoder's keys by the decoder's positions; not implemented"
+                    .into(),
+            });
+        }
         if cross || !(family.uses_rope() || model_type.rotates()) {
             return Ok(config);
         }
@@ -38,6 +52,9 @@ impl HfCheckpoint {
                 format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
             ));
         };
+        if model_type.rotary_by_position_type() && !esm_rotary {
+            return Ok(config);
+        }
         // EXAONE 4 and Cohere 2 rotate only on their sliding layers (NoPE elsewhere).
         if let RopeLayers::SlidingOnly { without_window } = model_type.rope_layers() {
             let rotates = match c.usize("sliding_window")? {
