@@ -71,6 +71,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "qwen3",
             "roformer",
             "seed",
+            "sew",
             "siglip",
             "smollm3",
             "stablelm",

@@ -128,3 +128,12 @@ fn an_input_norm_is_taken_only_by_the_model_types_that_have_one() {
     let e = load_patched(esm, "as-megatron", patch).expect_err("LayerNorm");
     assert!(e.to_string().contains("attention.LayerNorm."), "{e}");
 }
+
+#[test]
+fn bart_copies_run_as_bart() {
+    for (case, phrases) in [
+        ("sew_self_layer1", &["model_type sew", "self  E=32"][..]),
+    ] {
+        inspect_and_run(case, phrases);
+    }
+}

@@ -8,6 +8,12 @@ import torch
 
 import transformers as tf
 
+# Wav2Vec2-like audio encoders: two conv layers (200 samples -> 39 frames), a small positional
+# convolution.
+AUDIO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+             conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, initializer_range=0.2)
+
 BERT_LIKE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=64, max_position_embeddings=16, initializer_range=0.2)
 
@@ -17,6 +23,7 @@ FAMILIES = {
     "layoutlm": (tf.LayoutLMModel, tf.LayoutLMConfig, BERT_LIKE),
     "esm": (tf.EsmModel, tf.EsmConfig, dict(BERT_LIKE, position_embedding_type="rotary",
                                             pad_token_id=1, mask_token_id=2, rope_theta=1000.0)),
+    "sew": (tf.SEWModel, tf.SEWConfig, dict(AUDIO, squeeze_factor=2)),
 }
 
 
@@ -59,6 +66,7 @@ def encoder_cases(g, out_dir):
     bert_like_case(g, out_dir, "data2vec-text", "data2vec_text_self_layer1_padding")
     bert_like_case(g, out_dir, "layoutlm", "layoutlm_self_layer1_padding")
     esm_case(g, out_dir)
+    audio_cases(g, out_dir)
 
 
 def esm_case(g, out_dir):
@@ -96,4 +104,23 @@ def esm_case(g, out_dir):
                   prefix="encoder.layer.1.attention.",
                   run=lambda: model(input_ids, attention_mask=pad),
                   replay=replay, pad=pad, hooked_out=att.output.dense, position_ids=position_ids)
+
+
+
+def plain(mod, x, kv, mask, dtype):
+    return mod(x, attention_mask=mask)[0]
+
+
+def audio_cases(g, out_dir):
+    """SEW's encoder self-attention (bart's names under `attention.`, never
+    causal), layer 1 of a forward on raw samples, unpadded."""
+    for family, name in [("sew", "sew_self_layer1")]:
+        model = g.build(family)
+        config_text, state = g.saved(model)
+        g.seeded(name)
+        samples = torch.randn(g.B, 200)
+        g.replay_case(out_dir, name, family, model, config_text, state,
+                      module=model.encoder.layers[1].attention,
+                      prefix="encoder.layers.1.attention.",
+                      run=lambda: model(samples), replay=plain)
 

@@ -182,9 +182,11 @@ ENCODERS = [
     "data2vec_text_self_layer1_padding",
     "layoutlm_self_layer1_padding",
     "esm_self_layer1_padding_pre_norm_rotary",
+    "sew_self_layer1",
 ]
 
 
 @pytest.mark.parametrize("name", ENCODERS)
 def test_encoder_families_load_and_forward(name):
     test_forward_matches_transformers(name)
+
