@@ -133,6 +133,7 @@ fn an_input_norm_is_taken_only_by_the_model_types_that_have_one() {
 fn bart_copies_run_as_bart() {
     for (case, phrases) in [
         ("sew_self_layer1", &["model_type sew", "self  E=32"][..]),
+        ("unispeech_self_layer1", &["model_type unispeech", "self  E=32"]),
     ] {
         inspect_and_run(case, phrases);
     }

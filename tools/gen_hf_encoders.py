@@ -24,6 +24,7 @@ FAMILIES = {
     "esm": (tf.EsmModel, tf.EsmConfig, dict(BERT_LIKE, position_embedding_type="rotary",
                                             pad_token_id=1, mask_token_id=2, rope_theta=1000.0)),
     "sew": (tf.SEWModel, tf.SEWConfig, dict(AUDIO, squeeze_factor=2)),
+    "unispeech": (tf.UniSpeechModel, tf.UniSpeechConfig, AUDIO),
 }
 
 
@@ -112,9 +113,9 @@ def plain(mod, x, kv, mask, dtype):
 
 
 def audio_cases(g, out_dir):
-    """SEW's encoder self-attention (bart's names under `attention.`, never
+    """SEW's and UniSpeech's encoder self-attention (bart's names under `attention.`, never
     causal), layer 1 of a forward on raw samples, unpadded."""
-    for family, name in [("sew", "sew_self_layer1")]:
+    for family, name in [("sew", "sew_self_layer1"), ("unispeech", "unispeech_self_layer1")]:
         model = g.build(family)
         config_text, state = g.saved(model)
         g.seeded(name)

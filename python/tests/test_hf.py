@@ -183,6 +183,7 @@ ENCODERS = [
     "layoutlm_self_layer1_padding",
     "esm_self_layer1_padding_pre_norm_rotary",
     "sew_self_layer1",
+    "unispeech_self_layer1",
 ]
 
 

@@ -99,9 +99,10 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("xglm", Family::Bart, Causality::Always),
     mt("wav2vec2", Family::Bart, Causality::Never),
     mt("hubert", Family::Bart, Causality::Never),
-    // SEWAttention: wav2vec2's (bart's names under `attention.`),
-    // an encoder only (its squeeze and upsampling are outside the module).
+    // SEWAttention and UniSpeechAttention: wav2vec2's (bart's names under `attention.`),
+    // encoders only (SEW's squeeze and upsampling are outside the module).
     mt("sew", Family::Bart, Causality::Never),
+    mt("unispeech", Family::Bart, Causality::Never),
     // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
     // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
     ModelType {
