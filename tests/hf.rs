@@ -59,6 +59,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "llama",
             "megatron",
             "ministral",
+            "musicgen",
             "mistral",
             "mpt",
             "olmo",

@@ -134,6 +134,10 @@ fn bart_copies_run_as_bart() {
     for (case, phrases) in [
         ("sew_self_layer1", &["model_type sew", "self  E=32"][..]),
         ("unispeech_self_layer1", &["model_type unispeech", "self  E=32"]),
+        (
+            "musicgen_decoder_self_layer1_causal_padding",
+            &["model_type musicgen_decoder", "self causal"],
+        ),
     ] {
         inspect_and_run(case, phrases);
     }

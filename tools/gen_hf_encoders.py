@@ -25,6 +25,11 @@ FAMILIES = {
                                             pad_token_id=1, mask_token_id=2, rope_theta=1000.0)),
     "sew": (tf.SEWModel, tf.SEWConfig, dict(AUDIO, squeeze_factor=2)),
     "unispeech": (tf.UniSpeechModel, tf.UniSpeechConfig, AUDIO),
+    # MusicgenModel: the decoder alone (model_type musicgen_decoder), 2 codebooks.
+    "musicgen_decoder": (tf.MusicgenModel, tf.MusicgenDecoderConfig, dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+        num_codebooks=2, max_position_embeddings=16, initializer_factor=0.2, pad_token_id=0,
+        bos_token_id=1)),
 }
 
 
@@ -68,6 +73,7 @@ def encoder_cases(g, out_dir):
     bert_like_case(g, out_dir, "layoutlm", "layoutlm_self_layer1_padding")
     esm_case(g, out_dir)
     audio_cases(g, out_dir)
+    musicgen_case(g, out_dir)
 
 
 def esm_case(g, out_dir):
@@ -124,4 +130,21 @@ def audio_cases(g, out_dir):
                       module=model.encoder.layers[1].attention,
                       prefix="encoder.layers.1.attention.",
                       run=lambda: model(samples), replay=plain)
+
+
+def musicgen_case(g, out_dir):
+    """MusicGen's decoder self-attention (bart's names, no biases, causal), layer 1, padded:
+    input_ids are [batch · codebooks, L]."""
+    model = g.build("musicgen_decoder")
+    config_text, state = g.saved(model)
+    name = "musicgen_decoder_self_layer1_causal_padding"
+    g.seeded(name)
+    length = 6
+    input_ids = g.ids(length).repeat(2, 1)
+    pad = g.lengths_mask([6, 4], length)
+    g.replay_case(out_dir, name, "musicgen_decoder", model, config_text, state,
+                  module=model.decoder.layers[1].self_attn,
+                  prefix="decoder.layers.1.self_attn.",
+                  run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                  replay=plain, causal=True, pad=pad)
 

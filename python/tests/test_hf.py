@@ -184,6 +184,7 @@ ENCODERS = [
     "esm_self_layer1_padding_pre_norm_rotary",
     "sew_self_layer1",
     "unispeech_self_layer1",
+    "musicgen_decoder_self_layer1_causal_padding",
 ]
 
 
@@ -191,3 +192,7 @@ ENCODERS = [
 def test_encoder_families_load_and_forward(name):
     test_forward_matches_transformers(name)
 
+
+@pytest.mark.parametrize("name", [n for n in ENCODERS if "causal" in n])
+def test_encoder_round_decoders_decode(name):
+    test_kv_cache_decode_matches_the_whole_forward(name)

@@ -103,6 +103,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // encoders only (SEW's squeeze and upsampling are outside the module).
     mt("sew", Family::Bart, Causality::Never),
     mt("unispeech", Family::Bart, Causality::Never),
+    // MusicgenAttention (the decoder's config, MusicgenModel): bart's without biases, its
+    // self-attention causal, `encoder_attn` attending to the conditioning states.
+    mt("musicgen_decoder", Family::Bart, Causality::Always),
     // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
     // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
     ModelType {

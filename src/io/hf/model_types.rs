@@ -156,7 +156,7 @@ impl ModelType {
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
             "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" | "ministral"
-            | "exaone4" => Biases::Never,
+            | "exaone4" | "musicgen_decoder" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
