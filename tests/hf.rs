@@ -62,6 +62,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "musicgen",
             "mistral",
             "mpt",
+            "nllb",
             "olmo",
             "olmo2",
             "olmo3",

@@ -138,6 +138,12 @@ fn bart_copies_run_as_bart() {
             "musicgen_decoder_self_layer1_causal_padding",
             &["model_type musicgen_decoder", "self causal"],
         ),
+        ("nllb_moe_encoder_self_layer0_padding", &["model_type nllb-moe", "self  E=32"]),
+        ("nllb_moe_decoder_self_layer1_causal", &["self causal"]),
+        (
+            "nllb_moe_decoder_cross_layer0_padding",
+            &["decoder.layers.0.cross_attention.  cross"],
+        ),
     ] {
         inspect_and_run(case, phrases);
     }

@@ -30,6 +30,11 @@ FAMILIES = {
         vocab_size=64, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
         num_codebooks=2, max_position_embeddings=16, initializer_factor=0.2, pad_token_id=0,
         bos_token_id=1)),
+    "nllb-moe": (tf.NllbMoeModel, tf.NllbMoeConfig, dict(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_experts=2,
+        expert_capacity=8, max_position_embeddings=16, init_std=0.2, pad_token_id=1,
+        decoder_start_token_id=2)),
 }
 
 
@@ -74,6 +79,7 @@ def encoder_cases(g, out_dir):
     esm_case(g, out_dir)
     audio_cases(g, out_dir)
     musicgen_case(g, out_dir)
+    nllb_moe_cases(g, out_dir)
 
 
 def esm_case(g, out_dir):
@@ -148,3 +154,41 @@ def musicgen_case(g, out_dir):
                   run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
                   replay=plain, causal=True, pad=pad)
 
+
+def nllb_moe_cases(g, out_dir):
+    """NLLB-MoE: bart's attention in each stack (the experts are outside it); its decoder's
+    cross-attention is named `cross_attention`."""
+    model = g.build("nllb-moe")
+    config_text, state = g.saved(model)
+    name = "nllb_moe_encoder_self_layer0_padding"
+    g.seeded(name)
+    input_ids, pad, dec_ids = g.ids(7), g.lengths_mask([7, 5], 7), g.ids(5)
+    run = lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,  # noqa: E731
+                        use_cache=False)
+    g.replay_case(out_dir, name, "nllb-moe", model, config_text, state,
+                  module=model.encoder.layers[0].self_attn, prefix="encoder.layers.0.self_attn.",
+                  run=run, replay=plain, pad=pad)
+
+    name = "nllb_moe_decoder_self_layer1_causal"
+    g.seeded(name)
+    input_ids, pad, dec_ids = g.ids(7), g.lengths_mask([7, 6], 7), g.ids(6)
+    g.replay_case(out_dir, name, "nllb-moe", model, config_text, state,
+                  module=model.decoder.layers[1].self_attn, prefix="decoder.layers.1.self_attn.",
+                  run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                    use_cache=False),
+                  replay=plain, causal=True)
+
+    name = "nllb_moe_decoder_cross_layer0_padding"
+    g.seeded(name)
+    input_ids, pad, dec_ids = g.ids(7), g.lengths_mask([5, 7], 7), g.ids(5)
+    run = lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,  # noqa: E731
+                        use_cache=False)
+    with torch.no_grad():
+        enc = model.encoder(input_ids, attention_mask=pad).last_hidden_state
+    g.replay_case(out_dir, name, "nllb-moe", model, config_text, state,
+                  module=model.decoder.layers[0].cross_attention,
+                  prefix="decoder.layers.0.cross_attention.", run=run,
+                  replay=lambda mod, x, kv, mask, dt: mod(x, key_value_states=kv,
+                                                          attention_mask=mask)[0],
+                  attention="cross", pad=pad, kv_from="key_value_states")
+    g.check_kv(out_dir, name, enc)

@@ -185,6 +185,9 @@ ENCODERS = [
     "sew_self_layer1",
     "unispeech_self_layer1",
     "musicgen_decoder_self_layer1_causal_padding",
+    "nllb_moe_encoder_self_layer0_padding",
+    "nllb_moe_decoder_self_layer1_causal",
+    "nllb_moe_decoder_cross_layer0_padding",
 ]
 
 

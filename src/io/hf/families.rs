@@ -253,6 +253,7 @@ pub fn is_cross_attention(prefix: &str) -> bool {
         "EncDecAttention",
         "crossattention",
         "cross_attn",
+        "cross_attention",
     ]
     .iter()
     .any(|n| prefix.contains(n))
@@ -411,5 +412,6 @@ mod tests {
         );
         assert!(is_cross_attention("decoder.layers.0.encoder_attn."));
         assert!(!is_cross_attention("decoder.layers.0.self_attn."));
+        assert!(is_cross_attention("decoder.layers.0.cross_attention."));
     }
 }

@@ -106,6 +106,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // MusicgenAttention (the decoder's config, MusicgenModel): bart's without biases, its
     // self-attention causal, `encoder_attn` attending to the conditioning states.
     mt("musicgen_decoder", Family::Bart, Causality::Always),
+    // NllbMoeAttention: bart's in both stacks (the experts are outside it); the decoder's
+    // cross-attention is named `cross_attention`.
+    mt("nllb-moe", Family::Bart, Causality::InDecoderStack),
     // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
     // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
     ModelType {
