@@ -79,6 +79,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "stablelm",
             "starcoder2",
             "t5",
+            "umt5",
             "unispeech",
             "vit",
             "whisper",

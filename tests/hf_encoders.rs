@@ -83,6 +83,11 @@ fn esm_rotates_after_its_input_norm() {
 /// The module of case file `case` loaded from a model directory of its tensors with its
 /// config patched by `patch` (keys set; null removes).
 fn load_patched(case: &str, tag: &str, patch: Value) -> Result<HfAttention> {
+    load_without(case, tag, patch, "")
+}
+
+/// As `load_patched`, without the tensors whose names end with `drop` (if not empty).
+fn load_without(case: &str, tag: &str, patch: Value, drop: &str) -> Result<HfAttention> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
     let file = SafetensorsFile::open(root.join(format!("{case}.safetensors")))?;
     let prefix = file.metadata("prefix").expect("prefix").to_string();
@@ -95,7 +100,8 @@ fn load_patched(case: &str, tag: &str, patch: Value) -> Result<HfAttention> {
         };
     }
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    for name in file.names().into_iter().filter(|n| n.starts_with(&prefix)) {
+    let kept = |n: &&str| n.starts_with(&prefix) && (drop.is_empty() || !n.ends_with(drop));
+    for name in file.names().into_iter().filter(kept) {
         tensors.push((name.to_string(), file.tensor_f32(name)?));
     }
     let tag = format!("enc-{tag}-{}", std::process::id());
@@ -147,4 +153,21 @@ fn bart_copies_run_as_bart() {
     ] {
         inspect_and_run(case, phrases);
     }
+}
+
+#[test]
+fn umt5_reads_the_relative_bias_of_each_layer() {
+    let enc = "umt5_encoder_self_block1_padding";
+    inspect_and_run(
+        enc,
+        &["model_type umt5", "scale=1 relative_bias(buckets=8, max_distance=20, bidirectional)"],
+    );
+    inspect_and_run(
+        "umt5_decoder_self_block1_causal_padding",
+        &["self causal", "one-way"],
+    );
+    // Block 1 without its own table is refused, never given another layer's.
+    let drop = "relative_attention_bias.weight";
+    let e = load_without(enc, "umt5-no-table", json!({}), drop).expect_err("no table");
+    assert!(e.to_string().contains("block.1.layer.0.SelfAttention.relative_attention_bias"), "{e}");
 }

@@ -35,6 +35,11 @@ FAMILIES = {
         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_experts=2,
         expert_capacity=8, max_position_embeddings=16, init_std=0.2, pad_token_id=1,
         decoder_start_token_id=2)),
+    # t5's sizes (d_kv 6 ≠ d_model / num_heads; 8 buckets up to distance 20).
+    "umt5": (tf.UMT5Model, tf.UMT5Config, dict(
+        vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20,
+        initializer_factor=1.0)),
 }
 
 
@@ -80,6 +85,7 @@ def encoder_cases(g, out_dir):
     audio_cases(g, out_dir)
     musicgen_case(g, out_dir)
     nllb_moe_cases(g, out_dir)
+    umt5_cases(g, out_dir)
 
 
 def esm_case(g, out_dir):
@@ -117,7 +123,6 @@ def esm_case(g, out_dir):
                   prefix="encoder.layer.1.attention.",
                   run=lambda: model(input_ids, attention_mask=pad),
                   replay=replay, pad=pad, hooked_out=att.output.dense, position_ids=position_ids)
-
 
 
 def plain(mod, x, kv, mask, dtype):
@@ -192,3 +197,30 @@ def nllb_moe_cases(g, out_dir):
                                                           attention_mask=mask)[0],
                   attention="cross", pad=pad, kv_from="key_value_states")
     g.check_kv(out_dir, name, enc)
+
+
+def umt5_cases(g, out_dir):
+    """UMT5: T5's attention with a relative bias table in every block's self-attention (not
+    block 0's shared), computed by the module itself; block 1 of each stack, padded."""
+    model = g.build("umt5")
+    config_text, state = g.saved(model)
+    name = "umt5_encoder_self_block1_padding"
+    g.seeded(name)
+    input_ids, pad, dec_ids = g.ids(7), g.lengths_mask([7, 4], 7), g.ids(5)
+    g.replay_case(out_dir, name, "umt5", model, config_text, state,
+                  module=model.encoder.block[1].layer[0].SelfAttention,
+                  prefix="encoder.block.1.layer.0.SelfAttention.",
+                  run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                    use_cache=False),
+                  replay=plain, pad=pad)
+
+    name = "umt5_decoder_self_block1_causal_padding"
+    g.seeded(name)
+    input_ids, pad = g.ids(6), g.lengths_mask([6, 5], 6)
+    dec_ids, dec_pad = g.ids(7), g.lengths_mask([7, 5], 7)
+    g.replay_case(out_dir, name, "umt5", model, config_text, state,
+                  module=model.decoder.block[1].layer[0].SelfAttention,
+                  prefix="decoder.block.1.layer.0.SelfAttention.",
+                  run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                    decoder_attention_mask=dec_pad, use_cache=False),
+                  replay=plain, causal=True, pad=dec_pad)

@@ -188,6 +188,8 @@ ENCODERS = [
     "nllb_moe_encoder_self_layer0_padding",
     "nllb_moe_decoder_self_layer1_causal",
     "nllb_moe_decoder_cross_layer0_padding",
+    "umt5_encoder_self_block1_padding",
+    "umt5_decoder_self_block1_causal_padding",
 ]
 
 

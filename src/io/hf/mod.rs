@@ -367,7 +367,8 @@ impl HfCheckpoint {
             // T5 does not scale the scores.
             config = config.with_scale(1.0)?;
             if !cross {
-                relative_bias = Some(self.t5_relative_bias(prefix, heads)?);
+                let per_layer = model_type.relative_bias_per_layer();
+                relative_bias = Some(self.t5_relative_bias(prefix, heads, per_layer)?);
             }
         }
         Ok(HfAttention {

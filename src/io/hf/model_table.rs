@@ -131,6 +131,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     reading("gptj", Family::Bart, Causality::Always, &["rotary_dim"]),
     mt("t5", Family::T5, Causality::InDecoderStack),
     mt("mt5", Family::T5, Causality::InDecoderStack),
+    // UMT5Attention: t5's, every self-attention with its own relative bias table
+    // (ModelType::relative_bias_per_layer), buckets by stack as t5's.
+    mt("umt5", Family::T5, Causality::InDecoderStack),
     mt("llama", Family::Llama, Causality::Always),
     reading("mistral", Family::Llama, Causality::Always, WINDOW),
     reading("mixtral", Family::Llama, Causality::Always, WINDOW),
@@ -409,10 +412,6 @@ pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
     (
         "swin",
         "windowed attention with relative position biases is not implemented",
-    ),
-    (
-        "umt5",
-        "a relative position bias table per layer is not implemented",
     ),
     (
         "longt5",

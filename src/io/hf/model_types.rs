@@ -276,6 +276,12 @@ impl ModelType {
         }
     }
 
+    /// Whether each self-attention holds its own relative bias table (UMT5) rather than reusing
+    /// its stack's block 0 table (T5).
+    pub fn relative_bias_per_layer(&self) -> bool {
+        self.name == "umt5"
+    }
+
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
     pub fn sinks(&self) -> bool {
         self.name == "gpt_oss"

@@ -232,11 +232,16 @@ impl HfCheckpoint {
     }
 
     /// T5's table lives in the stack's block 0 (`<stack>.block.0.layer.0.SelfAttention.`);
-    /// later blocks reuse it.
-    pub(super) fn t5_relative_bias(&self, prefix: &str, heads: usize) -> Result<RelativeBias> {
+    /// later blocks reuse it. `per_layer` (UMT5): each module's own table, which must be there.
+    pub(super) fn t5_relative_bias(
+        &self,
+        prefix: &str,
+        heads: usize,
+        per_layer: bool,
+    ) -> Result<RelativeBias> {
         let stack = prefix.split(".block.").next().unwrap_or_default();
         let name = format!("{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
-        let name = match self.contains(&name) {
+        let name = match self.contains(&name) && !per_layer {
             true => name,
             false => format!("{prefix}relative_attention_bias.weight"),
         };
