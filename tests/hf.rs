@@ -32,6 +32,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "albert",
             "arcee",
             "bart",
+            "beit",
             "bert",
             "bloom",
             "clip",

@@ -10,6 +10,7 @@ use common::cli;
 use common::hf_dirs::model_dir;
 use serde_json::{json, Value};
 use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
+use wgpu_mha::model::mask::AttnDims;
 use wgpu_mha::{Case, Result, SafetensorsFile, Tensor};
 
 /// `inspect` on `case` shows every phrase and `runs`; `run --hf` matches its `out_f64`.
@@ -170,4 +171,22 @@ fn umt5_reads_the_relative_bias_of_each_layer() {
     let drop = "relative_attention_bias.weight";
     let e = load_without(enc, "umt5-no-table", json!({}), drop).expect_err("no table");
     assert!(e.to_string().contains("block.1.layer.0.SelfAttention.relative_attention_bias"), "{e}");
+}
+
+#[test]
+fn beit_adds_its_relative_position_bias_over_the_patch_grid() {
+    let beit = "beit_self_layer1_relative_bias";
+    inspect_and_run(beit, &["model_type beit", "grid_bias(tokens=5)"]);
+    // Another image size makes another table shape: refused naming the table.
+    let e = load_patched(beit, "beit-grid", json!({"image_size": 12})).expect_err("grid");
+    assert!(e.to_string().contains("relative_position_bias_table"), "{e}");
+    // Switched off: no bias (the stored table is not read).
+    let off = json!({"use_relative_position_bias": false});
+    let m = load_patched(beit, "beit-off", off).expect("no bias");
+    assert!(m.grid_bias.is_none());
+    // Inputs of another length than the grid's tokens are refused by the mask.
+    let m = load_patched(beit, "beit-len", json!({})).expect("beit");
+    let dims = AttnDims { batch: 1, heads: 4, lq: 4, lk: 4 };
+    let e = m.mask(dims, None).expect_err("length");
+    assert!(e.to_string().contains("patch grid"), "{e}");
 }

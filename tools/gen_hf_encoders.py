@@ -14,6 +14,9 @@ AUDIO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interme
              conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
              num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, initializer_range=0.2)
 
+VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+              image_size=8, patch_size=4, num_channels=3, initializer_range=0.2)
+
 BERT_LIKE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=64, max_position_embeddings=16, initializer_range=0.2)
 
@@ -40,6 +43,7 @@ FAMILIES = {
         vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=20,
         initializer_factor=1.0)),
+    "beit": (tf.BeitModel, tf.BeitConfig, dict(VISION, use_relative_position_bias=True)),
 }
 
 
@@ -86,6 +90,7 @@ def encoder_cases(g, out_dir):
     musicgen_case(g, out_dir)
     nllb_moe_cases(g, out_dir)
     umt5_cases(g, out_dir)
+    beit_cases(g, out_dir)
 
 
 def esm_case(g, out_dir):
@@ -224,3 +229,41 @@ def umt5_cases(g, out_dir):
                   run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
                                     decoder_attention_mask=dec_pad, use_cache=False),
                   replay=plain, causal=True, pad=dec_pad)
+
+
+def beit_cases(g, out_dir):
+    """BEiT (a table per layer) and data2vec-vision (one shared table, carried beside the
+    module): layer 1 of a forward on an 8×8 image (2×2 patches + [CLS]). The tables, zeros at
+    init, get seeded values so that the bias changes the answer; the replay builds the bias
+    with the model's own module in its dtype and passes it as the attention mask, as the layer
+    does."""
+    for family, name, shared in [
+            ("beit", "beit_self_layer1_relative_bias", False),]:
+        model = g.build(family)
+        with torch.no_grad():
+            for n, p in sorted(model.named_parameters()):
+                if n.endswith("relative_position_bias_table"):
+                    p.normal_()
+        config_text, state = g.saved(model)
+        g.seeded(name)
+        pixels = torch.randn(g.B, 3, 8, 8)
+        # BEiT's modules are `layers`, `shared_position_bias` in memory (saved under the legacy
+        # names); data2vec-vision keeps `encoder.layer`, `encoder.relative_position_bias`.
+        stack = model if family == "beit" else model.encoder
+        layer = (stack.layers if family == "beit" else stack.layer)[1]
+        shared_table = getattr(stack, "shared_position_bias", None) or getattr(
+            stack, "relative_position_bias", None)
+        table = shared_table if shared else layer.relative_position_bias
+
+        def replay(mod, x, kv, mask, dtype, table=table, family=family):
+            t = table if dtype == torch.float32 else copy.deepcopy(table).double()
+            bias = t((2, 2), False, dim_size=x.shape[1])
+            assert bias.dtype == dtype
+            if family == "beit":  # the layer passes the bias as the attention mask
+                return mod(x, attention_mask=bias)[0]
+            return mod(x, relative_position_bias=bias, resolution=(8, 8))[0]
+
+        extra = ("encoder.relative_position_bias.relative_position_bias_table",) if shared else ()
+        g.replay_case(out_dir, name, family, model, config_text, state, module=layer.attention,
+                      prefix="encoder.layer.1.attention.", run=lambda: model(pixels),
+                      replay=replay, extra=extra)

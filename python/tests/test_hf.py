@@ -190,6 +190,7 @@ ENCODERS = [
     "nllb_moe_decoder_cross_layer0_padding",
     "umt5_encoder_self_block1_padding",
     "umt5_decoder_self_block1_causal_padding",
+    "beit_self_layer1_relative_bias",
 ]
 
 

@@ -64,6 +64,9 @@ fn describe(m: &HfAttention) -> String {
         c.heads,
         c.qk_head_dim
     );
+    if let Some(b) = &m.grid_bias {
+        s.push_str(&format!(" grid_bias(tokens={})", b.shape()[2]));
+    }
     if let Some(norm) = &m.input_norm {
         s.push_str(&format!(" input_norm={norm} (not computed: inputs are its output)"));
     }

@@ -124,7 +124,7 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     if let Some(norm) = &module.input_norm {
         describe.push_str(&format!(" after input norm {norm}"));
     }
-    if module.relative_bias.is_some() {
+    if module.relative_bias.is_some() || module.grid_bias.is_some() {
         describe.push_str(" +relative bias");
     }
     if module.config.rope.is_some() {

@@ -178,6 +178,11 @@ impl HfConfig {
         Ok(self.flag("is_decoder")? == Some(true))
     }
 
+    /// The raw value under `key` (top level).
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.json.get(key)
+    }
+
     /// A boolean under `key`; `Ok(None)` when absent or null, an error naming the key and value
     /// for any other JSON type (transformers' config validation raises on them).
     pub fn flag(&self, key: &str) -> Result<Option<bool>> {

@@ -132,6 +132,7 @@ impl HfCheckpoint {
             weights: core_weights,
             relative_bias: None,
             input_norm: None,
+            grid_bias: None,
             mla: Some(weights.inputs()),
         })
     }

@@ -7,6 +7,7 @@ pub mod case;
 pub mod config;
 pub mod decoder;
 pub mod families;
+mod beit;
 mod mla;
 mod model_table;
 pub mod model_types;
@@ -277,6 +278,7 @@ impl HfCheckpoint {
         let extra = |rest: &str| {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
                 || (model_type.sinks() && rest == "sinks")
+                || (model_type.grid_bias() && rest == beit::LAYER_TABLE)
                 || model_type.input_norm().is_some_and(|n| {
                     // ESM saves its LayerNorm under the legacy gamma / beta names.
                     rest.strip_prefix(n)
@@ -371,6 +373,10 @@ impl HfCheckpoint {
                 relative_bias = Some(self.t5_relative_bias(prefix, heads, per_layer)?);
             }
         }
+        let grid_bias = match (&module_config, model_type.grid_bias()) {
+            (Some(c), true) => self.beit_position_bias(prefix, c, heads)?,
+            _ => None,
+        };
         Ok(HfAttention {
             family,
             model_type: module_config
@@ -392,6 +398,7 @@ impl HfCheckpoint {
             weights,
             relative_bias,
             input_norm: model_type.input_norm().map(|n| format!("{prefix}{n}")),
+            grid_bias,
             mla: None,
         })
     }
@@ -480,6 +487,8 @@ pub struct HfAttention {
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
     pub relative_bias: Option<RelativeBias>,
+    /// BEiT's relative position bias `[1, H, N, N]` over the config's patch grid.
+    pub grid_bias: Option<Tensor>,
     /// The LayerNorm (its stored prefix) the model applies before this module inside its
     /// attention block (megatron-bert's `ln`): not computed here; inputs are its output.
     pub input_norm: Option<String>,
@@ -512,6 +521,22 @@ impl HfAttention {
     /// padding of `attention_mask` (`[B, Lk]`, 1 = real token), and T5's relative bias — all
     /// composed as `transformers` does.
     pub fn mask(&self, dims: AttnDims, attention_mask: Option<&MaskTensor>) -> Result<Mask> {
+        if let Some(bias) = &self.grid_bias {
+            let n = bias.shape()[2];
+            if dims.lq != n || dims.lk != n {
+                return Err(Error::Config(format!(
+                    "BEiT's relative position bias is built for the config's patch grid: {n} \
+                     tokens with [CLS]; these inputs have Lq = {}, Lk = {} (another grid, \
+                     transformers' interpolate_pos_encoding, is not implemented)",
+                    dims.lq, dims.lk
+                )));
+            }
+            let base = Mask::Bias(bias.clone());
+            return match attention_mask {
+                None => Ok(base),
+                Some(m) => base.with_key_padding(&PaddingMask::HfAttention(m.clone()), dims),
+            };
+        }
         // A decoder's padded batch: the causal rule in the shader, the padding per key.
         if let (None, true, Some(m)) = (&self.relative_bias, self.causal, attention_mask) {
             let mask = Mask::causal_with_padding(self.window, m);

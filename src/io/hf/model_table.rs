@@ -35,6 +35,11 @@ pub(crate) const GPT2: usize = 0;
 
 const WINDOW: &[&str] = &["sliding_window"];
 
+const BEIT: &[&str] = &[
+    "use_relative_position_bias",
+    "use_shared_relative_position_bias",
+];
+
 const GEMMA3: &[&str] = &[
     "attn_logit_softcapping",
     "query_pre_attn_scalar",
@@ -82,6 +87,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("vit_msn", Family::Vit, Causality::Never),
     mt("dinov2", Family::Vit, Causality::Never),
     mt("yolos", Family::Vit, Causality::Never),
+    // BeitAttention: vit's names, no key bias, plus a relative
+    // position bias over the config's patch grid, per layer and/or shared (see `beit.rs`).
+    reading("beit", Family::Vit, Causality::Never, BEIT),
     mt("distilbert", Family::DistilBert, Causality::Never),
     // BartAttention and its copies (whisper's k_proj has no bias: zero-filled).
     mt("bart", Family::Bart, Causality::InDecoderStack),
@@ -404,7 +412,6 @@ pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
         "nezha",
         "functional relative position encodings are not implemented",
     ),
-    ("beit", "relative position biases are not implemented"),
     (
         "data2vec-vision",
         "relative position biases are not implemented",

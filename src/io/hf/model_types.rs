@@ -282,6 +282,11 @@ impl ModelType {
         self.name == "umt5"
     }
 
+    /// Whether the module adds BEiT's relative position bias over a patch grid.
+    pub fn grid_bias(&self) -> bool {
+        self.name == "beit"
+    }
+
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
     pub fn sinks(&self) -> bool {
         self.name == "gpt_oss"
