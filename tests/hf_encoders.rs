@@ -177,6 +177,8 @@ fn umt5_reads_the_relative_bias_of_each_layer() {
 fn beit_adds_its_relative_position_bias_over_the_patch_grid() {
     let beit = "beit_self_layer1_relative_bias";
     inspect_and_run(beit, &["model_type beit", "grid_bias(tokens=5)"]);
+    let shared = "data2vec_vision_self_layer1_shared_relative_bias";
+    inspect_and_run(shared, &["model_type data2vec-vision", "grid_bias(tokens=5)"]);
     // Another image size makes another table shape: refused naming the table.
     let e = load_patched(beit, "beit-grid", json!({"image_size": 12})).expect_err("grid");
     assert!(e.to_string().contains("relative_position_bias_table"), "{e}");
@@ -189,4 +191,8 @@ fn beit_adds_its_relative_position_bias_over_the_patch_grid() {
     let dims = AttnDims { batch: 1, heads: 4, lq: 4, lk: 4 };
     let e = m.mask(dims, None).expect_err("length");
     assert!(e.to_string().contains("patch grid"), "{e}");
+    // A shared table missing from the checkpoint is named.
+    let e = load_without(shared, "d2v-no-table", json!({}), "relative_position_bias_table")
+        .expect_err("no shared table");
+    assert!(e.to_string().contains("encoder.relative_position_bias"), "{e}");
 }

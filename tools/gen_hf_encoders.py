@@ -44,6 +44,8 @@ FAMILIES = {
         relative_attention_num_buckets=8, relative_attention_max_distance=20,
         initializer_factor=1.0)),
     "beit": (tf.BeitModel, tf.BeitConfig, dict(VISION, use_relative_position_bias=True)),
+    "data2vec-vision": (tf.Data2VecVisionModel, tf.Data2VecVisionConfig, dict(
+        VISION, use_shared_relative_position_bias=True)),
 }
 
 
@@ -238,7 +240,8 @@ def beit_cases(g, out_dir):
     with the model's own module in its dtype and passes it as the attention mask, as the layer
     does."""
     for family, name, shared in [
-            ("beit", "beit_self_layer1_relative_bias", False),]:
+            ("beit", "beit_self_layer1_relative_bias", False),
+            ("data2vec-vision", "data2vec_vision_self_layer1_shared_relative_bias", True)]:
         model = g.build(family)
         with torch.no_grad():
             for n, p in sorted(model.named_parameters()):

@@ -191,6 +191,7 @@ ENCODERS = [
     "umt5_encoder_self_block1_padding",
     "umt5_decoder_self_block1_causal_padding",
     "beit_self_layer1_relative_bias",
+    "data2vec_vision_self_layer1_shared_relative_bias",
 ]
 
 

@@ -87,9 +87,10 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("vit_msn", Family::Vit, Causality::Never),
     mt("dinov2", Family::Vit, Causality::Never),
     mt("yolos", Family::Vit, Causality::Never),
-    // BeitAttention: vit's names, no key bias, plus a relative
+    // BeitAttention (and data2vec-vision's copy): vit's names, no key bias, plus a relative
     // position bias over the config's patch grid, per layer and/or shared (see `beit.rs`).
     reading("beit", Family::Vit, Causality::Never, BEIT),
+    reading("data2vec-vision", Family::Vit, Causality::Never, BEIT),
     mt("distilbert", Family::DistilBert, Causality::Never),
     // BartAttention and its copies (whisper's k_proj has no bias: zero-filled).
     mt("bart", Family::Bart, Causality::InDecoderStack),
@@ -411,10 +412,6 @@ pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
     (
         "nezha",
         "functional relative position encodings are not implemented",
-    ),
-    (
-        "data2vec-vision",
-        "relative position biases are not implemented",
     ),
     (
         "swin",

@@ -284,7 +284,7 @@ impl ModelType {
 
     /// Whether the module adds BEiT's relative position bias over a patch grid.
     pub fn grid_bias(&self) -> bool {
-        self.name == "beit"
+        matches!(self.name, "beit" | "data2vec-vision")
     }
 
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
