@@ -83,6 +83,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "umt5",
             "unispeech",
             "vit",
+            "wavlm",
             "whisper",
             "xglm",
         ]

@@ -101,7 +101,8 @@ fn load_without(case: &str, tag: &str, patch: Value, drop: &str) -> Result<HfAtt
         };
     }
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    let kept = |n: &&str| n.starts_with(&prefix) && (drop.is_empty() || !n.ends_with(drop));
+    // The model's tensors (dotted names: the module's and those beside it), not the inputs.
+    let kept = |n: &&str| n.contains('.') && (drop.is_empty() || !n.ends_with(drop));
     for name in file.names().into_iter().filter(kept) {
         tensors.push((name.to_string(), file.tensor_f32(name)?));
     }
@@ -195,4 +196,24 @@ fn beit_adds_its_relative_position_bias_over_the_patch_grid() {
     let e = load_without(shared, "d2v-no-table", json!({}), "relative_position_bias_table")
         .expect_err("no shared table");
     assert!(e.to_string().contains("encoder.relative_position_bias"), "{e}");
+}
+
+#[test]
+fn wavlm_gates_layer_0s_relative_bias_by_its_input() {
+    let wavlm = "wavlm_self_layer1_padding_gated_bias";
+    inspect_and_run(wavlm, &["model_type wavlm", "gated_relative_bias"]);
+    // The bias is made from the input: the input-free mask is refused, never wrong.
+    let m = load_patched(wavlm, "wavlm-mask", json!({})).expect("wavlm");
+    let dims = AttnDims { batch: 2, heads: 4, lq: 9, lk: 9 };
+    assert!(m.mask(dims, None).is_err());
+    // Inputs of another width are refused by mask_for.
+    let x = Tensor::new([2, 9, 16], vec![0.0; 2 * 9 * 16]).unwrap();
+    assert!(m.mask_for(&x, dims, None).is_err());
+    // Layer 0's table is required; far buckets whose share would be negative are refused.
+    let e = load_without(wavlm, "wavlm-no-table", json!({}), "rel_attn_embed.weight")
+        .expect_err("no table");
+    assert!(e.to_string().contains("layers.0.attention.rel_attn_embed"), "{e}");
+    let near = json!({"max_bucket_distance": 4});
+    let e = load_patched(wavlm, "wavlm-near", near).expect_err("max distance");
+    assert!(e.to_string().contains("max_bucket_distance"), "{e}");
 }

@@ -43,6 +43,8 @@ FAMILIES = {
         vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=20,
         initializer_factor=1.0)),
+    "wavlm": (tf.WavLMModel, tf.WavLMConfig, dict(AUDIO, num_buckets=16, max_bucket_distance=24,
+                                                  feat_extract_norm="layer")),
     "beit": (tf.BeitModel, tf.BeitConfig, dict(VISION, use_relative_position_bias=True)),
     "data2vec-vision": (tf.Data2VecVisionModel, tf.Data2VecVisionConfig, dict(
         VISION, use_shared_relative_position_bias=True)),
@@ -93,6 +95,7 @@ def encoder_cases(g, out_dir):
     nllb_moe_cases(g, out_dir)
     umt5_cases(g, out_dir)
     beit_cases(g, out_dir)
+    wavlm_case(g, out_dir)
 
 
 def esm_case(g, out_dir):
@@ -270,3 +273,36 @@ def beit_cases(g, out_dir):
         g.replay_case(out_dir, name, family, model, config_text, state, module=layer.attention,
                       prefix="encoder.layer.1.attention.", run=lambda: model(pixels),
                       replay=replay, extra=extra)
+
+
+def wavlm_case(g, out_dir):
+    """WavLM's layer 1: the position bias of layer 0's table (`rel_attn_embed`, carried beside
+    the module), gated by the module from its input; padded samples give the feature-level
+    [B, L] mask the encoder passes to each layer (1 = real frame), as the case's
+    attention_mask. Small buckets (16 up to distance 24) put distances ≥ 4 in the far ones."""
+    model = g.build("wavlm")
+    config_text, state = g.saved(model)
+    name = "wavlm_self_layer1_padding_gated_bias"
+    g.seeded(name)
+    samples = torch.randn(g.B, 200)
+    sample_mask = g.lengths_mask([200, 150], 200)
+    layers = model.encoder.layers
+    args, kwargs, _ = g.capture(layers[1].attention,
+                                lambda: model(samples, attention_mask=sample_mask))
+    frames = kwargs["attention_mask"].detach()
+    assert frames.shape == (g.B, args[0].shape[1] if args else kwargs["hidden_states"].shape[1])
+    assert not frames.all(), "the padded row has padded frames"
+
+    def replay(mod, x, kv, mask, dtype):
+        table = layers[0].attention
+        table = table if dtype == torch.float32 else copy.deepcopy(table).double()
+        length = x.shape[1]
+        bias = table.compute_bias(length, length)
+        bias = bias.unsqueeze(0).repeat(g.B, 1, 1, 1).view(g.B * bias.shape[0], length, length)
+        assert bias.dtype == dtype
+        return mod(x, attention_mask=frames, position_bias=bias)[0]
+
+    g.replay_case(out_dir, name, "wavlm", model, config_text, state, module=layers[1].attention,
+                  prefix="encoder.layers.1.attention.",
+                  run=lambda: model(samples, attention_mask=sample_mask), replay=replay,
+                  pad=frames, extra=("encoder.layers.0.attention.rel_attn_embed.weight",))

@@ -192,6 +192,7 @@ ENCODERS = [
     "umt5_decoder_self_block1_causal_padding",
     "beit_self_layer1_relative_bias",
     "data2vec_vision_self_layer1_shared_relative_bias",
+    "wavlm_self_layer1_padding_gated_bias",
 ]
 
 

@@ -64,6 +64,9 @@ fn describe(m: &HfAttention) -> String {
         c.heads,
         c.qk_head_dim
     );
+    if m.gated_bias.is_some() {
+        s.push_str(" gated_relative_bias");
+    }
     if let Some(b) = &m.grid_bias {
         s.push_str(&format!(" grid_bias(tokens={})", b.shape()[2]));
     }
@@ -227,7 +230,7 @@ pub fn run(
         true => Some(inputs.mask_tensor("attention_mask")?),
         false => None,
     };
-    let mask = module.mask(dims, padding.as_ref())?;
+    let mask = module.mask_for(&hidden, dims, padding.as_ref())?;
     let forward_options = &ForwardOptions {
         positions: read_positions(&inputs, &module.config, dims.batch, dims.lk)?,
         ..forward_options.clone()

@@ -133,6 +133,7 @@ impl HfCheckpoint {
             relative_bias: None,
             input_norm: None,
             grid_bias: None,
+            gated_bias: None,
             mla: Some(weights.inputs()),
         })
     }

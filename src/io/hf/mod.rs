@@ -8,6 +8,7 @@ pub mod config;
 pub mod decoder;
 pub mod families;
 mod beit;
+pub mod wavlm;
 mod mla;
 mod model_table;
 pub mod model_types;
@@ -279,6 +280,7 @@ impl HfCheckpoint {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
                 || (model_type.sinks() && rest == "sinks")
                 || (model_type.grid_bias() && rest == beit::LAYER_TABLE)
+                || (model_type.gated_bias() && wavlm::TENSORS.iter().any(|t| rest == *t))
                 || model_type.input_norm().is_some_and(|n| {
                     // ESM saves its LayerNorm under the legacy gamma / beta names.
                     rest.strip_prefix(n)
@@ -377,6 +379,16 @@ impl HfCheckpoint {
             (Some(c), true) => self.beit_position_bias(prefix, c, heads)?,
             _ => None,
         };
+        let gated_bias = match (&module_config, model_type.gated_bias() && !cross) {
+            (Some(c), true) => Some(self.wavlm_bias(prefix, c, heads)?),
+            (None, true) => {
+                return Err(Error::file(
+                    &self.name,
+                    "has no config.json for WavLM's num_buckets and max_bucket_distance",
+                ))
+            }
+            _ => None,
+        };
         Ok(HfAttention {
             family,
             model_type: module_config
@@ -399,6 +411,7 @@ impl HfCheckpoint {
             relative_bias,
             input_norm: model_type.input_norm().map(|n| format!("{prefix}{n}")),
             grid_bias,
+            gated_bias,
             mla: None,
         })
     }
@@ -487,6 +500,8 @@ pub struct HfAttention {
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
     pub relative_bias: Option<RelativeBias>,
+    /// WavLM's gated relative position bias (made from the inputs: [`HfAttention::mask_for`]).
+    pub gated_bias: Option<wavlm::GatedBias>,
     /// BEiT's relative position bias `[1, H, N, N]` over the config's patch grid.
     pub grid_bias: Option<Tensor>,
     /// The LayerNorm (its stored prefix) the model applies before this module inside its
@@ -517,10 +532,35 @@ impl HfAttention {
         }
     }
 
+    /// The mask for hidden states `x` (the module's input): WavLM's gated bias is made from
+    /// them; every other module's is [`HfAttention::mask`]'s.
+    pub fn mask_for(
+        &self,
+        x: &Tensor,
+        dims: AttnDims,
+        attention_mask: Option<&MaskTensor>,
+    ) -> Result<Mask> {
+        let Some(gated) = &self.gated_bias else {
+            return self.mask(dims, attention_mask);
+        };
+        let base = gated.mask(x, dims)?;
+        match attention_mask {
+            None => Ok(base),
+            Some(m) => base.with_key_padding(&PaddingMask::HfAttention(m.clone()), dims),
+        }
+    }
+
     /// The mask this module applies to `dims`: causal when it is a decoder self-attention, the
     /// padding of `attention_mask` (`[B, Lk]`, 1 = real token), and T5's relative bias — all
     /// composed as `transformers` does.
     pub fn mask(&self, dims: AttnDims, attention_mask: Option<&MaskTensor>) -> Result<Mask> {
+        if self.gated_bias.is_some() {
+            return Err(Error::Misuse(
+                "WavLM's gated relative position bias is made from the module's input: use \
+                 HfAttention::mask_for"
+                    .into(),
+            ));
+        }
         if let Some(bias) = &self.grid_bias {
             let n = bias.shape()[2];
             if dims.lq != n || dims.lk != n {

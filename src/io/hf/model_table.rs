@@ -108,6 +108,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("xglm", Family::Bart, Causality::Always),
     mt("wav2vec2", Family::Bart, Causality::Never),
     mt("hubert", Family::Bart, Causality::Never),
+    // WavLMAttention: wav2vec2's projections with a gated relative position bias (see
+    // wavlm.rs), an encoder only.
+    mt("wavlm", Family::Bart, Causality::Never),
     // SEWAttention and UniSpeechAttention: wav2vec2's (bart's names under `attention.`),
     // encoders only (SEW's squeeze and upsampling are outside the module).
     mt("sew", Family::Bart, Causality::Never),

@@ -287,6 +287,11 @@ impl ModelType {
         matches!(self.name, "beit" | "data2vec-vision")
     }
 
+    /// Whether the module adds WavLM's gated relative position bias (`wavlm.rs`).
+    pub fn gated_bias(&self) -> bool {
+        self.name == "wavlm"
+    }
+
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
     pub fn sinks(&self) -> bool {
         self.name == "gpt_oss"
