@@ -34,7 +34,9 @@ fn inspect_and_run(case: &str, phrases: &[&str]) {
         .to_string();
     let out = dir.join(format!("{case}.out.safetensors"));
     let p = path.to_str().unwrap();
-    let args = ["run", "--hf", p, "--prefix", &prefix, "--inputs", p, "--out"];
+    let args = [
+        "run", "--hf", p, "--prefix", &prefix, "--inputs", p, "--out",
+    ];
     let (code, text) = cli(&[&args[..], &[out.to_str().unwrap()]].concat());
     assert_eq!(code, 0, "{case}: {text}");
     let got = SafetensorsFile::open(&out)
@@ -141,12 +143,18 @@ fn an_input_norm_is_taken_only_by_the_model_types_that_have_one() {
 fn bart_copies_run_as_bart() {
     for (case, phrases) in [
         ("sew_self_layer1", &["model_type sew", "self  E=32"][..]),
-        ("unispeech_self_layer1", &["model_type unispeech", "self  E=32"]),
+        (
+            "unispeech_self_layer1",
+            &["model_type unispeech", "self  E=32"],
+        ),
         (
             "musicgen_decoder_self_layer1_causal_padding",
             &["model_type musicgen_decoder", "self causal"],
         ),
-        ("nllb_moe_encoder_self_layer0_padding", &["model_type nllb-moe", "self  E=32"]),
+        (
+            "nllb_moe_encoder_self_layer0_padding",
+            &["model_type nllb-moe", "self  E=32"],
+        ),
         ("nllb_moe_decoder_self_layer1_causal", &["self causal"]),
         (
             "nllb_moe_decoder_cross_layer0_padding",
@@ -162,7 +170,10 @@ fn umt5_reads_the_relative_bias_of_each_layer() {
     let enc = "umt5_encoder_self_block1_padding";
     inspect_and_run(
         enc,
-        &["model_type umt5", "scale=1 relative_bias(buckets=8, max_distance=20, bidirectional)"],
+        &[
+            "model_type umt5",
+            "scale=1 relative_bias(buckets=8, max_distance=20, bidirectional)",
+        ],
     );
     inspect_and_run(
         "umt5_decoder_self_block1_causal_padding",
@@ -171,7 +182,11 @@ fn umt5_reads_the_relative_bias_of_each_layer() {
     // Block 1 without its own table is refused, never given another layer's.
     let drop = "relative_attention_bias.weight";
     let e = load_without(enc, "umt5-no-table", json!({}), drop).expect_err("no table");
-    assert!(e.to_string().contains("block.1.layer.0.SelfAttention.relative_attention_bias"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("block.1.layer.0.SelfAttention.relative_attention_bias"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -179,23 +194,42 @@ fn beit_adds_its_relative_position_bias_over_the_patch_grid() {
     let beit = "beit_self_layer1_relative_bias";
     inspect_and_run(beit, &["model_type beit", "grid_bias(tokens=5)"]);
     let shared = "data2vec_vision_self_layer1_shared_relative_bias";
-    inspect_and_run(shared, &["model_type data2vec-vision", "grid_bias(tokens=5)"]);
+    inspect_and_run(
+        shared,
+        &["model_type data2vec-vision", "grid_bias(tokens=5)"],
+    );
     // Another image size makes another table shape: refused naming the table.
     let e = load_patched(beit, "beit-grid", json!({"image_size": 12})).expect_err("grid");
-    assert!(e.to_string().contains("relative_position_bias_table"), "{e}");
+    assert!(
+        e.to_string().contains("relative_position_bias_table"),
+        "{e}"
+    );
     // Switched off: no bias (the stored table is not read).
     let off = json!({"use_relative_position_bias": false});
     let m = load_patched(beit, "beit-off", off).expect("no bias");
     assert!(m.grid_bias.is_none());
     // Inputs of another length than the grid's tokens are refused by the mask.
     let m = load_patched(beit, "beit-len", json!({})).expect("beit");
-    let dims = AttnDims { batch: 1, heads: 4, lq: 4, lk: 4 };
+    let dims = AttnDims {
+        batch: 1,
+        heads: 4,
+        lq: 4,
+        lk: 4,
+    };
     let e = m.mask(dims, None).expect_err("length");
     assert!(e.to_string().contains("patch grid"), "{e}");
     // A shared table missing from the checkpoint is named.
-    let e = load_without(shared, "d2v-no-table", json!({}), "relative_position_bias_table")
-        .expect_err("no shared table");
-    assert!(e.to_string().contains("encoder.relative_position_bias"), "{e}");
+    let e = load_without(
+        shared,
+        "d2v-no-table",
+        json!({}),
+        "relative_position_bias_table",
+    )
+    .expect_err("no shared table");
+    assert!(
+        e.to_string().contains("encoder.relative_position_bias"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -204,7 +238,12 @@ fn wavlm_gates_layer_0s_relative_bias_by_its_input() {
     inspect_and_run(wavlm, &["model_type wavlm", "gated_relative_bias"]);
     // The bias is made from the input: the input-free mask is refused, never wrong.
     let m = load_patched(wavlm, "wavlm-mask", json!({})).expect("wavlm");
-    let dims = AttnDims { batch: 2, heads: 4, lq: 9, lk: 9 };
+    let dims = AttnDims {
+        batch: 2,
+        heads: 4,
+        lq: 9,
+        lk: 9,
+    };
     assert!(m.mask(dims, None).is_err());
     // Inputs of another width are refused by mask_for.
     let x = Tensor::new([2, 9, 16], vec![0.0; 2 * 9 * 16]).unwrap();
@@ -212,7 +251,10 @@ fn wavlm_gates_layer_0s_relative_bias_by_its_input() {
     // Layer 0's table is required; far buckets whose share would be negative are refused.
     let e = load_without(wavlm, "wavlm-no-table", json!({}), "rel_attn_embed.weight")
         .expect_err("no table");
-    assert!(e.to_string().contains("layers.0.attention.rel_attn_embed"), "{e}");
+    assert!(
+        e.to_string().contains("layers.0.attention.rel_attn_embed"),
+        "{e}"
+    );
     let near = json!({"max_bucket_distance": 4});
     let e = load_patched(wavlm, "wavlm-near", near).expect_err("max distance");
     assert!(e.to_string().contains("max_bucket_distance"), "{e}");

@@ -51,7 +51,13 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 `helium_*` and `ernie4_5_*` (interleaved RoPE; ERNIE's `.float()` kept float64), `arcee_*`,
 `ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
-and `smollm3_*` (no_rope_layers); the others by 5.24. CodeGen's scores cast
+and `smollm3_*` (no_rope_layers), and (`--only encoders`, issue 38; tools/gen_hf_encoders.py)
+`megatron_bert_*` and `esm_*` (their hidden_states are what enters `attention.self`, after the
+module's own input LayerNorm; esm rotary), `data2vec_text_*`, `layoutlm_*`, `sew_*`, `unispeech_*`,
+`musicgen_decoder_*`, `nllb_moe_*` (self, causal, `cross_attention`), `umt5_*` (a table per block),
+`beit_*` and `data2vec_vision_*` (relative position bias tables given seeded values; the shared one
+carried beside the module) and `wavlm_*` (gated bias of layer 0's table, the frame mask); the others
+by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]

@@ -55,8 +55,8 @@ def dense_after(att):
     """The module's answer ends at `output.dense` (before residual and LayerNorm): run it in
     the replay's dtype (a float64 copy for float64)."""
     def run(y, dtype):
-        dense = att.output.dense if dtype == torch.float32 else copy.deepcopy(att.output.dense).double()
-        return dense(y)
+        dense = att.output.dense
+        return (dense if dtype == torch.float32 else copy.deepcopy(dense).double())(y)
     return run
 
 

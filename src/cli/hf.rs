@@ -71,7 +71,9 @@ fn describe(m: &HfAttention) -> String {
         s.push_str(&format!(" grid_bias(tokens={})", b.shape()[2]));
     }
     if let Some(norm) = &m.input_norm {
-        s.push_str(&format!(" input_norm={norm} (not computed: inputs are its output)"));
+        s.push_str(&format!(
+            " input_norm={norm} (not computed: inputs are its output)"
+        ));
     }
     if let Some(scale) = c.scale {
         s.push_str(&format!(" scale={scale}"));

@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 use crate::model::tensor::Tensor;
 
 /// Where a layer's own table sits under its module's prefix.
-pub(super) const LAYER_TABLE: &str = "attention.relative_position_bias.relative_position_bias_table";
+pub(super) const LAYER_TABLE: &str =
+    "attention.relative_position_bias.relative_position_bias_table";
 
 impl HfCheckpoint {
     /// The bias of the module at `prefix`, or `None` when the config switches neither on.
@@ -95,7 +96,10 @@ fn grid(c: &HfConfig) -> Result<(usize, usize)> {
         None | Some(Value::Null) => (224, 224),
         Some(v) => match (side(v), v.as_array().map(Vec::as_slice)) {
             (Some(s), _) => (s, s),
-            (None, Some([a, b])) => (side(a).ok_or_else(|| bad(v))?, side(b).ok_or_else(|| bad(v))?),
+            (None, Some([a, b])) => (
+                side(a).ok_or_else(|| bad(v))?,
+                side(b).ok_or_else(|| bad(v))?,
+            ),
             _ => return Err(bad(v)),
         },
     };
@@ -103,7 +107,9 @@ fn grid(c: &HfConfig) -> Result<(usize, usize)> {
     if wh == 0 || ww == 0 || wh.checked_mul(ww).is_none_or(|a| a > 1 << 16) {
         return Err(Error::file(
             c.source(),
-            format!("config.json image_size {h}×{w} with patch_size {patch} is no usable patch grid"),
+            format!(
+                "config.json image_size {h}×{w} with patch_size {patch} is no usable patch grid"
+            ),
         ));
     }
     Ok((wh, ww))

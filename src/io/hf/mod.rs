@@ -3,17 +3,17 @@
 //! metadata (a Hugging Face case file). The attention modules in it are found by tensor names
 //! ([`families`]) and loaded with what `config.json` says about them ([`config`]).
 
+mod beit;
 pub mod case;
 pub mod config;
 pub mod decoder;
 pub mod families;
-mod beit;
-pub mod wavlm;
 mod mla;
 mod model_table;
 pub mod model_types;
 mod module_parts;
 mod projections;
+pub mod wavlm;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -280,7 +280,7 @@ impl HfCheckpoint {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
                 || (model_type.sinks() && rest == "sinks")
                 || (model_type.grid_bias() && rest == beit::LAYER_TABLE)
-                || (model_type.gated_bias() && wavlm::TENSORS.iter().any(|t| rest == *t))
+                || (model_type.gated_bias() && wavlm::TENSORS.contains(&rest))
                 || model_type.input_norm().is_some_and(|n| {
                     // ESM saves its LayerNorm under the legacy gamma / beta names.
                     rest.strip_prefix(n)

@@ -76,7 +76,12 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // EsmSelfAttention: bert's, q scaled by 1/√d before half-split RoPE (θ rope_theta,
     // default 10000, every dimension) when position_embedding_type is "rotary"; its attention
     // module LayerNorms the input first (`LayerNorm`, see ModelType::input_norm).
-    reading("esm", Family::Bert, Causality::IsDecoderKey, &["position_embedding_type"]),
+    reading(
+        "esm",
+        Family::Bert,
+        Causality::IsDecoderKey,
+        &["position_embedding_type"],
+    ),
     // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
     // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
     mt("roformer", Family::Bert, Causality::IsDecoderKey),

@@ -55,7 +55,9 @@ impl HfCheckpoint {
         if shape != [buckets, heads] {
             return Err(Error::weight(
                 table_name,
-                format!("has shape {shape:?}, expected [num_buckets, heads] = [{buckets}, {heads}]"),
+                format!(
+                    "has shape {shape:?}, expected [num_buckets, heads] = [{buckets}, {heads}]"
+                ),
             ));
         }
         let bias = RelativeBias::new(table, buckets, heads, max_distance, true)?;
