@@ -58,6 +58,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "hunyuan",
             "layoutlm",
             "llama",
+            "longt5",
             "megatron",
             "ministral",
             "mistral",

@@ -145,6 +145,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "musicgen_decoder_self",
         "nllb_moe_decoder_self",
         "umt5_decoder_self",
+        "longt5_decoder_self",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

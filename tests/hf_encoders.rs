@@ -10,7 +10,7 @@ use common::cli;
 use common::hf_dirs::model_dir;
 use serde_json::{json, Value};
 use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
-use wgpu_mha::model::mask::AttnDims;
+use wgpu_mha::model::mask::{AttnDims, MaskTensor};
 use wgpu_mha::{Case, Result, SafetensorsFile, Tensor};
 
 /// `inspect` on `case` shows every phrase and `runs`; `run --hf` matches its `out_f64`.
@@ -258,4 +258,32 @@ fn wavlm_gates_layer_0s_relative_bias_by_its_input() {
     let near = json!({"max_bucket_distance": 4});
     let e = load_patched(wavlm, "wavlm-near", near).expect_err("max distance");
     assert!(e.to_string().contains("max_bucket_distance"), "{e}");
+}
+
+#[test]
+fn longt5_encoder_attends_locally_with_block_0s_bias() {
+    let longt5 = "longt5_encoder_self_block1_local";
+    inspect_and_run(
+        longt5,
+        &["model_type longt5", "local(block=3)", "bidirectional"],
+    );
+    let decoder = "longt5_decoder_self_block0_causal_padding";
+    inspect_and_run(decoder, &["self causal", "one-way"]);
+    let m = load_patched(longt5, "longt5", json!({})).expect("longt5");
+    // Padding masks LongT5's queries too: refused, never answered as a key mask.
+    let dims = AttnDims {
+        batch: 1,
+        heads: 4,
+        lq: 8,
+        lk: 8,
+    };
+    let mut keep = vec![1u8; 8];
+    keep[7] = 0;
+    let pad = MaskTensor::new([1, 8], keep).unwrap();
+    let e = m.mask(dims, Some(&pad)).expect_err("padding");
+    assert!(e.to_string().contains("padding"), "{e}");
+    assert!(m.mask(dims, None).is_ok());
+    let tglobal = json!({"encoder_attention_type": "transient-global"});
+    let e = load_patched(longt5, "longt5-tglobal", tglobal).expect_err("transient-global");
+    assert!(e.to_string().contains("transient-global"), "{e}");
 }

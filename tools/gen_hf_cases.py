@@ -56,7 +56,8 @@ and `smollm3_*` (no_rope_layers), and (`--only encoders`, issue 38; tools/gen_hf
 module's own input LayerNorm; esm rotary), `data2vec_text_*`, `layoutlm_*`, `sew_*`, `unispeech_*`,
 `musicgen_decoder_*`, `nllb_moe_*` (self, causal, `cross_attention`), `umt5_*` (a table per block),
 `beit_*` and `data2vec_vision_*` (relative position bias tables given seeded values; the shared one
-carried beside the module) and `wavlm_*` (gated bias of layer 0's table, the frame mask); the others
+carried beside the module), `wavlm_*` (gated bias of layer 0's table, the frame mask) and `longt5_*`
+(the encoder's local attention, unpadded; the decoder's t5 attention); the others
 by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 

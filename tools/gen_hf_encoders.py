@@ -45,6 +45,11 @@ FAMILIES = {
         initializer_factor=1.0)),
     "wavlm": (tf.WavLMModel, tf.WavLMConfig, dict(AUDIO, num_buckets=16, max_bucket_distance=24,
                                                   feat_extract_norm="layer")),
+    # local attention, blocks of 3 (local_radius 2); t5's bias sizes.
+    "longt5": (tf.LongT5Model, tf.LongT5Config, dict(
+        vocab_size=64, d_model=32, d_kv=6, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20, local_radius=2,
+        encoder_attention_type="local")),
     "beit": (tf.BeitModel, tf.BeitConfig, dict(VISION, use_relative_position_bias=True)),
     "data2vec-vision": (tf.Data2VecVisionModel, tf.Data2VecVisionConfig, dict(
         VISION, use_shared_relative_position_bias=True)),
@@ -96,6 +101,7 @@ def encoder_cases(g, out_dir):
     umt5_cases(g, out_dir)
     beit_cases(g, out_dir)
     wavlm_case(g, out_dir)
+    longt5_case(g, out_dir)
 
 
 def esm_case(g, out_dir):
@@ -306,3 +312,51 @@ def wavlm_case(g, out_dir):
                   prefix="encoder.layers.1.attention.",
                   run=lambda: model(samples, attention_mask=sample_mask), replay=replay,
                   pad=frames, extra=("encoder.layers.0.attention.rel_attn_embed.weight",))
+
+
+TABLE = "LocalSelfAttention.relative_attention_bias.weight"
+
+
+def longt5_case(g, out_dir):
+    """LongT5's local attention (encoder_attention_type "local"), block 1 of the encoder: keys
+    within local_radius of the query (blocks of local_radius + 1; 8 tokens make 3 blocks, the
+    last padded) and t5's bidirectional bias of block 0's table, which a later block receives
+    with the local mask folded in (-1e10) as position_bias. Its softmax(scores.float()) keeps
+    float64 in the float64 replay."""
+    model = g.build("longt5")
+    config_text, state = g.saved(model)
+    name = "longt5_encoder_self_block1_local"
+    g.seeded(name)
+    # No padding: LongT5 masks padded queries too, whose rows are then uniform over their
+    # window in transformers (the loader refuses a padded attention_mask).
+    input_ids, pad, dec_ids = g.ids(8), g.lengths_mask([8, 8], 8), g.ids(5)
+    block_len = model.config.local_radius + 1
+    local = tf.models.longt5.modeling_longt5._get_local_attention_mask(pad, block_len, "cpu")
+    table = model.encoder.block[0].layer[0].LocalSelfAttention
+
+    def replay(mod, x, kv, mask, dtype):
+        t = table if dtype == torch.float32 else copy.deepcopy(table).double()
+        bias = t.compute_bias(block_len)
+        bias = bias + torch.where(local > 0, 0.0, -1e10).transpose(1, 2).to(dtype)
+        with g.dot_float_keeps_float64():
+            return mod(x, position_bias=bias)[0]
+
+    g.replay_case(out_dir, name, "longt5", model, config_text, state,
+                  module=model.encoder.block[1].layer[0].LocalSelfAttention,
+                  prefix="encoder.block.1.layer.0.LocalSelfAttention.",
+                  run=lambda: model(input_ids, attention_mask=pad, decoder_input_ids=dec_ids,
+                                    use_cache=False),
+                  replay=replay,
+                  extra=(f"encoder.block.0.layer.0.{TABLE}",))
+
+    # The decoder's self-attention is t5's (block 0 holds its table), causal and padded.
+    name = "longt5_decoder_self_block0_causal_padding"
+    g.seeded(name)
+    input_ids, dec_ids, dec_pad = g.ids(6), g.ids(7), g.lengths_mask([7, 5], 7)
+    g.replay_case(out_dir, name, "longt5", model, config_text, state,
+                  module=model.decoder.block[0].layer[0].SelfAttention,
+                  prefix="decoder.block.0.layer.0.SelfAttention.",
+                  run=lambda: model(input_ids, decoder_input_ids=dec_ids,
+                                    decoder_attention_mask=dec_pad, use_cache=False),
+                  replay=lambda mod, x, kv, mask, dt: mod(x, mask=mask)[0], causal=True,
+                  pad=dec_pad)

@@ -193,6 +193,8 @@ ENCODERS = [
     "beit_self_layer1_relative_bias",
     "data2vec_vision_self_layer1_shared_relative_bias",
     "wavlm_self_layer1_padding_gated_bias",
+    "longt5_encoder_self_block1_local",
+    "longt5_decoder_self_block0_causal_padding",
 ]
 
 

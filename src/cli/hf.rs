@@ -64,6 +64,9 @@ fn describe(m: &HfAttention) -> String {
         c.heads,
         c.qk_head_dim
     );
+    if let Some(block) = m.local_block {
+        s.push_str(&format!(" local(block={block})"));
+    }
     if m.gated_bias.is_some() {
         s.push_str(" gated_relative_bias");
     }

@@ -134,6 +134,7 @@ impl HfCheckpoint {
             input_norm: None,
             grid_bias: None,
             gated_bias: None,
+            local_block: None,
             mla: Some(weights.inputs()),
         })
     }

@@ -367,6 +367,15 @@ impl HfCheckpoint {
             config = config.with_scale(1.0)?;
         }
         let mut relative_bias = None;
+        let mut local_block = None;
+        if let (true, false, false, Some(c)) = (
+            model_type.local_encoder(),
+            cross,
+            model_types::in_decoder_stack(prefix),
+            &module_config,
+        ) {
+            local_block = Some(self.longt5_local_block(prefix, c)?);
+        }
         if family == Family::T5 {
             // T5 does not scale the scores.
             config = config.with_scale(1.0)?;
@@ -412,6 +421,7 @@ impl HfCheckpoint {
             input_norm: model_type.input_norm().map(|n| format!("{prefix}{n}")),
             grid_bias,
             gated_bias,
+            local_block,
             mla: None,
         })
     }
@@ -502,6 +512,8 @@ pub struct HfAttention {
     pub relative_bias: Option<RelativeBias>,
     /// WavLM's gated relative position bias (made from the inputs: [`HfAttention::mask_for`]).
     pub gated_bias: Option<wavlm::GatedBias>,
+    /// LongT5's local attention: keys within `block − 1` positions of the query.
+    pub local_block: Option<usize>,
     /// BEiT's relative position bias `[1, H, N, N]` over the config's patch grid.
     pub grid_bias: Option<Tensor>,
     /// The LayerNorm (its stored prefix) the model applies before this module inside its
@@ -584,6 +596,9 @@ impl HfAttention {
             return Ok(mask);
         }
         let base = match (&self.relative_bias, self.causal, self.window) {
+            (Some(bias), _, _) if self.local_block.is_some() => {
+                return self.local_mask(bias, dims, attention_mask)
+            }
             (Some(bias), causal, _) => bias.mask(dims, causal)?,
             (None, true, Some(w)) => Mask::SlidingWindow(w),
             (None, true, None) => Mask::Causal,

@@ -151,6 +151,10 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // UMT5Attention: t5's, every self-attention with its own relative bias table
     // (ModelType::relative_bias_per_layer), buckets by stack as t5's.
     mt("umt5", Family::T5, Causality::InDecoderStack),
+    // LongT5: t5's decoder; its encoder's LongT5LocalAttention sees the keys within
+    // local_radius (blocks of local_radius + 1, t5's bias of (key − query) from block 0's
+    // table); transient-global attention is refused (see HfCheckpoint::longt5_local_block).
+    mt("longt5", Family::T5, Causality::InDecoderStack),
     mt("llama", Family::Llama, Causality::Always),
     reading("mistral", Family::Llama, Causality::Always, WINDOW),
     reading("mixtral", Family::Llama, Causality::Always, WINDOW),
@@ -424,10 +428,6 @@ pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
     (
         "swin",
         "windowed attention with relative position biases is not implemented",
-    ),
-    (
-        "longt5",
-        "local and transient-global attention are not implemented",
     ),
     (
         "xlm",

@@ -292,6 +292,11 @@ impl ModelType {
         self.name == "wavlm"
     }
 
+    /// Whether its encoder's self-attention is LongT5's local attention.
+    pub fn local_encoder(&self) -> bool {
+        self.name == "longt5"
+    }
+
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
     pub fn sinks(&self) -> bool {
         self.name == "gpt_oss"
