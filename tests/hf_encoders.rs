@@ -287,3 +287,46 @@ fn longt5_encoder_attends_locally_with_block_0s_bias() {
     let e = load_patched(longt5, "longt5-tglobal", tglobal).expect_err("transient-global");
     assert!(e.to_string().contains("transient-global"), "{e}");
 }
+
+/// Wild values of the keys the encoders read: an error naming the problem, never a panic.
+#[test]
+fn wild_encoder_settings_are_errors_not_panics() {
+    let huge = json!(u64::MAX);
+    for (case, key) in [
+        ("beit_self_layer1_relative_bias", "image_size"),
+        ("beit_self_layer1_relative_bias", "patch_size"),
+        ("wavlm_self_layer1_padding_gated_bias", "num_buckets"),
+        (
+            "wavlm_self_layer1_padding_gated_bias",
+            "max_bucket_distance",
+        ),
+        ("longt5_encoder_self_block1_local", "local_radius"),
+        (
+            "esm_self_layer1_padding_pre_norm_rotary",
+            "position_embedding_type",
+        ),
+    ] {
+        let values = [
+            json!(0),
+            json!(-3),
+            json!(1e30),
+            json!("x"),
+            json!([2, 2, 2]),
+            json!([0, 8]),
+            huge.clone(),
+        ];
+        for (n, value) in values.into_iter().enumerate() {
+            let tag = format!("wild-{key}-{n}");
+            if let Ok(m) = load_patched(case, &tag, json!({ key: value })) {
+                // Whatever loads builds its mask for some shape or refuses it.
+                let dims = AttnDims {
+                    batch: 1,
+                    heads: 4,
+                    lq: 5,
+                    lk: 5,
+                };
+                let _ = m.mask(dims, None);
+            }
+        }
+    }
+}

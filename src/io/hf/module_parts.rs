@@ -296,7 +296,13 @@ impl HfCheckpoint {
                 })
             }
         }
-        Ok(c.usize("local_radius")?.unwrap_or(127) + 1)
+        let radius = c.usize("local_radius")?.unwrap_or(127);
+        radius.checked_add(1).ok_or_else(|| {
+            Error::file(
+                c.source(),
+                format!("config.json `local_radius` = {radius} is too large"),
+            )
+        })
     }
 }
 
