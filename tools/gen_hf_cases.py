@@ -53,7 +53,14 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
 and `smollm3_*` (no_rope_layers), and (`--only glm`, issue 38 group 3) `glm_*` and `glm4_*`
 (interleaved partial RoPE, q/k/v biases) `nemotron_*` (half-split partial RoPE), `persimmon_*` (q/k LayerNorm with bias) and
-`modernbert_*` (a global and a local encoder layer, each θ its kind's; both spellings); the others
+`modernbert_*` (a global and a local encoder layer, each θ its kind's; both spellings), and
+(`--only encoders`, issue 38; tools/gen_hf_encoders.py)
+`megatron_bert_*` and `esm_*` (their hidden_states are what enters `attention.self`, after the
+module's own input LayerNorm; esm rotary), `data2vec_text_*`, `layoutlm_*`, `sew_*`, `unispeech_*`,
+`musicgen_decoder_*`, `nllb_moe_*` (self, causal, `cross_attention`), `umt5_*` (a table per block),
+`beit_*` and `data2vec_vision_*` (relative position bias tables given seeded values; the shared one
+carried beside the module), `wavlm_*` (gated bias of layer 0's table, the frame mask) and `longt5_*`
+(the encoder's local attention, unpadded; the decoder's t5 attention); the others
 by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
@@ -78,6 +85,7 @@ import torch
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st_io  # noqa: E402
+import gen_hf_encoders  # noqa: E402
 
 import transformers as tf  # noqa: E402
 
@@ -1407,7 +1415,8 @@ def modernbert_case(out_dir, name, layer):
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "glm"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "glm",
+          "encoders"]
 
 
 def main():
@@ -1440,6 +1449,7 @@ def main():
         "towers": lambda: towers_cases(args.out),
         "round2": lambda: round2_cases(args.out),
         "glm": lambda: glm_cases(args.out),
+        "encoders": lambda: gen_hf_encoders.encoder_cases(sys.modules[__name__], args.out),
     }
     for group in GROUPS:
         if group in args.only:

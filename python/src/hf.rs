@@ -198,7 +198,7 @@ impl HfModule {
                 .mha
                 .config()
                 .check_inputs(query.shape(), key.shape(), key.shape())?;
-            let mask = m.mask(dims, keep.as_ref())?;
+            let mask = m.mask_for(&query, dims, keep.as_ref())?;
             let options = ForwardOptions {
                 positions,
                 ..Default::default()

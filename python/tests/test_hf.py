@@ -190,3 +190,36 @@ def test_encoder_families_load_and_forward(name):
 def test_round2_families_load_forward_and_decode(name):
     test_forward_matches_transformers(name)
     test_kv_cache_decode_matches_the_whole_forward(name)
+
+
+# issue 38's encoder long tail (transformers 5.25): BERT's copies, megatron-bert after its
+# input LayerNorm, esm (rotary) after its own.
+LONG_TAIL = [
+    "megatron_bert_self_layer1_padding_pre_norm",
+    "data2vec_text_self_layer1_padding",
+    "layoutlm_self_layer1_padding",
+    "esm_self_layer1_padding_pre_norm_rotary",
+    "sew_self_layer1",
+    "unispeech_self_layer1",
+    "musicgen_decoder_self_layer1_causal_padding",
+    "nllb_moe_encoder_self_layer0_padding",
+    "nllb_moe_decoder_self_layer1_causal",
+    "nllb_moe_decoder_cross_layer0_padding",
+    "umt5_encoder_self_block1_padding",
+    "umt5_decoder_self_block1_causal_padding",
+    "beit_self_layer1_relative_bias",
+    "data2vec_vision_self_layer1_shared_relative_bias",
+    "wavlm_self_layer1_padding_gated_bias",
+    "longt5_encoder_self_block1_local",
+    "longt5_decoder_self_block0_causal_padding",
+]
+
+
+@pytest.mark.parametrize("name", LONG_TAIL)
+def test_long_tail_families_load_and_forward(name):
+    test_forward_matches_transformers(name)
+
+
+@pytest.mark.parametrize("name", [n for n in LONG_TAIL if "causal" in n])
+def test_long_tail_decoders_decode(name):
+    test_kv_cache_decode_matches_the_whole_forward(name)

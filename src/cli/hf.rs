@@ -64,6 +64,20 @@ fn describe(m: &HfAttention) -> String {
         c.heads,
         c.qk_head_dim
     );
+    if let Some(block) = m.local_block {
+        s.push_str(&format!(" local(block={block})"));
+    }
+    if m.gated_bias.is_some() {
+        s.push_str(" gated_relative_bias");
+    }
+    if let Some(b) = &m.grid_bias {
+        s.push_str(&format!(" grid_bias(tokens={})", b.shape()[2]));
+    }
+    if let Some(norm) = &m.input_norm {
+        s.push_str(&format!(
+            " input_norm={norm} (not computed: inputs are its output)"
+        ));
+    }
     if let Some(scale) = c.scale {
         s.push_str(&format!(" scale={scale}"));
     }
@@ -229,7 +243,7 @@ pub fn run(
         true => Some(inputs.mask_tensor("attention_mask")?),
         false => None,
     };
-    let mask = module.mask(dims, padding.as_ref())?;
+    let mask = module.mask_for(&hidden, dims, padding.as_ref())?;
     let forward_options = &ForwardOptions {
         positions: read_positions(&inputs, &module.config, dims.batch, dims.lk)?,
         ..forward_options.clone()

@@ -110,7 +110,7 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
         lk,
     };
     let mask = module
-        .mask(dims, padding.as_ref())
+        .mask_for(&hidden, dims, padding.as_ref())
         .map_err(|e| file.tensor_error("attention_mask", e))?;
     let positions = read_positions(file, &module.config, batch, lk)?;
     let out_shape = vec![batch, lq, c.output_dim()];
@@ -121,8 +121,13 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
         if cross { "cross" } else { "self" },
         if causal { ", causal" } else { "" }
     );
-    if module.relative_bias.is_some() {
+    if let Some(norm) = &module.input_norm {
+        describe.push_str(&format!(" after input norm {norm}"));
+    }
+    if module.relative_bias.is_some() || module.grid_bias.is_some() {
         describe.push_str(" +relative bias");
+    } else if module.gated_bias.is_some() {
+        describe.push_str(" +gated relative bias");
     }
     if module.config.rope.is_some() {
         describe.push_str(" +rope");

@@ -178,6 +178,11 @@ impl HfConfig {
         Ok(self.flag("is_decoder")? == Some(true))
     }
 
+    /// The raw value under `key` (top level).
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.json.get(key)
+    }
+
     /// A boolean under `key`; `Ok(None)` when absent or null, an error naming the key and value
     /// for any other JSON type (transformers' config validation raises on them).
     pub fn flag(&self, key: &str) -> Result<Option<bool>> {
@@ -379,6 +384,23 @@ impl HfConfig {
             scale /= (layer + 1) as f64;
         }
         Ok(((scale - default).abs() > 1e-12 * default).then_some(scale as f32))
+    }
+
+    /// Whether `position_embedding_type` is "rotary" (ESM); "absolute" or absent: no positions
+    /// in the attention; any other value is refused (transformers 5.25's ESM has no other).
+    pub fn rotary_position_type(&self) -> Result<bool> {
+        match self.json.get("position_embedding_type") {
+            None | Some(Value::Null) => Ok(false),
+            Some(v) if v.as_str() == Some("absolute") => Ok(false),
+            Some(v) if v.as_str() == Some("rotary") => Ok(true),
+            Some(v) => Err(Error::file(
+                &self.source,
+                format!(
+                    "config.json `position_embedding_type` = {v}: this model type's attention \
+                     is \"absolute\" (none in the attention) or \"rotary\""
+                ),
+            )),
+        }
     }
 
     /// T5's `relative_attention_num_buckets` (default 32) and `relative_attention_max_distance`

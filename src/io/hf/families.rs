@@ -268,6 +268,7 @@ pub fn is_cross_attention(prefix: &str) -> bool {
         "EncDecAttention",
         "crossattention",
         "cross_attn",
+        "cross_attention",
     ]
     .iter()
     .any(|n| prefix.contains(n))
@@ -427,5 +428,6 @@ mod tests {
         );
         assert!(is_cross_attention("decoder.layers.0.encoder_attn."));
         assert!(!is_cross_attention("decoder.layers.0.self_attn."));
+        assert!(is_cross_attention("decoder.layers.0.cross_attention."));
     }
 }

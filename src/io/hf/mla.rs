@@ -131,6 +131,10 @@ impl HfCheckpoint {
             config,
             weights: core_weights,
             relative_bias: None,
+            input_norm: None,
+            grid_bias: None,
+            gated_bias: None,
+            local_block: None,
             mla: Some(weights.inputs()),
         })
     }

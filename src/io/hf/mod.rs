@@ -3,6 +3,7 @@
 //! metadata (a Hugging Face case file). The attention modules in it are found by tensor names
 //! ([`families`]) and loaded with what `config.json` says about them ([`config`]).
 
+mod beit;
 pub mod case;
 pub mod config;
 pub mod decoder;
@@ -12,6 +13,7 @@ mod model_table;
 pub mod model_types;
 mod module_parts;
 mod projections;
+pub mod wavlm;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -277,6 +279,13 @@ impl HfCheckpoint {
         let extra = |rest: &str| {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
                 || (model_type.sinks() && rest == "sinks")
+                || (model_type.grid_bias() && rest == beit::LAYER_TABLE)
+                || (model_type.gated_bias() && wavlm::TENSORS.contains(&rest))
+                || model_type.input_norm().is_some_and(|n| {
+                    // ESM saves its LayerNorm under the legacy gamma / beta names.
+                    rest.strip_prefix(n)
+                        .is_some_and(|r| [".weight", ".bias", ".gamma", ".beta"].contains(&r))
+                })
         };
         families::check_understood(family, prefix, &self.names(), &extra)?;
         let heads = match (heads, &module_config) {
@@ -358,13 +367,37 @@ impl HfCheckpoint {
             config = config.with_scale(1.0)?;
         }
         let mut relative_bias = None;
+        let mut local_block = None;
+        if let (true, false, false, Some(c)) = (
+            model_type.local_encoder(),
+            cross,
+            model_types::in_decoder_stack(prefix),
+            &module_config,
+        ) {
+            local_block = Some(self.longt5_local_block(prefix, c)?);
+        }
         if family == Family::T5 {
             // T5 does not scale the scores.
             config = config.with_scale(1.0)?;
             if !cross {
-                relative_bias = Some(self.t5_relative_bias(prefix, heads)?);
+                let per_layer = model_type.relative_bias_per_layer();
+                relative_bias = Some(self.t5_relative_bias(prefix, heads, per_layer)?);
             }
         }
+        let grid_bias = match (&module_config, model_type.grid_bias()) {
+            (Some(c), true) => self.beit_position_bias(prefix, c, heads)?,
+            _ => None,
+        };
+        let gated_bias = match (&module_config, model_type.gated_bias() && !cross) {
+            (Some(c), true) => Some(self.wavlm_bias(prefix, c, heads)?),
+            (None, true) => {
+                return Err(Error::file(
+                    &self.name,
+                    "has no config.json for WavLM's num_buckets and max_bucket_distance",
+                ))
+            }
+            _ => None,
+        };
         Ok(HfAttention {
             family,
             model_type: module_config
@@ -385,6 +418,10 @@ impl HfCheckpoint {
             config,
             weights,
             relative_bias,
+            input_norm: model_type.input_norm().map(|n| format!("{prefix}{n}")),
+            grid_bias,
+            gated_bias,
+            local_block,
             mla: None,
         })
     }
@@ -474,6 +511,15 @@ pub struct HfAttention {
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
     pub relative_bias: Option<RelativeBias>,
+    /// WavLM's gated relative position bias (made from the inputs: [`HfAttention::mask_for`]).
+    pub gated_bias: Option<wavlm::GatedBias>,
+    /// LongT5's local attention: keys within `block − 1` positions of the query.
+    pub local_block: Option<usize>,
+    /// BEiT's relative position bias `[1, H, N, N]` over the config's patch grid.
+    pub grid_bias: Option<Tensor>,
+    /// The LayerNorm (its stored prefix) the model applies before this module inside its
+    /// attention block (megatron-bert's `ln`): not computed here; inputs are its output.
+    pub input_norm: Option<String>,
     /// Multi-head latent attention's pre-stage: the core's inputs are not the hidden states
     /// (see [`HfAttention::inputs`]).
     pub mla: Option<MlaInputs>,
@@ -499,10 +545,51 @@ impl HfAttention {
         }
     }
 
+    /// The mask for hidden states `x` (the module's input): WavLM's gated bias is made from
+    /// them; every other module's is [`HfAttention::mask`]'s.
+    pub fn mask_for(
+        &self,
+        x: &Tensor,
+        dims: AttnDims,
+        attention_mask: Option<&MaskTensor>,
+    ) -> Result<Mask> {
+        let Some(gated) = &self.gated_bias else {
+            return self.mask(dims, attention_mask);
+        };
+        let base = gated.mask(x, dims)?;
+        match attention_mask {
+            None => Ok(base),
+            Some(m) => base.with_key_padding(&PaddingMask::HfAttention(m.clone()), dims),
+        }
+    }
+
     /// The mask this module applies to `dims`: causal when it is a decoder self-attention, the
     /// padding of `attention_mask` (`[B, Lk]`, 1 = real token), and T5's relative bias — all
     /// composed as `transformers` does.
     pub fn mask(&self, dims: AttnDims, attention_mask: Option<&MaskTensor>) -> Result<Mask> {
+        if self.gated_bias.is_some() {
+            return Err(Error::Misuse(
+                "WavLM's gated relative position bias is made from the module's input: use \
+                 HfAttention::mask_for"
+                    .into(),
+            ));
+        }
+        if let Some(bias) = &self.grid_bias {
+            let n = bias.shape()[2];
+            if dims.lq != n || dims.lk != n {
+                return Err(Error::Config(format!(
+                    "BEiT's relative position bias is built for the config's patch grid: {n} \
+                     tokens with [CLS]; these inputs have Lq = {}, Lk = {} (another grid, \
+                     transformers' interpolate_pos_encoding, is not implemented)",
+                    dims.lq, dims.lk
+                )));
+            }
+            let base = Mask::Bias(bias.clone());
+            return match attention_mask {
+                None => Ok(base),
+                Some(m) => base.with_key_padding(&PaddingMask::HfAttention(m.clone()), dims),
+            };
+        }
         // A decoder's padded batch: the causal rule in the shader, the padding per key.
         if let (None, true, Some(m)) = (&self.relative_bias, self.causal, attention_mask) {
             let mask = Mask::causal_with_padding(self.window, m);
@@ -510,6 +597,9 @@ impl HfAttention {
             return Ok(mask);
         }
         let base = match (&self.relative_bias, self.causal, self.window) {
+            (Some(bias), _, _) if self.local_block.is_some() => {
+                return self.local_mask(bias, dims, attention_mask)
+            }
             (Some(bias), causal, _) => bias.mask(dims, causal)?,
             (None, true, Some(w)) => Mask::SlidingWindow(w),
             (None, true, None) => Mask::Causal,

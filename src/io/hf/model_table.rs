@@ -35,6 +35,11 @@ pub(crate) const GPT2: usize = 0;
 
 const WINDOW: &[&str] = &["sliding_window"];
 
+const BEIT: &[&str] = &[
+    "use_relative_position_bias",
+    "use_shared_relative_position_bias",
+];
+
 const GEMMA3: &[&str] = &[
     "attn_logit_softcapping",
     "query_pre_attn_scalar",
@@ -61,6 +66,22 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("electra", Family::Bert, Causality::IsDecoderKey),
     mt("ernie", Family::Bert, Causality::IsDecoderKey),
     mt("bert-generation", Family::Bert, Causality::IsDecoderKey),
+    // MegatronBertSelfAttention: bert's; its attention module LayerNorms the input first
+    // (`ln`, see ModelType::input_norm).
+    mt("megatron-bert", Family::Bert, Causality::IsDecoderKey),
+    // Data2VecTextSelfAttention: bert's (causal by is_decoder).
+    mt("data2vec-text", Family::Bert, Causality::IsDecoderKey),
+    // LayoutLMSelfAttention: bert's, never causal (its 2-D positions are embeddings).
+    mt("layoutlm", Family::Bert, Causality::Never),
+    // EsmSelfAttention: bert's, q scaled by 1/√d before half-split RoPE (θ rope_theta,
+    // default 10000, every dimension) when position_embedding_type is "rotary"; its attention
+    // module LayerNorms the input first (`LayerNorm`, see ModelType::input_norm).
+    reading(
+        "esm",
+        Family::Bert,
+        Causality::IsDecoderKey,
+        &["position_embedding_type"],
+    ),
     // RoFormerSelfAttention: bert's, with interleaved sinusoidal RoPE (θ 10000, every
     // dimension) on q and k of its self-attention; `rotary_value` (v too) is refused.
     mt("roformer", Family::Bert, Causality::IsDecoderKey),
@@ -71,6 +92,10 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("vit_msn", Family::Vit, Causality::Never),
     mt("dinov2", Family::Vit, Causality::Never),
     mt("yolos", Family::Vit, Causality::Never),
+    // BeitAttention (and data2vec-vision's copy): vit's names, no key bias, plus a relative
+    // position bias over the config's patch grid, per layer and/or shared (see `beit.rs`).
+    reading("beit", Family::Vit, Causality::Never, BEIT),
+    reading("data2vec-vision", Family::Vit, Causality::Never, BEIT),
     mt("distilbert", Family::DistilBert, Causality::Never),
     // BartAttention and its copies (whisper's k_proj has no bias: zero-filled).
     mt("bart", Family::Bart, Causality::InDecoderStack),
@@ -88,6 +113,19 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("xglm", Family::Bart, Causality::Always),
     mt("wav2vec2", Family::Bart, Causality::Never),
     mt("hubert", Family::Bart, Causality::Never),
+    // WavLMAttention: wav2vec2's projections with a gated relative position bias (see
+    // wavlm.rs), an encoder only.
+    mt("wavlm", Family::Bart, Causality::Never),
+    // SEWAttention and UniSpeechAttention: wav2vec2's (bart's names under `attention.`),
+    // encoders only (SEW's squeeze and upsampling are outside the module).
+    mt("sew", Family::Bart, Causality::Never),
+    mt("unispeech", Family::Bart, Causality::Never),
+    // MusicgenAttention (the decoder's config, MusicgenModel): bart's without biases, its
+    // self-attention causal, `encoder_attn` attending to the conditioning states.
+    mt("musicgen_decoder", Family::Bart, Causality::Always),
+    // NllbMoeAttention: bart's in both stacks (the experts are outside it); the decoder's
+    // cross-attention is named `cross_attention`.
+    mt("nllb-moe", Family::Bart, Causality::InDecoderStack),
     // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
     // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
     ModelType {
@@ -110,6 +148,13 @@ pub const MODEL_TYPES: &[ModelType] = &[
     reading("gptj", Family::Bart, Causality::Always, &["rotary_dim"]),
     mt("t5", Family::T5, Causality::InDecoderStack),
     mt("mt5", Family::T5, Causality::InDecoderStack),
+    // UMT5Attention: t5's, every self-attention with its own relative bias table
+    // (ModelType::relative_bias_per_layer), buckets by stack as t5's.
+    mt("umt5", Family::T5, Causality::InDecoderStack),
+    // LongT5: t5's decoder; its encoder's LongT5LocalAttention sees the keys within
+    // local_radius (blocks of local_radius + 1, t5's bias of (key − query) from block 0's
+    // table); transient-global attention is refused (see HfCheckpoint::longt5_local_block).
+    mt("longt5", Family::T5, Causality::InDecoderStack),
     mt("llama", Family::Llama, Causality::Always),
     reading("mistral", Family::Llama, Causality::Always, WINDOW),
     reading("mixtral", Family::Llama, Causality::Always, WINDOW),
@@ -421,23 +466,9 @@ pub(crate) const REFUSED_TYPES: &[(&str, &str)] = &[
         "nezha",
         "functional relative position encodings are not implemented",
     ),
-    ("esm", "rotary position embeddings are not implemented"),
-    ("beit", "relative position biases are not implemented"),
-    (
-        "data2vec-vision",
-        "relative position biases are not implemented",
-    ),
     (
         "swin",
         "windowed attention with relative position biases is not implemented",
-    ),
-    (
-        "umt5",
-        "a relative position bias table per layer is not implemented",
-    ),
-    (
-        "longt5",
-        "local and transient-global attention are not implemented",
     ),
     (
         "xlm",

@@ -170,7 +170,7 @@ impl ModelType {
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
             "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" | "ministral"
-            | "exaone4" => Biases::Never,
+            | "exaone4" | "musicgen_decoder" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -295,6 +295,38 @@ impl ModelType {
         matches!(self.name, "bloom" | "mpt").then_some(8.0)
     }
 
+    /// The LayerNorm a model type's attention module applies to its input before the
+    /// projections, stored under the module's prefix (megatron-bert's `ln`). As with llama's
+    /// `input_layernorm`, the module computed starts after it: callers give the norm's output.
+    pub fn input_norm(&self) -> Option<&'static str> {
+        match self.name {
+            "megatron-bert" => Some("ln"),
+            "esm" => Some("LayerNorm"),
+            _ => None,
+        }
+    }
+
+    /// Whether each self-attention holds its own relative bias table (UMT5) rather than reusing
+    /// its stack's block 0 table (T5).
+    pub fn relative_bias_per_layer(&self) -> bool {
+        self.name == "umt5"
+    }
+
+    /// Whether the module adds BEiT's relative position bias over a patch grid.
+    pub fn grid_bias(&self) -> bool {
+        matches!(self.name, "beit" | "data2vec-vision")
+    }
+
+    /// Whether the module adds WavLM's gated relative position bias (`wavlm.rs`).
+    pub fn gated_bias(&self) -> bool {
+        self.name == "wavlm"
+    }
+
+    /// Whether its encoder's self-attention is LongT5's local attention.
+    pub fn local_encoder(&self) -> bool {
+        self.name == "longt5"
+    }
+
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
     pub fn sinks(&self) -> bool {
         self.name == "gpt_oss"
@@ -352,9 +384,15 @@ impl ModelType {
     }
 
     /// Whether the model type rotates q and k under a family whose names do not (GPT-J under
-    /// bart's, RoFormer under bert's: its self-attention only).
+    /// bart's, RoFormer under bert's: its self-attention only; ESM's when its
+    /// position_embedding_type is "rotary", see `rotary_by_position_type`).
     pub fn rotates(&self) -> bool {
-        matches!(self.name, "gptj" | "roformer")
+        matches!(self.name, "gptj" | "roformer" | "esm")
+    }
+
+    /// Whether `position_embedding_type` decides if the model type rotates (ESM).
+    pub fn rotary_by_position_type(&self) -> bool {
+        self.name == "esm"
     }
 
     /// The config key that gives the rotating dimensions of each head (GPT-J's and CodeGen's

@@ -9,8 +9,10 @@ use super::model_types::RopeLayers;
 use super::HfCheckpoint;
 use crate::error::{Error, Result};
 use crate::model::config::AttentionConfig;
+use crate::model::mask::{AttnDims, Mask, MaskTensor};
 use crate::model::qk_norm::{QkNorm, QkNormWeights};
 use crate::model::relative_bias::RelativeBias;
+use crate::model::tensor::Tensor;
 
 impl HfCheckpoint {
     /// RoPE or ALiBi as the model type applies them: ALiBi where it has it (BLOOM); else RoPE
@@ -29,6 +31,20 @@ impl HfCheckpoint {
         if let Some(max_bias) = model_type.alibi() {
             return config.with_alibi(max_bias);
         }
+        // ESM rotates a cross-attention's keys with the queries' positions: not computed.
+        let esm_rotary = model_type.rotary_by_position_type()
+            && module_config
+                .map(HfConfig::rotary_position_type)
+                .transpose()?
+                == Some(true);
+        if cross && esm_rotary {
+            return Err(Error::UnsupportedModule {
+                module: format!("{} attention `{prefix}`", family.name()),
+                what: "a rotary cross-attention".into(),
+                why: "ESM rotates the encoder's keys by the decoder's positions; not implemented"
+                    .into(),
+            });
+        }
         if cross || !(family.uses_rope() || model_type.rotates()) {
             return Ok(config);
         }
@@ -38,6 +54,9 @@ impl HfCheckpoint {
                 format!("`{prefix}` uses RoPE, whose θ and scaling only config.json gives"),
             ));
         };
+        if model_type.rotary_by_position_type() && !esm_rotary {
+            return Ok(config);
+        }
         // EXAONE 4 and Cohere 2 rotate only on their sliding layers (NoPE elsewhere).
         if let RopeLayers::SlidingOnly { without_window } = model_type.rope_layers() {
             let rotates = match c.usize("sliding_window")? {
@@ -221,11 +240,22 @@ impl HfCheckpoint {
     }
 
     /// T5's table lives in the stack's block 0 (`<stack>.block.0.layer.0.SelfAttention.`);
-    /// later blocks reuse it.
-    pub(super) fn t5_relative_bias(&self, prefix: &str, heads: usize) -> Result<RelativeBias> {
+    /// later blocks reuse it. `per_layer` (UMT5): each module's own table, which must be there.
+    pub(super) fn t5_relative_bias(
+        &self,
+        prefix: &str,
+        heads: usize,
+        per_layer: bool,
+    ) -> Result<RelativeBias> {
         let stack = prefix.split(".block.").next().unwrap_or_default();
-        let name = format!("{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
-        let name = match self.contains(&name) {
+        // Block 0's module of the same kind (LongT5's encoder: `LocalSelfAttention`).
+        let kind = prefix
+            .trim_end_matches('.')
+            .rsplit('.')
+            .next()
+            .unwrap_or_default();
+        let name = format!("{stack}.block.0.layer.0.{kind}.relative_attention_bias.weight");
+        let name = match self.contains(&name) && !per_layer {
             true => name,
             false => format!("{prefix}relative_attention_bias.weight"),
         };
@@ -252,5 +282,66 @@ impl HfCheckpoint {
             settings.max_distance,
             !super::model_types::in_decoder_stack(prefix),
         )
+    }
+}
+
+impl HfCheckpoint {
+    /// LongT5's encoder self-attention: the local block length (`local_radius` + 1, default
+    /// 128), for `encoder_attention_type` "local" (the default); "transient-global" is refused:
+    /// its keys include sums over blocks of the input, which the core has no form for.
+    pub(super) fn longt5_local_block(&self, prefix: &str, c: &HfConfig) -> Result<usize> {
+        match c.get("encoder_attention_type").and_then(|v| v.as_str()) {
+            None | Some("local") => {}
+            Some(kind) => {
+                return Err(Error::UnsupportedModule {
+                    module: format!("t5 attention `{prefix}`"),
+                    what: format!("LongT5's encoder_attention_type {kind:?}"),
+                    why: "transient-global attention adds keys summed over blocks of the input; \
+                          only \"local\" is implemented"
+                        .into(),
+                })
+            }
+        }
+        let radius = c.usize("local_radius")?.unwrap_or(127);
+        radius.checked_add(1).ok_or_else(|| {
+            Error::file(
+                c.source(),
+                format!("config.json `local_radius` = {radius} is too large"),
+            )
+        })
+    }
+}
+
+impl super::HfAttention {
+    /// LongT5's local attention: t5's bias of (key − query), −inf beyond `block − 1`
+    /// positions. A padded `attention_mask` is refused: LongT5 masks padded queries too, and
+    /// transformers' rows there are uniform over their window, which no key mask gives.
+    pub(super) fn local_mask(
+        &self,
+        bias: &RelativeBias,
+        dims: AttnDims,
+        attention_mask: Option<&MaskTensor>,
+    ) -> Result<Mask> {
+        let block = self.local_block.unwrap_or(usize::MAX);
+        if attention_mask.is_some_and(|m| m.data().contains(&0)) {
+            return Err(Error::Config(
+                "LongT5's local attention with padding is not implemented: it masks padded \
+                 queries too (transformers' rows there are uniform over their window)"
+                    .into(),
+            ));
+        }
+        let Mask::Bias(t) = bias.mask(dims, false)? else {
+            return Err(Error::Config("the relative bias is not additive".into()));
+        };
+        let (lq, lk) = (dims.lq, dims.lk);
+        let first_query = lk as i64 - lq as i64;
+        let mut values = t.data().to_vec();
+        for (n, v) in values.iter_mut().enumerate() {
+            let (i, j) = ((n / lk) % lq, n % lk);
+            if (j as i64 - (first_query + i as i64)).unsigned_abs() >= block as u64 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        Ok(Mask::Bias(Tensor::new(t.shape().to_vec(), values)?))
     }
 }

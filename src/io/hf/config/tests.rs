@@ -493,3 +493,16 @@ fn modernbert_layers_alternate_with_a_two_sided_window_and_a_theta_per_kind() {
         ));
     }
 }
+
+#[test]
+fn esm_rotates_by_its_position_embedding_type() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap().rotary_position_type();
+    assert!(!c("{}").unwrap());
+    assert!(!c(r#"{"position_embedding_type": null}"#).unwrap());
+    assert!(!c(r#"{"position_embedding_type": "absolute"}"#).unwrap());
+    assert!(c(r#"{"position_embedding_type": "rotary"}"#).unwrap());
+    for bad in [r#""relative_key""#, "3", "true"] {
+        let e = c(&format!(r#"{{"position_embedding_type": {bad}}}"#)).unwrap_err();
+        assert!(e.to_string().contains("position_embedding_type"), "{e}");
+    }
+}
