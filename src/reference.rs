@@ -2,7 +2,7 @@
 //! passes have something independent to be checked against.
 
 use crate::error::Result;
-use crate::model::config::{alibi_slope, AttentionConfig};
+use crate::model::config::{alibi_slope, AttentionConfig, TemperatureTuning};
 use crate::model::mask::{broadcast_index, Mask, MASKED_SCORE};
 use crate::model::tensor::Tensor;
 use crate::model::weights::{AttentionWeights, Linear};
@@ -124,6 +124,7 @@ pub fn forward_at(
         scale: config.scale() as f64,
         softcap: config.softcap,
         alibi_max_bias: config.alibi,
+        temperature: config.temperature,
         sinks: weights.sinks.as_deref(),
         mask,
         top_left: false,
@@ -155,6 +156,9 @@ pub struct Core<'a> {
     pub scale: f64,
     pub softcap: Option<f32>,
     pub alibi_max_bias: Option<f32>,
+    /// Llama 4's temperature tuning: the scaled score of the query at position p times its
+    /// factor (an f32, as transformers computes it).
+    pub temperature: Option<TemperatureTuning>,
     /// One logit per query head, in each softmax's denominator only.
     pub sinks: Option<&'a [f32]>,
     pub mask: &'a Mask,
@@ -190,6 +194,9 @@ impl Core<'_> {
         for bi in 0..b {
             for hi in 0..h {
                 for i in 0..lq {
+                    let tuned = self.temperature.map_or(1.0, |t| {
+                        t.factor((i + lk).saturating_sub(diagonal_rows)) as f64
+                    });
                     for (j, s) in row.iter_mut().enumerate() {
                         let mut dot = 0.0;
                         for d in 0..dk {
@@ -203,7 +210,7 @@ impl Core<'_> {
                         let at = (bi, hi, i, j);
                         *s = mask_score(
                             self.mask,
-                            cap(dot * self.scale) + alibi,
+                            cap(dot * self.scale * tuned) + alibi,
                             diagonal_rows,
                             lk,
                             at,

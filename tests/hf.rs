@@ -54,6 +54,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "helium",
             "hunyuan",
             "llama",
+            "llama4",
             "ministral",
             "mistral",
             "mpt",
@@ -396,6 +397,19 @@ fn run_hf_and_inspect_read_the_round2_families() {
         (
             "smollm3_self_layer1_causal_padding_nope_window3",
             &[" nope", "window=3"],
+        ),
+        (
+            "llama4_text_self_layer0_causal_padding_chunked4_qknorm",
+            &[
+                "model_type llama4_text",
+                "chunked=4",
+                "interleaved",
+                "qk_norm(Rms PerHead, eps=0.00001, after rope)",
+            ],
+        ),
+        (
+            "llama4_text_self_layer1_causal_padding_nope_temperature",
+            &[" nope", "temperature(floor_scale=2, attn_scale=0.5)"],
         ),
     ] {
         let path = root.join(format!("{case}.safetensors"));

@@ -142,6 +142,8 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "cohere2_self_layer1",
         "smollm3_self_layer0",
         "smollm3_self_layer1",
+        "llama4_text_self_layer0",
+        "llama4_text_self_layer1",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

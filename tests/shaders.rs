@@ -377,7 +377,11 @@ fn uniform_structs_match_their_wgsl_layout() {
                     window,
                     softcap,
                     alibi_max_bias,
-                    alibi_heads
+                    alibi_heads,
+                    chunk,
+                    temp_floor_scale,
+                    temp_attn_scale,
+                    _pad
                 ]
             ),
         ),

@@ -51,7 +51,9 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 `helium_*` and `ernie4_5_*` (interleaved RoPE; ERNIE's `.float()` kept float64), `arcee_*`,
 `ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
-and `smollm3_*` (no_rope_layers); the others by 5.24. CodeGen's scores cast
+and `smollm3_*` (no_rope_layers), and (`--only llama4`) `llama4_text_*` (a chunked RoPE layer with
+its weightless q/k norm, a NoPE layer with temperature tuning; complex RoPE tables in float64);
+the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -340,6 +342,12 @@ FAMILIES = {
         LM, num_key_value_heads=2, sliding_window=3,
         layer_types=["sliding_attention", "full_attention"])),
 }
+# llama4_text: layer 0 rotates (interleaved, complex), L2-normalises q and k and attends in
+# chunks of 4; layer 1 has no RoPE and tunes the temperature (floor_scale 2, so the factor
+# changes within the 7 tokens).
+FAMILIES["llama4_text"] = (tf.Llama4TextModel, tf.Llama4TextConfig, dict(
+    LM, num_key_value_heads=2, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
+    no_rope_layers=[1, 0], attention_chunk_size=4, floor_scale=2, attn_scale=0.5))
 HF_MODELS = ("bert", "gpt2", "t5")
 
 
@@ -387,9 +395,10 @@ def lengths_mask(lengths, length):
     return (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
 
 
-def additive_mask(pad, lq, lk, causal, window, dtype):
+def additive_mask(pad, lq, lk, causal, window, dtype, chunk=None):
     """[B, 1, Lq, Lk] in `dtype`: 0 where a key is seen, finfo(dtype).min where not, as
-    transformers' eager masks; None when nothing is masked."""
+    transformers' eager masks; None when nothing is masked. `chunk`: Llama 4's chunked
+    attention (no left padding: chunks start at key 0)."""
     if pad is None and not causal:
         return None
     i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
@@ -400,6 +409,8 @@ def additive_mask(pad, lq, lk, causal, window, dtype):
         keep &= j <= i
     if window is not None:
         keep &= j > i - window
+    if chunk is not None:
+        keep &= j // chunk == i // chunk
     assert keep.any(-1).all(), "a query row without keys"
     return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
 
@@ -529,7 +540,7 @@ def write_case(out_dir, name, family, config_text, state, prefix, attention, cau
 
 def replay_case(out_dir, name, family, model, config_text, state, *, module, prefix, run,
                 replay, attention="self", causal=False, pad=None, window=None, position_ids=None,
-                hooked_out=None, kv_from=None, extra=()):
+                hooked_out=None, kv_from=None, extra=(), chunk=None):
     """Capture what enters `module` during `run()` (the f32 model forward), replay it with a
     mask built here, check the replay against the hooked output, then replay a float64 copy.
 
@@ -552,13 +563,15 @@ def replay_case(out_dir, name, family, model, config_text, state, *, module, pre
         assert pad.shape == (B, lk)
         inputs["attention_mask"] = pad.to(torch.uint8)
     with torch.no_grad():
-        out = replay(module, x, kv, additive_mask(pad, lq, lk, causal, window, torch.float32),
+        out = replay(module, x, kv,
+                     additive_mask(pad, lq, lk, causal, window, torch.float32, chunk),
                      torch.float32)
         assert torch.allclose(out, expected, atol=1e-5, rtol=0), (name, (out - expected).abs().max())
         m64 = copy.deepcopy(module).double()
         with softmax_in_float64():
             out64 = replay(m64, x.double(), None if kv is None else kv.double(),
-                           additive_mask(pad, lq, lk, causal, window, torch.float64), torch.float64)
+                           additive_mask(pad, lq, lk, causal, window, torch.float64, chunk),
+                           torch.float64)
     write_case(out_dir, name, family, config_text, state, prefix, attention, causal, inputs, out,
                out64, extra)
 
@@ -1318,11 +1331,57 @@ def round2_cases(out_dir):
               window=3)
 
 
+def llama4_case(out_dir, name, lengths, position_ids, layer):
+    """A Llama 4 text layer: its RoPE tables are complex (freqs_cis), computed here in float64;
+    the float64 replay keeps its `.float()` casts float64."""
+    model = build("llama4_text")
+    config_text, state = saved(model)
+    seeded(name)
+    length = position_ids.shape[1]
+    input_ids = ids(length)
+    pad = lengths_mask(lengths, length)
+    module = model.layers[layer].self_attn
+    cfg = model.config
+    with torch.no_grad():
+        fc32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+    dim = cfg.head_dim
+    theta = cfg.rope_parameters["rope_theta"]
+    assert cfg.rope_parameters["rope_type"] == "default"
+    inv64 = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    freqs = position_ids[..., None].double() * inv64
+    fc64 = torch.polar(torch.ones_like(freqs), freqs)
+    assert torch.allclose(fc64.to(torch.complex64), fc32, rtol=0, atol=1e-5)
+    chunk = cfg.attention_chunk_size if cfg.layer_types[layer] == "chunked_attention" else None
+
+    def replay(mod, x, kv, mask, dtype):
+        if dtype == torch.float64:
+            with dot_float_keeps_float64():
+                return mod(x, position_embeddings=fc64, attention_mask=mask)[0]
+        return mod(x, position_embeddings=fc32, attention_mask=mask)[0]
+
+    replay_case(out_dir, name, "llama4_text", model, config_text, state, module=module,
+                prefix=f"layers.{layer}.self_attn.",
+                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                  use_cache=False),
+                replay=replay, causal=True, pad=pad, position_ids=position_ids, chunk=chunk)
+
+
+def llama4_cases(out_dir):
+    """Llama 4's text attention (issue 38, group 2): chunked, L2-normed RoPE layer; NoPE layer
+    with temperature tuning."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    llama4_case(out_dir, "llama4_text_self_layer0_causal_padding_chunked4_qknorm", [7, 5], pos,
+                layer=0)
+    llama4_case(out_dir, "llama4_text_self_layer1_causal_padding_nope_temperature", [7, 5], pos,
+                layer=1)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4"]
 
 
 def main():
@@ -1354,6 +1413,7 @@ def main():
         "mla": lambda: mla_cases(args.out),
         "towers": lambda: towers_cases(args.out),
         "round2": lambda: round2_cases(args.out),
+        "llama4": lambda: llama4_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

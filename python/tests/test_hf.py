@@ -35,6 +35,9 @@ ROUND2 = [
     "olmo3_self_layer1_causal_padding_full_qknorm_whole",
     "cohere2_self_layer1_causal_padding_nope",
     "smollm3_self_layer1_causal_padding_nope_window3",
+    # Llama 4: chunked attention with its weightless q/k norm; a NoPE layer's temperature.
+    "llama4_text_self_layer0_causal_padding_chunked4_qknorm",
+    "llama4_text_self_layer1_causal_padding_nope_temperature",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

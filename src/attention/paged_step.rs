@@ -154,6 +154,9 @@ impl MultiHeadAttention {
         if c.sinks {
             return refuse("attention sinks");
         }
+        if c.temperature.is_some() {
+            return refuse("Llama 4's attention temperature tuning");
+        }
         if self.precision == Precision::F16 {
             return refuse("an f16-precision module");
         }

@@ -138,6 +138,15 @@ fn describe(m: &HfAttention) -> String {
     if let Some(w) = m.window {
         s.push_str(&format!(" window={w}"));
     }
+    if let Some(c) = m.chunk {
+        s.push_str(&format!(" chunked={c}"));
+    }
+    if let Some(t) = c.temperature {
+        s.push_str(&format!(
+            " temperature(floor_scale={}, attn_scale={})",
+            t.floor_scale, t.attn_scale
+        ));
+    }
     if let Some(b) = &m.relative_bias {
         s.push_str(&format!(
             " relative_bias(buckets={}, max_distance={}, {})",

@@ -64,6 +64,24 @@ pub struct AttentionConfig {
     /// [`crate::model::mla`]): W_v = W_k, and the output projection is zero on each value
     /// head's rotary dimensions, so values taken after RoPE give the forward's answer.
     pub values_from_keys: bool,
+    /// Llama 4's attention temperature tuning (its NoPE layers): the query at position `p`
+    /// (its row in the sequence, `i + Lk − Lq`) scaled by `ln(1 + floor((p + 1) / floor_scale))
+    /// · attn_scale + 1`. `None`: no tuning.
+    pub temperature: Option<TemperatureTuning>,
+}
+
+/// The two numbers of Llama 4's temperature tuning (see [`AttentionConfig::temperature`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TemperatureTuning {
+    pub floor_scale: f32,
+    pub attn_scale: f32,
+}
+
+impl TemperatureTuning {
+    /// The factor of the query at position `p`, in f32 as transformers computes it.
+    pub fn factor(&self, p: usize) -> f32 {
+        ((p as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+    }
 }
 
 impl AttentionConfig {
@@ -99,6 +117,7 @@ impl AttentionConfig {
             sinks: false,
             clip_qkv: None,
             values_from_keys: false,
+            temperature: None,
         }
         .validated()
     }
@@ -125,6 +144,7 @@ impl AttentionConfig {
             sinks: false,
             clip_qkv: None,
             values_from_keys: false,
+            temperature: None,
         }
         .validated()
     }
@@ -145,6 +165,12 @@ impl AttentionConfig {
     /// Gemma 2's `attn_logit_softcapping` does. `cap` must be finite and positive.
     pub fn with_softcap(mut self, cap: f32) -> Result<Self> {
         self.softcap = Some(cap);
+        self.validated()
+    }
+
+    /// Llama 4's temperature tuning (see [`AttentionConfig::temperature`]).
+    pub fn with_temperature(mut self, t: TemperatureTuning) -> Result<Self> {
+        self.temperature = Some(t);
         self.validated()
     }
 
@@ -328,6 +354,14 @@ impl AttentionConfig {
             if !(m.is_finite() && m > 0.0) {
                 return Err(Error::Config(format!(
                     "ALiBi max_bias {m} must be finite and positive"
+                )));
+            }
+        }
+        if let Some(t) = self.temperature {
+            if !(t.floor_scale.is_finite() && t.floor_scale > 0.0 && t.attn_scale.is_finite()) {
+                return Err(Error::Config(format!(
+                    "temperature tuning floor_scale {} must be finite and positive, attn_scale {} finite",
+                    t.floor_scale, t.attn_scale
                 )));
             }
         }

@@ -197,6 +197,7 @@ impl AttentionWeights {
             alibi: None,
             bias: self.q.bias.is_some(),
             values_from_keys: false,
+            temperature: None,
             scale: None,
             add_bias_kv: self.bias_kv.is_some(),
             add_zero_attn: false,

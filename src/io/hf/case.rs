@@ -132,6 +132,12 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     if let Some(w) = module.window {
         describe.push_str(&format!(" window={w}"));
     }
+    if let Some(c) = module.chunk {
+        describe.push_str(&format!(" chunked={c}"));
+    }
+    if module.config.temperature.is_some() {
+        describe.push_str(" +temperature");
+    }
     if module.mla.is_some() {
         describe.push_str(" +mla");
     } else if module.config.kv_heads != module.config.heads {

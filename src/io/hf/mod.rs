@@ -273,6 +273,11 @@ impl HfCheckpoint {
             },
             (rule, _) => rule.filter(|r| r.switch.is_none()),
         };
+        // Llama 4 normalises q and k on its RoPE layers only.
+        let norm_rule = match (norm_rule, &module_config) {
+            (Some(r), Some(c)) if r.rope_layers_only && !c.rope_layer(prefix)? => None,
+            (rule, _) => rule,
+        };
         // Tensors of the model type beyond its family's: q/k norms, sinks.
         let extra = |rest: &str| {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
@@ -327,8 +332,17 @@ impl HfCheckpoint {
             module_config.as_ref(),
             config,
         )?;
+        let mut chunk = None;
         if let Some(c) = module_config.as_ref().filter(|_| !cross) {
             window = c.sliding_window(prefix, model_type.reads)?;
+            if model_type.reads.contains(&"attention_chunk_size") {
+                chunk = c.attention_chunk(prefix)?;
+            }
+            if model_type.reads.contains(&"attn_temperature_tuning") {
+                if let Some(t) = c.temperature_tuning(prefix)? {
+                    config = config.with_temperature(t)?;
+                }
+            }
         }
         if let Some(scale) = module_config
             .as_ref()
@@ -382,6 +396,7 @@ impl HfCheckpoint {
                         .unwrap_or(false),
                 ),
             window,
+            chunk,
             config,
             weights,
             relative_bias,
@@ -469,6 +484,9 @@ pub struct HfAttention {
     pub causal: bool,
     /// Mistral's `sliding_window` W (with `causal`): query i sees keys i − W < j ≤ i.
     pub window: Option<usize>,
+    /// Llama 4's chunked attention (with `causal`): query i sees keys j ≤ i in its own chunk of
+    /// `chunk` positions.
+    pub chunk: Option<usize>,
     pub config: AttentionConfig,
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
@@ -502,6 +520,11 @@ impl HfAttention {
     /// padding of `attention_mask` (`[B, Lk]`, 1 = real token), and T5's relative bias — all
     /// composed as `transformers` does.
     pub fn mask(&self, dims: AttnDims, attention_mask: Option<&MaskTensor>) -> Result<Mask> {
+        if let (Some(chunk), true) = (self.chunk, self.causal) {
+            let mask = self.chunked_mask(chunk, attention_mask)?;
+            mask.check(dims)?;
+            return Ok(mask);
+        }
         // A decoder's padded batch: the causal rule in the shader, the padding per key.
         if let (None, true, Some(m)) = (&self.relative_bias, self.causal, attention_mask) {
             let mask = Mask::causal_with_padding(self.window, m);
@@ -518,5 +541,26 @@ impl HfAttention {
             None => Ok(base),
             Some(m) => base.with_key_padding(&PaddingMask::HfAttention(m.clone()), dims),
         }
+    }
+
+    /// Llama 4's chunked mask. transformers starts each row's chunks after its left padding
+    /// (zeros before the first real token), which the shader's chunks do not follow: such a
+    /// batch is refused.
+    fn chunked_mask(&self, chunk: usize, keep: Option<&MaskTensor>) -> Result<Mask> {
+        if let Some(m) = keep {
+            let lk = m.shape().last().copied().unwrap_or(0).max(1);
+            if m.data().chunks(lk).any(|row| row.first() == Some(&0)) {
+                return Err(Error::Mask(format!(
+                    "`{}` is a chunked layer, and an attention_mask row starts with padding: \
+                     transformers then moves that row's chunk boundaries by its left padding, \
+                     which the loader does not; pad on the right",
+                    self.prefix
+                )));
+            }
+        }
+        Ok(Mask::Chunked {
+            chunk,
+            keep: keep.cloned(),
+        })
     }
 }

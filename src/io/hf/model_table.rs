@@ -258,6 +258,27 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["sliding_window", "layer_types", "sliding_window_pattern"],
     ),
+    // Llama4TextAttention: llama's with interleaved (complex) RoPE, no RoPE on the layers
+    // `no_rope_layers` marks 0 (else every no_rope_layer_interval-th) where, with
+    // attn_temperature_tuning, q is scaled by ln(1 + ⌊(p + 1)/floor_scale⌋)·attn_scale + 1 at
+    // row p; a weightless RMS q/k norm after RoPE (use_qk_norm) on the RoPE layers; chunked
+    // attention (attention_chunk_size) on the layers layer_types calls chunked (default: the
+    // RoPE layers). θ default 5·10^5.
+    reading(
+        "llama4_text",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "layer_types",
+            "no_rope_layers",
+            "no_rope_layer_interval",
+            "use_qk_norm",
+            "attention_chunk_size",
+            "attn_temperature_tuning",
+            "floor_scale",
+            "attn_scale",
+        ],
+    ),
     // SmolLM3Attention: llama's without RoPE on the layers `no_rope_layers` marks 0 (else
     // every no_rope_layer_interval-th), windows by layer_types (else, with use_sliding_window,
     // the NoPE layers), θ default 2·10^6.

@@ -63,6 +63,8 @@ pub struct QkNormRule {
     pub tensors: NormTensors,
     /// Normalised after RoPE rather than before it (Hunyuan).
     pub after_rope: bool,
+    /// Only on the layers that rotate (Llama 4: none on its NoPE layers).
+    pub rope_layers_only: bool,
 }
 
 /// Where a q/k norm's weights sit under the module.
@@ -74,6 +76,8 @@ pub enum NormTensors {
     PerHeadModules,
     /// Hunyuan's `query_layernorm.weight` and `key_layernorm.weight`.
     QueryKeyLayernorm,
+    /// None: a norm without weights (Llama 4's L2Norm, an RMSNorm of weight 1).
+    Weightless,
 }
 
 impl NormTensors {
@@ -89,6 +93,7 @@ impl NormTensors {
                 .filter_map(|p| rest.strip_prefix(p))
                 .filter_map(|r| r.strip_suffix(".weight"))
                 .any(|h| h.parse::<usize>().is_ok()),
+            NormTensors::Weightless => false,
         }
     }
 }
@@ -142,7 +147,7 @@ impl ModelType {
         match self.name {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo" | "olmo2" | "cohere" | "qwen3_moe" | "olmoe" | "granitemoe" | "arcee"
-            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" => {
+            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" | "llama4_text" => {
                 Biases::ByKey("attention_bias", false)
             }
             "ernie4_5" => Biases::ByKey("use_bias", false),
@@ -174,6 +179,7 @@ impl ModelType {
             switch: None,
             tensors: NormTensors::Single,
             after_rope: false,
+            rope_layers_only: false,
         };
         let (rms, layer) = (NormKind::Rms, NormKind::Layer);
         Some(match self.name {
@@ -186,6 +192,15 @@ impl ModelType {
             "hunyuan_v1_dense" => QkNormRule {
                 tensors: NormTensors::QueryKeyLayernorm,
                 after_rope: true,
+                ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-5))
+            },
+            // Llama4TextL2Norm: a weightless RMSNorm of each head after RoPE, with use_qk_norm
+            // (default on), on the RoPE layers only.
+            "llama4_text" => QkNormRule {
+                switch: Some("use_qk_norm"),
+                tensors: NormTensors::Weightless,
+                after_rope: true,
+                rope_layers_only: true,
                 ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-5))
             },
             // Gemma3RMSNorm(head_dim): x · (1 + w), computed in f32.
@@ -238,6 +253,14 @@ impl ModelType {
             ],
             "cohere2" => &[("sliding_window", Number(4096.0))],
             "smollm3" => &[("rope_theta", Number(2e6))],
+            "llama4_text" => &[
+                ("rope_theta", Number(5e5)),
+                ("use_qk_norm", Flag(true)),
+                ("attention_chunk_size", Number(8192.0)),
+                ("attn_temperature_tuning", Flag(true)),
+                ("floor_scale", Number(8192.0)),
+                ("attn_scale", Number(0.1)),
+            ],
             "gemma2" => &[
                 ("sliding_window", Number(4096.0)),
                 ("query_pre_attn_scalar", Number(256.0)),
@@ -285,7 +308,7 @@ impl ModelType {
             "cohere2" => RopeLayers::SlidingOnly {
                 without_window: false,
             },
-            "smollm3" => RopeLayers::NoRopeLayers,
+            "smollm3" | "llama4_text" => RopeLayers::NoRopeLayers,
             _ => RopeLayers::All,
         }
     }
@@ -309,7 +332,14 @@ impl ModelType {
     pub fn interleaved_rope(&self) -> bool {
         matches!(
             self.name,
-            "cohere" | "gptj" | "codegen" | "roformer" | "helium" | "ernie4_5" | "cohere2"
+            "cohere"
+                | "gptj"
+                | "codegen"
+                | "roformer"
+                | "helium"
+                | "ernie4_5"
+                | "cohere2"
+                | "llama4_text"
         )
     }
 

@@ -124,6 +124,7 @@ impl HfCheckpoint {
                     let name = if which == "q" { "query" } else { "key" };
                     read_one(format!("{prefix}{name}_layernorm.weight"))
                 }
+                NormTensors::Weightless => Ok(vec![1.0; c.qk_head_dim]),
                 NormTensors::PerHeadModules => (0..heads)
                     .map(|h| read_one(format!("{prefix}{which}_layernorm.norms.{h}.weight")))
                     .collect::<Result<Vec<_>>>()

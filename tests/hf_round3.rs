@@ -1,0 +1,147 @@
+//! The loader's rules for issue 38's Llama 4 and gated/clipped families, read from their config
+//! classes: which layers are chunked, rotate, normalise q and k or tune the temperature, the
+//! defaults of absent keys, and the settings and inputs they refuse by name. transformers' own
+//! answers are the case files of `tests/fixtures/hf` (checked by `tests/hf.rs`).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::hf_dirs::{model_dir, tensors};
+use serde_json::{json, Value};
+use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
+use wgpu_mha::model::mask::AttnDims;
+use wgpu_mha::{Error, Mask, MaskTensor, Result, Tensor};
+
+fn at(layer: usize) -> String {
+    format!("model.layers.{layer}.self_attn.")
+}
+
+/// Llama-named projections (E = 16, 4 heads of 4) at `prefix`, plus `extra` tensors.
+fn llama(prefix: &str, extra: &[(&str, &[usize])]) -> Vec<(String, Tensor)> {
+    let names: Vec<(String, Vec<usize>)> = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        .iter()
+        .map(|n| (format!("{prefix}{n}.weight"), vec![16, 16]))
+        .chain(
+            extra
+                .iter()
+                .map(|(n, s)| (format!("{prefix}{n}"), s.to_vec())),
+        )
+        .collect();
+    let specs: Vec<(&str, &[usize])> = names.iter().map(|(n, s)| (n.as_str(), &s[..])).collect();
+    tensors(&specs)
+}
+
+fn load_at(layer: usize, config: &Value, extra: &[(&str, &[usize])]) -> Result<HfAttention> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let tag = format!("round3-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let dir = model_dir(&tag, &config.to_string(), &llama(&at(layer), extra), false);
+    HfCheckpoint::open(dir.path())?.attention(&at(layer), None)
+}
+
+fn llama4(patch: Value) -> Value {
+    let mut c =
+        json!({"model_type": "llama4_text", "num_attention_heads": 4, "num_hidden_layers": 4});
+    for (k, v) in patch.as_object().expect("object") {
+        c[k] = v.clone();
+    }
+    c
+}
+
+#[test]
+fn llama4_layers_follow_its_config_class() {
+    // Defaults: every fourth layer NoPE; the others rotate (interleaved, θ 5·10^5), attend in
+    // chunks of 8192 and normalise q and k (weightless, after RoPE); the NoPE layer tunes the
+    // temperature (8192, 0.1).
+    let rope = load_at(0, &llama4(json!({})), &[]).unwrap();
+    let r = rope.config.rope.expect("rope");
+    assert!(r.interleaved && r.theta == 5e5);
+    assert_eq!(rope.chunk, Some(8192));
+    let norm = rope.config.qk_norm.expect("norm");
+    assert!(norm.after_rope && norm.eps == 1e-5);
+    assert_eq!(rope.weights.qk_norm.expect("weights").q, vec![1.0; 4]);
+    assert!(rope.config.temperature.is_none());
+    let nope = load_at(3, &llama4(json!({})), &[]).unwrap();
+    assert!(nope.is_nope_layer() && nope.chunk.is_none() && nope.config.qk_norm.is_none());
+    let t = nope.config.temperature.expect("temperature");
+    assert_eq!((t.floor_scale, t.attn_scale), (8192.0, 0.1));
+    // The config's own lists and switches.
+    let set = llama4(json!({
+        "no_rope_layers": [0, 1, 1, 1], "use_qk_norm": false, "attn_temperature_tuning": false,
+        "attention_chunk_size": null, "rope_parameters": {"rope_type": "default", "rope_theta": 10.0}
+    }));
+    let m = load_at(0, &set, &[]).unwrap();
+    assert!(m.is_nope_layer() && m.config.temperature.is_none());
+    let m = load_at(1, &set, &[]).unwrap();
+    assert!(m.chunk.is_none() && m.config.qk_norm.is_none());
+    assert_eq!(m.config.rope.unwrap().theta, 10.0);
+    // layer_types decides the chunks; a chunked layer needs a chunk size.
+    let typed = llama4(json!({"attention_chunk_size": 5, "layer_types":
+        ["full_attention", "chunked_attention", "chunked_attention", "full_attention"]}));
+    assert_eq!(load_at(0, &typed, &[]).unwrap().chunk, None);
+    assert_eq!(load_at(1, &typed, &[]).unwrap().chunk, Some(5));
+    let no_size = llama4(json!({"attention_chunk_size": null, "layer_types":
+        ["chunked_attention", "full_attention", "full_attention", "full_attention"]}));
+    let err = load_at(0, &no_size, &[]).unwrap_err().to_string();
+    assert!(err.contains("attention_chunk_size"), "{err}");
+    let sliding = llama4(json!({"layer_types":
+        ["sliding_attention", "full_attention", "full_attention", "full_attention"]}));
+    assert!(matches!(
+        load_at(0, &sliding, &[]),
+        Err(Error::UnsupportedModule { .. })
+    ));
+    // Its norm has no weights: a q_norm tensor is not Llama 4's.
+    let err = load_at(0, &llama4(json!({})), &[("q_norm.weight", &[4])]).unwrap_err();
+    assert!(err.to_string().contains("q_norm.weight"), "{err}");
+    // A bad floor_scale is named.
+    let err = load_at(3, &llama4(json!({"floor_scale": 0})), &[]).unwrap_err();
+    assert!(err.to_string().contains("floor_scale"), "{err}");
+}
+
+#[test]
+fn llama4_settings_are_refused_by_other_model_types() {
+    let llama = |patch: Value| {
+        let mut c = json!({"model_type": "llama", "num_attention_heads": 4});
+        for (k, v) in patch.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        load_at(0, &c, &[])
+    };
+    assert!(llama(json!({"attention_chunk_size": null, "attn_temperature_tuning": false})).is_ok());
+    for patch in [
+        json!({"attention_chunk_size": 8192}),
+        json!({"attn_temperature_tuning": true}),
+    ] {
+        let err = llama(patch.clone()).unwrap_err();
+        let key = patch.as_object().unwrap().keys().next().unwrap().clone();
+        assert!(
+            matches!(&err, Error::UnsupportedModule { what, .. } if what.contains(&key)),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_chunked_layer_refuses_left_padding() {
+    let m = load_at(0, &llama4(json!({"attention_chunk_size": 2})), &[]).unwrap();
+    let dims = AttnDims {
+        batch: 2,
+        heads: 4,
+        lq: 3,
+        lk: 3,
+    };
+    let right = MaskTensor::new([2, 3], vec![1, 1, 1, 1, 1, 0]).unwrap();
+    assert!(matches!(
+        m.mask(dims, Some(&right)).unwrap(),
+        Mask::Chunked {
+            chunk: 2,
+            keep: Some(_)
+        }
+    ));
+    let left = MaskTensor::new([2, 3], vec![1, 1, 1, 0, 1, 1]).unwrap();
+    let err = m.mask(dims, Some(&left)).unwrap_err();
+    assert!(
+        matches!(&err, Error::Mask(s) if s.contains("left padding")),
+        "{err}"
+    );
+}
