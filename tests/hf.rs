@@ -38,6 +38,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "codegen",
             "cohere",
             "cohere2",
+            "dbrx",
             "deepseek",
             "distilbert",
             "ernie4",
@@ -410,6 +411,15 @@ fn run_hf_and_inspect_read_the_round2_families() {
         (
             "llama4_text_self_layer1_causal_padding_nope_temperature",
             &[" nope", "temperature(floor_scale=2, attn_scale=0.5)"],
+        ),
+        (
+            "dbrx_self_layer1_causal_padding_clip_gqa",
+            &[
+                "model_type dbrx",
+                "clip_qkv=0.3",
+                "kv_heads=2",
+                "rope(θ=10000",
+            ],
         ),
     ] {
         let path = root.join(format!("{case}.safetensors"));

@@ -144,6 +144,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "smollm3_self_layer1",
         "llama4_text_self_layer0",
         "llama4_text_self_layer1",
+        "dbrx",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

@@ -145,3 +145,49 @@ fn a_chunked_layer_refuses_left_padding() {
         "{err}"
     );
 }
+
+/// DBRX's `Wqkv` `[(H + 2·H_kv)·d, E]` and `out_proj` at layer 0 (E = 16, 4 heads of 4).
+fn load_dbrx(config: Value, kv_heads: usize) -> Result<HfAttention> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let tag = format!("round3-dbrx-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let p = "transformer.blocks.0.norm_attn_norm.attn.";
+    let (wqkv, out) = (format!("{p}Wqkv.weight"), format!("{p}out_proj.weight"));
+    let t = tensors(&[(&wqkv, &[16 + 8 * kv_heads, 16]), (&out, &[16, 16])]);
+    let dir = model_dir(&tag, &config.to_string(), &t, false);
+    HfCheckpoint::open(dir.path())?.attention(p, None)
+}
+
+#[test]
+fn dbrx_reads_its_attn_config() {
+    let dbrx = |attn: Value| json!({"model_type": "dbrx", "n_heads": 4, "d_model": 16, "attn_config": attn});
+    // kv_n_heads defaults to 1; RoPE θ 10000 by default; no clip unless attn_config says.
+    let m = load_dbrx(dbrx(json!({})), 1).unwrap();
+    assert_eq!(m.config.kv_heads, 1);
+    assert_eq!(m.config.rope.expect("rope").theta, 10000.0);
+    assert!(m.config.clip_qkv.is_none() && m.config.alibi.is_none() && m.causal);
+    let m = load_dbrx(
+        dbrx(json!({"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 10000.0})),
+        2,
+    );
+    let m = m.unwrap();
+    assert_eq!((m.config.kv_heads, m.config.clip_qkv), (2, Some(8.0)));
+    // attn_config's kv_n_heads wins over a top-level num_key_value_heads, as DbrxConfig sets it.
+    let mut both = dbrx(json!({"kv_n_heads": 2}));
+    both["num_key_value_heads"] = json!(4);
+    assert_eq!(load_dbrx(both, 2).unwrap().config.kv_heads, 2);
+    // transformers rotates by rope_parameters' θ and ignores attn_config's: a mismatch is refused.
+    let err = load_dbrx(dbrx(json!({"rope_theta": 500000})), 1).unwrap_err();
+    assert!(
+        matches!(&err, Error::UnsupportedModule { what, .. } if what.contains("attn_config.rope_theta")),
+        "{err}"
+    );
+    let mut agreed = dbrx(json!({"rope_theta": 500000}));
+    agreed["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 500000});
+    assert_eq!(
+        load_dbrx(agreed, 1).unwrap().config.rope.unwrap().theta,
+        5e5
+    );
+    // Wqkv rows that are not (H + 2·H_kv) heads are named.
+    let err = load_dbrx(dbrx(json!({"kv_n_heads": 3})), 1).unwrap_err();
+    assert!(err.to_string().contains("Wqkv.weight"), "{err}");
+}

@@ -52,8 +52,8 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 `ministral_*`, `seed_oss_*` (attention_out_bias), `exaone4_*` and `cohere2_*` (a sliding layer and
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
 and `smollm3_*` (no_rope_layers), and (`--only llama4`) `llama4_text_*` (a chunked RoPE layer with
-its weightless q/k norm, a NoPE layer with temperature tuning; complex RoPE tables in float64);
-the others by 5.24. CodeGen's scores cast
+its weightless q/k norm, a NoPE layer with temperature tuning; complex RoPE tables in float64),
+(`--only dbrx`) `dbrx_*` (Wqkv with RoPE, GQA, clip_qkv); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -348,6 +348,13 @@ FAMILIES = {
 FAMILIES["llama4_text"] = (tf.Llama4TextModel, tf.Llama4TextConfig, dict(
     LM, num_key_value_heads=2, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
     no_rope_layers=[1, 0], attention_chunk_size=4, floor_scale=2, attn_scale=0.5))
+# dbrx: MPT's packed Wqkv under RoPE, 2 key/value heads (attn_config.kv_n_heads), q/k/v clamped
+# to ±0.3 (attn_config.clip_qkv), which binds on the random weights; DbrxAttention reads
+# attn_config.rope_theta (and ignores it: the RoPE is rope_parameters'), so it is set to θ.
+FAMILIES["dbrx"] = (tf.DbrxModel, tf.DbrxConfig, dict(
+    vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, initializer_range=0.2,
+    pad_token_id=0, attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
+    ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 2}))
 HF_MODELS = ("bert", "gpt2", "t5")
 
 
@@ -1377,11 +1384,38 @@ def llama4_cases(out_dir):
                 layer=1)
 
 
+def dbrx_cases(out_dir):
+    """DBRX (issue 38, group 4): MPT's Wqkv layout with RoPE, GQA and clip_qkv."""
+    model = build("dbrx")
+    config_text, state = saved(model)
+    name = "dbrx_self_layer1_causal_padding_clip_gqa"
+    seeded(name)
+    position_ids = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    input_ids = ids(7)
+    pad = lengths_mask([7, 5], 7)
+    cfg = model.config
+    cos64, sin64, _ = rope_tables(cfg, position_ids, torch.float64)
+    with torch.no_grad():
+        cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+    assert torch.allclose(cos64.float(), cos32, rtol=0, atol=1e-5)
+    module = model.blocks[1].norm_attn_norm.attn
+
+    def replay(mod, x, kv, mask, dtype):
+        tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+        return mod(x, position_embeddings=tables, attention_mask=mask)[0]
+
+    replay_case(out_dir, name, "dbrx", model, config_text, state, module=module,
+                prefix="blocks.1.norm_attn_norm.attn.",
+                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                  use_cache=False),
+                replay=replay, causal=True, pad=pad, position_ids=position_ids)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4", "dbrx"]
 
 
 def main():
@@ -1414,6 +1448,7 @@ def main():
         "towers": lambda: towers_cases(args.out),
         "round2": lambda: round2_cases(args.out),
         "llama4": lambda: llama4_cases(args.out),
+        "dbrx": lambda: dbrx_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -38,6 +38,8 @@ ROUND2 = [
     # Llama 4: chunked attention with its weightless q/k norm; a NoPE layer's temperature.
     "llama4_text_self_layer0_causal_padding_chunked4_qknorm",
     "llama4_text_self_layer1_causal_padding_nope_temperature",
+    # DBRX: MPT's Wqkv with RoPE, GQA and clip_qkv.
+    "dbrx_self_layer1_causal_padding_clip_gqa",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

@@ -359,6 +359,11 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["clip_qkv", "softmax_scale"],
     ),
+    // DbrxAttention: MPT's packed `Wqkv` (q, k, v rows) and `out_proj`, no biases, half-split
+    // RoPE from rope_parameters (θ default 10000), GQA by `attn_config.kv_n_heads` (default 1),
+    // q/k/v clamped by `attn_config.clip_qkv` before RoPE, causal (its own rules, see
+    // config::falcon_mpt).
+    reading("dbrx", Family::Mpt, Causality::Always, &["clip_qkv"]),
     // DeepseekV2Attention / DeepseekV3Attention: multi-head latent attention (q LoRA or q_proj,
     // the compressed latent and a shared RoPE key, kv_b_proj per head), causal; its sizes,
     // attention_bias, rope_interleave and yarn's mscale_all_dim are read by `HfCheckpoint::

@@ -161,7 +161,7 @@ impl ModelType {
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
             "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" | "ministral"
-            | "exaone4" => Biases::Never,
+            | "exaone4" | "dbrx" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -346,7 +346,7 @@ impl ModelType {
     /// Whether the model type rotates q and k under a family whose names do not (GPT-J under
     /// bart's, RoFormer under bert's: its self-attention only).
     pub fn rotates(&self) -> bool {
-        matches!(self.name, "gptj" | "roformer")
+        matches!(self.name, "gptj" | "roformer" | "dbrx")
     }
 
     /// The config key that gives the rotating dimensions of each head (GPT-J's and CodeGen's
