@@ -54,6 +54,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "granitemoe",
             "helium",
             "hunyuan",
+            "jamba",
             "llama",
             "llama4",
             "ministral",
@@ -420,6 +421,10 @@ fn run_hf_and_inspect_read_the_round2_families() {
                 "kv_heads=2",
                 "rope(θ=10000",
             ],
+        ),
+        (
+            "jamba_self_layer1_causal_padding_nope",
+            &["model_type jamba", " nope", "kv_heads=2"],
         ),
     ] {
         let path = root.join(format!("{case}.safetensors"));

@@ -145,6 +145,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "llama4_text_self_layer0",
         "llama4_text_self_layer1",
         "dbrx",
+        "jamba",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

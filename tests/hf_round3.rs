@@ -191,3 +191,29 @@ fn dbrx_reads_its_attn_config() {
     let err = load_dbrx(dbrx(json!({"kv_n_heads": 3})), 1).unwrap_err();
     assert!(err.to_string().contains("Wqkv.weight"), "{err}");
 }
+
+#[test]
+fn jamba_attends_without_positions_and_its_mamba_layers_are_not_attention() {
+    let jamba = json!({"model_type": "jamba", "num_attention_heads": 4, "rope_theta": 10000});
+    let m = load_at(1, &jamba, &[]).unwrap();
+    assert!(m.config.rope.is_none() && m.is_nope_layer() && m.causal);
+    // JambaAttention builds no biases.
+    let err = load_at(1, &jamba, &[("q_proj.bias", &[16])]).unwrap_err();
+    assert!(err.to_string().contains("q_proj.bias"), "{err}");
+    // A Mamba layer's prefix holds no attention module: named, with the modules there are.
+    let mut t = llama(&at(1), &[]);
+    t.extend(tensors(&[(
+        "model.layers.0.mamba.in_proj.weight",
+        &[64, 16],
+    )]));
+    let dir = model_dir("round3-jamba-mamba", &jamba.to_string(), &t, false);
+    let ckpt = HfCheckpoint::open(dir.path()).unwrap();
+    let err = ckpt
+        .attention("model.layers.0.mamba.", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no attention module") && err.contains("model.layers.1.self_attn."),
+        "{err}"
+    );
+}

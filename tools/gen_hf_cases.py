@@ -53,7 +53,8 @@ builds V2's complex `freqs_cis` from float64 angles), `clip_text_*` (CLIP's caus
 a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE per layer kind)
 and `smollm3_*` (no_rope_layers), and (`--only llama4`) `llama4_text_*` (a chunked RoPE layer with
 its weightless q/k norm, a NoPE layer with temperature tuning; complex RoPE tables in float64),
-(`--only dbrx`) `dbrx_*` (Wqkv with RoPE, GQA, clip_qkv); the others by 5.24. CodeGen's scores cast
+(`--only dbrx`) `dbrx_*` (Wqkv with RoPE, GQA, clip_qkv), (`--only jamba`) `jamba_*` (an attention
+layer without positions beside a Mamba one); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -355,6 +356,11 @@ FAMILIES["dbrx"] = (tf.DbrxModel, tf.DbrxConfig, dict(
     vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, initializer_range=0.2,
     pad_token_id=0, attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
     ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 2}))
+# jamba: layer 1 is attention (attn_layer_period 2, offset 1), layer 0 Mamba (its slow path).
+FAMILIES["jamba"] = (tf.JambaModel, tf.JambaConfig, dict(
+    LM, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2,
+    expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False, mamba_d_state=4,
+    mamba_expand=1))
 HF_MODELS = ("bert", "gpt2", "t5")
 
 
@@ -1411,11 +1417,26 @@ def dbrx_cases(out_dir):
                 replay=replay, causal=True, pad=pad, position_ids=position_ids)
 
 
+def jamba_cases(out_dir):
+    """Jamba's attention layer (issue 38, group 4): llama's projections without positions."""
+    model = build("jamba")
+    config_text, state = saved(model)
+    name = "jamba_self_layer1_causal_padding_nope"
+    seeded(name)
+    input_ids = ids(7)
+    pad = lengths_mask([7, 5], 7)
+    replay_case(out_dir, name, "jamba", model, config_text, state,
+                module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
+                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                replay=lambda mod, x, kv, mask, dtype: mod(x, attention_mask=mask)[0],
+                causal=True, pad=pad)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4", "dbrx"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4", "dbrx", "jamba"]
 
 
 def main():
@@ -1449,6 +1470,7 @@ def main():
         "round2": lambda: round2_cases(args.out),
         "llama4": lambda: llama4_cases(args.out),
         "dbrx": lambda: dbrx_cases(args.out),
+        "jamba": lambda: jamba_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -40,6 +40,8 @@ ROUND2 = [
     "llama4_text_self_layer1_causal_padding_nope_temperature",
     # DBRX: MPT's Wqkv with RoPE, GQA and clip_qkv.
     "dbrx_self_layer1_causal_padding_clip_gqa",
+    # Jamba's attention layer: no positions at all.
+    "jamba_self_layer1_causal_padding_nope",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

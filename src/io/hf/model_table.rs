@@ -258,6 +258,9 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["sliding_window", "layer_types", "sliding_window_pattern"],
     ),
+    // JambaAttention (its attention layers; the Mamba layers hold no q_proj): llama's
+    // projections without biases and without any position embedding (NoPE), GQA, causal.
+    mt("jamba", Family::Llama, Causality::Always),
     // Llama4TextAttention: llama's with interleaved (complex) RoPE, no RoPE on the layers
     // `no_rope_layers` marks 0 (else every no_rope_layer_interval-th) where, with
     // attn_temperature_tuning, q is scaled by ln(1 + ⌊(p + 1)/floor_scale⌋)·attn_scale + 1 at

@@ -139,6 +139,8 @@ pub enum RopeLayers {
     /// By `no_rope_layers` (1 = RoPE, 0 = none), else all but every
     /// `no_rope_layer_interval`-th layer (default 4) rotate (SmolLM3).
     NoRopeLayers,
+    /// None: no position information in the attention (Jamba; its Mamba layers order).
+    Never,
 }
 
 impl ModelType {
@@ -161,7 +163,7 @@ impl ModelType {
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
             "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" | "ministral"
-            | "exaone4" | "dbrx" => Biases::Never,
+            | "exaone4" | "dbrx" | "jamba" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -309,6 +311,7 @@ impl ModelType {
                 without_window: false,
             },
             "smollm3" | "llama4_text" => RopeLayers::NoRopeLayers,
+            "jamba" => RopeLayers::Never,
             _ => RopeLayers::All,
         }
     }

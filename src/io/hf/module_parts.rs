@@ -32,6 +32,9 @@ impl HfCheckpoint {
         if cross || !(family.uses_rope() || model_type.rotates()) {
             return Ok(config);
         }
+        if model_type.rope_layers() == RopeLayers::Never {
+            return Ok(config);
+        }
         let Some(c) = module_config else {
             return Err(Error::file(
                 &self.name,
