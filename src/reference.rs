@@ -129,7 +129,27 @@ pub fn forward_at(
         mask,
         top_left: false,
     };
-    let (combined, probs) = core.run(&q, &k, &v);
+    let (mut combined, probs) = core.run(&q, &k, &v);
+    // BitNet: combined = rms_norm(combined) · w, each token's H·dv values.
+    if let (Some(eps), Some(w)) = (config.output_norm, &weights.output_norm) {
+        let norm = crate::model::qk_norm::QkNorm {
+            kind: crate::model::qk_norm::NormKind::Rms,
+            scope: crate::model::qk_norm::NormScope::PerHead,
+            eps,
+            weight_offset: 0.0,
+            after_rope: false,
+        };
+        for x in combined.chunks_mut(h * dv) {
+            norm.apply(x, w, h * dv);
+        }
+    }
+    // Qwen3-Next: combined ·= sigmoid(W_g(query)).
+    if let Some(gate) = weights.gate.as_ref().filter(|_| config.output_gate) {
+        let g = linear(&widen(query.data()), b * lq, gate);
+        for (x, g) in combined.iter_mut().zip(&g) {
+            *x /= 1.0 + (-g).exp();
+        }
+    }
     let output = match &weights.o {
         Some(o) => linear(&combined, b * lq, o),
         None => combined,

@@ -426,6 +426,14 @@ fn run_hf_and_inspect_read_the_round2_families() {
             "jamba_self_layer1_causal_padding_nope",
             &["model_type jamba", " nope", "kv_heads=2"],
         ),
+        (
+            "qwen3_next_self_layer1_causal_padding_gated",
+            &[
+                "model_type qwen3_next",
+                "output_gate(sigmoid)",
+                "rotary_dims=4",
+            ],
+        ),
     ] {
         let path = root.join(format!("{case}.safetensors"));
         let (code, text) = cli(&["inspect", path.to_str().unwrap()]);

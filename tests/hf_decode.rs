@@ -146,6 +146,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "llama4_text_self_layer1",
         "dbrx",
         "jamba",
+        "qwen3_next",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

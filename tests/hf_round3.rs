@@ -217,3 +217,48 @@ fn jamba_attends_without_positions_and_its_mamba_layers_are_not_attention() {
         "{err}"
     );
 }
+
+#[test]
+fn qwen3_next_splits_its_gate_from_q_proj_and_names_its_linear_layers() {
+    let next = json!({"model_type": "qwen3_next", "num_attention_heads": 4, "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"], "partial_rotary_factor": 0.5});
+    // q_proj [H·2d, E] = [32, 16] with d = 4: per head 4 query rows, then 4 gate rows.
+    let mut t = tensors(&[
+        ("model.layers.1.self_attn.q_proj.weight", &[32, 16]),
+        ("model.layers.1.self_attn.k_proj.weight", &[16, 16]),
+        ("model.layers.1.self_attn.v_proj.weight", &[16, 16]),
+        ("model.layers.1.self_attn.o_proj.weight", &[16, 16]),
+        ("model.layers.1.self_attn.q_norm.weight", &[4]),
+        ("model.layers.1.self_attn.k_norm.weight", &[4]),
+        ("model.layers.0.linear_attn.in_proj_qkvz.weight", &[48, 16]),
+    ]);
+    let dir = model_dir("round3-qwen3-next", &next.to_string(), &t, false);
+    let ckpt = HfCheckpoint::open(dir.path()).unwrap();
+    let m = ckpt.attention(&at(1), None).unwrap();
+    assert!(m.config.output_gate && m.config.qk_head_dim == 4);
+    let norm = m.config.qk_norm.expect("norm");
+    assert_eq!(norm.weight_offset, 1.0);
+    assert_eq!(m.config.rope.expect("rope").rotary_dims, 2);
+    // Head 1's gate rows are q_proj's rows 12..16.
+    let (_, q) = &t[0];
+    let gate = m.weights.gate.as_ref().expect("gate");
+    assert_eq!(&gate.weight[4 * 16..8 * 16], &q.data()[12 * 16..16 * 16]);
+    assert_eq!(
+        &m.weights.q.weight[4 * 16..8 * 16],
+        &q.data()[8 * 16..12 * 16]
+    );
+    // The Gated DeltaNet layer is named as what it is.
+    let err = ckpt
+        .attention("model.layers.0.linear_attn.", None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("linear_attention"), "{err}");
+    // A q_proj that is not whole query and gate heads is named.
+    t[0] = tensors(&[("model.layers.1.self_attn.q_proj.weight", &[36, 16])]).remove(0);
+    let dir = model_dir("round3-qwen3-next-odd", &next.to_string(), &t, false);
+    let err = HfCheckpoint::open(dir.path())
+        .unwrap()
+        .attention(&at(1), None)
+        .unwrap_err();
+    assert!(err.to_string().contains("q_proj.weight"), "{err}");
+}

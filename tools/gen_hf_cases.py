@@ -54,7 +54,8 @@ a NoPE full one), `hunyuan_v1_dense_*` (q/k norm after RoPE), `olmo3_*` (a RoPE 
 and `smollm3_*` (no_rope_layers), and (`--only llama4`) `llama4_text_*` (a chunked RoPE layer with
 its weightless q/k norm, a NoPE layer with temperature tuning; complex RoPE tables in float64),
 (`--only dbrx`) `dbrx_*` (Wqkv with RoPE, GQA, clip_qkv), (`--only jamba`) `jamba_*` (an attention
-layer without positions beside a Mamba one); the others by 5.24. CodeGen's scores cast
+layer without positions beside a Mamba one), (`--only qwen3_next`) `qwen3_next_*` (a gated full-attention
+layer beside a Gated DeltaNet one; its RMSNorms' `.float()` kept float64); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -356,6 +357,13 @@ FAMILIES["dbrx"] = (tf.DbrxModel, tf.DbrxConfig, dict(
     vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, initializer_range=0.2,
     pad_token_id=0, attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
     ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 2}))
+# qwen3_next: layer 0 is a Gated DeltaNet layer (torch's fallback), layer 1 full attention
+# with its output gate, (1 + w) q/k norms and RoPE on a quarter of each 16-wide head.
+FAMILIES["qwen3_next"] = (tf.Qwen3NextModel, tf.Qwen3NextConfig, dict(
+    LM, num_key_value_heads=2, head_dim=16, num_experts=2, num_experts_per_tok=1,
+    moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_key_heads=2,
+    linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+    layer_types=["linear_attention", "full_attention"]))
 # jamba: layer 1 is attention (attn_layer_period 2, offset 1), layer 0 Mamba (its slow path).
 FAMILIES["jamba"] = (tf.JambaModel, tf.JambaConfig, dict(
     LM, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2,
@@ -1417,6 +1425,14 @@ def dbrx_cases(out_dir):
                 replay=replay, causal=True, pad=pad, position_ids=position_ids)
 
 
+def qwen3_next_cases(out_dir):
+    """Qwen3-Next's full-attention layer (issue 38, group 4): the sigmoid output gate; its
+    RMSNorms' `.float()` kept float64 in the float64 replay."""
+    pos = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    rope_case(out_dir, "qwen3_next", "qwen3_next_self_layer1_causal_padding_gated", [7, 5], pos,
+              dot_float=True)
+
+
 def jamba_cases(out_dir):
     """Jamba's attention layer (issue 38, group 4): llama's projections without positions."""
     model = build("jamba")
@@ -1436,7 +1452,7 @@ def jamba_cases(out_dir):
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4", "dbrx", "jamba"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4", "dbrx", "jamba", "qwen3_next"]
 
 
 def main():
@@ -1471,6 +1487,7 @@ def main():
         "llama4": lambda: llama4_cases(args.out),
         "dbrx": lambda: dbrx_cases(args.out),
         "jamba": lambda: jamba_cases(args.out),
+        "qwen3_next": lambda: qwen3_next_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

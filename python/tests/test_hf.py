@@ -42,6 +42,8 @@ ROUND2 = [
     "dbrx_self_layer1_causal_padding_clip_gqa",
     # Jamba's attention layer: no positions at all.
     "jamba_self_layer1_causal_padding_nope",
+    # Qwen3-Next's full-attention layer: the sigmoid output gate from q_proj.
+    "qwen3_next_self_layer1_causal_padding_gated",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

@@ -8,10 +8,14 @@ use crate::kernels::decode;
 use crate::kernels::kv_append::{self, NewRows};
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
+use crate::kernels::output_gate;
+use crate::kernels::qk_norm;
+use crate::kernels::rope::RopeRows;
 use crate::kernels::{
     av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, KvChunks, QkvBuffers,
     QkvLayout, RowStrides,
 };
+use crate::model::qk_norm::{NormKind, NormScope, QkNorm};
 
 use super::appended_kv::appended_kv_images;
 use super::plan::{Shape, Sharing};
@@ -44,6 +48,8 @@ pub(crate) struct Bound<'a> {
     /// `[B, H, Lq, Lk]`, for the multi-pass core.
     pub scores: Option<&'a wgpu::Buffer>,
     pub combined: &'a wgpu::Buffer,
+    /// The output gate's values `[B·Lq, H·dv]`, for a module with `output_gate`.
+    pub gate: Option<&'a wgpu::Buffer>,
     /// The module's output, when it has an output projection.
     pub output: Option<&'a wgpu::Buffer>,
     pub carry: &'a wgpu::Buffer,
@@ -230,8 +236,51 @@ pub(crate) fn output_projection(
     let c = &mha.config;
     let gpu = &mha.gpu;
     let mut chain = Vec::new();
+    if let (Some(eps), Some(w)) = (c.output_norm, &mha.weights.output_norm) {
+        // combined = rms_norm(combined) · w: each token's H·dv values (BitNet's attn_sub_norm)
+        let norm = QkNorm {
+            kind: NormKind::Rms,
+            scope: NormScope::PerHead,
+            eps,
+            weight_offset: 0.0,
+            after_rope: false,
+        };
+        let rows = RopeRows {
+            batch: g.batch,
+            heads: 1,
+            n: g.lq,
+            stride: g.lq,
+            first: 0,
+            head_dim: c.v_width(),
+            offset: 0,
+        };
+        let weight = (w, c.v_width());
+        chain.push(qk_norm::dispatch(
+            gpu, &norm, false, rows, b.combined, weight,
+        )?);
+    }
+    if let (Some((w_g, b_g)), Some(gate)) = (&mha.weights.gate, b.gate) {
+        // combined ·= sigmoid(W_g(query)): the gate of each query row, then the product
+        let seg = Segment {
+            heads: 1,
+            head_dim: c.v_width() as u32,
+            dst: 0,
+        };
+        let mut p = LinearParams::new(rows_of(g), c.model_dim as u32, g.lq as u32, &[seg])
+            .weights_at(0, 0, b_g.is_some());
+        p.x_offset = b.at.inputs[0];
+        let buffers = LinearBuffers {
+            x: b.query,
+            w: w_g,
+            bias: b_g.as_ref(),
+            y: gate,
+        };
+        chain.extend(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
+        let elements = g.batch * g.lq * c.v_width();
+        chain.push(output_gate::dispatch(gpu, elements, b.combined, gate)?);
+    }
     if let (Some((w_o, b_o)), Some(output)) = (&mha.weights.w_o, b.output) {
-        let rows = (g.batch * g.lq) as u32;
+        let rows = rows_of(g);
         let seg = Segment {
             heads: 1,
             head_dim: c.model_dim as u32,
@@ -249,6 +298,10 @@ pub(crate) fn output_projection(
         chain.extend(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
     }
     Ok(chain)
+}
+
+fn rows_of(g: &Geometry) -> u32 {
+    (g.batch * g.lq) as u32
 }
 
 /// The projection GEMMs: one per distinct input, each writing its segments of Q | K | V.
@@ -450,6 +503,7 @@ pub(crate) struct Workspace {
     qkv: Vec<wgpu::Buffer>,
     pub scores: Option<wgpu::Buffer>,
     combined: wgpu::Buffer,
+    gate: Option<wgpu::Buffer>,
     output: Option<wgpu::Buffer>,
     carry: wgpu::Buffer,
     pub staging: wgpu::Buffer,
@@ -507,6 +561,9 @@ impl Workspace {
             scores: (!shape.fused)
                 .then(|| gpu.storage("scores", 4 * (b * h * lq * lk) as u64, copy)),
             combined: gpu.storage("combined heads", 4 * (b * lq * c.v_width()) as u64, copy),
+            gate: c
+                .output_gate
+                .then(|| gpu.storage("output gate", 4 * (b * lq * c.v_width()) as u64, none)),
             output: c
                 .output_projection
                 .then(|| gpu.storage("output", 4 * out_len as u64, copy)),
@@ -581,6 +638,7 @@ impl Workspace {
             qkv,
             scores: self.scores.as_ref(),
             combined,
+            gate: self.gate.as_ref(),
             output,
             carry: &self.carry,
             mask: &self.mask,

@@ -73,6 +73,9 @@ fn describe(m: &HfAttention) -> String {
     if c.sinks {
         s.push_str(" sinks");
     }
+    if c.output_gate {
+        s.push_str(" output_gate(sigmoid)");
+    }
     if let Some(clip) = c.clip_qkv {
         s.push_str(&format!(" clip_qkv={clip}"));
     }

@@ -449,6 +449,14 @@ impl HfCheckpoint {
             true => format!("no attention module in layer {}", &at[1..at.len() - 1]),
             false => format!("no attention module at prefix {at:?}"),
         };
+        // Qwen3-Next's and others' linear-attention layers are not softmax attention.
+        let kind = self.config.as_ref().and_then(|c| c.layer_type_of(at));
+        if let Some(kind) = kind.filter(|k| *k != "full_attention") {
+            problem.push_str(&format!(
+                "; config.json's layer_types calls this layer {kind:?}, which is not the softmax \
+                 attention the loader runs"
+            ));
+        }
         for (prefix, missing) in families::incomplete_modules(&names)
             .into_iter()
             .filter(|(p, _)| lies_under(p))

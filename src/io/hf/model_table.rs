@@ -258,6 +258,17 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["sliding_window", "layer_types", "sliding_window_pattern"],
     ),
+    // Qwen3NextAttention (its full-attention layers; the Gated DeltaNet layers at
+    // `linear_attn.` hold no q_proj): q_proj packs per head d query rows and d gate rows; the
+    // combined heads are multiplied by sigmoid(gate) before o_proj; per-head q/k RMSNorm ×(1 + w)
+    // before RoPE (rms_norm_eps default 1e-6); partial RoPE (partial_rotary_factor default
+    // 0.25); biases by attention_bias; causal.
+    reading(
+        "qwen3_next",
+        Family::Llama,
+        Causality::Always,
+        &["layer_types", "partial_rotary_factor"],
+    ),
     // JambaAttention (its attention layers; the Mamba layers hold no q_proj): llama's
     // projections without biases and without any position embedding (NoPE), GQA, causal.
     mt("jamba", Family::Llama, Causality::Always),

@@ -149,9 +149,8 @@ impl ModelType {
         match self.name {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo" | "olmo2" | "cohere" | "qwen3_moe" | "olmoe" | "granitemoe" | "arcee"
-            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" | "llama4_text" => {
-                Biases::ByKey("attention_bias", false)
-            }
+            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" | "llama4_text"
+            | "qwen3_next" => Biases::ByKey("attention_bias", false),
             "ernie4_5" => Biases::ByKey("use_bias", false),
             "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
             "helium" => Biases::QkvByKey("attention_bias", false),
@@ -205,8 +204,8 @@ impl ModelType {
                 rope_layers_only: true,
                 ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-5))
             },
-            // Gemma3RMSNorm(head_dim): x · (1 + w), computed in f32.
-            "gemma3" | "gemma3_text" => QkNormRule {
+            // Gemma3RMSNorm(head_dim): x · (1 + w), computed in f32 (Qwen3NextRMSNorm too).
+            "gemma3" | "gemma3_text" | "qwen3_next" => QkNormRule {
                 weight_offset: 1.0,
                 ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6))
             },
@@ -363,7 +362,7 @@ impl ModelType {
     /// rotate all of it.
     pub fn default_rotary_share(&self) -> f64 {
         match self.name {
-            "gpt_neox" | "stablelm" => 0.25,
+            "gpt_neox" | "stablelm" | "qwen3_next" => 0.25,
             "phi" => 0.5,
             _ => 1.0,
         }

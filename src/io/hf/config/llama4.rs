@@ -1,6 +1,7 @@
 //! Llama 4's per-layer attention settings (Llama4TextConfig): chunked local attention on the
 //! layers `layer_types` calls `chunked_attention` (by default the RoPE layers, when
-//! `attention_chunk_size` is set), and temperature tuning on the NoPE layers.
+//! `attention_chunk_size` is set), and temperature tuning on the NoPE layers; a layer's kind by
+//! `layer_types`, for messages (Qwen3-Next's linear-attention layers).
 
 use serde_json::Value;
 
@@ -81,5 +82,15 @@ impl HfConfig {
             floor_scale: floor_scale as f32,
             attn_scale: attn_scale as f32,
         }))
+    }
+
+    /// The kind `layer_types` gives the layer at `prefix`, when it names one.
+    pub fn layer_type_of(&self, prefix: &str) -> Option<&str> {
+        let layer = super::layer_index(prefix)?;
+        self.json
+            .get("layer_types")?
+            .as_array()?
+            .get(layer)?
+            .as_str()
     }
 }
