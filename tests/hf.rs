@@ -33,6 +33,7 @@ fn hugging_face_modules_match_transformers_on_both_paths() {
             "arcee",
             "bart",
             "bert",
+            "bitnet",
             "bloom",
             "clip",
             "codegen",
@@ -432,6 +433,14 @@ fn run_hf_and_inspect_read_the_round2_families() {
                 "model_type qwen3_next",
                 "output_gate(sigmoid)",
                 "rotary_dims=4",
+            ],
+        ),
+        (
+            "bitnet_self_layer1_causal_padding_sub_norm",
+            &[
+                "model_type bitnet",
+                "output_norm(Rms, eps=0.00001)",
+                "θ=500000",
             ],
         ),
     ] {

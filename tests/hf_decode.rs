@@ -147,6 +147,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
         "dbrx",
         "jamba",
         "qwen3_next",
+        "bitnet",
     ] {
         assert!(
             decoded.iter().any(|n| n.starts_with(family)),

@@ -262,3 +262,31 @@ fn qwen3_next_splits_its_gate_from_q_proj_and_names_its_linear_layers() {
         .unwrap_err();
     assert!(err.to_string().contains("q_proj.weight"), "{err}");
 }
+
+#[test]
+fn bitnet_normalises_its_output_and_refuses_quantized_checkpoints() {
+    let bitnet = json!({"model_type": "bitnet", "num_attention_heads": 4});
+    let m = load_at(0, &bitnet, &[("attn_sub_norm.weight", &[16])]).unwrap();
+    assert_eq!(m.config.output_norm, Some(1e-5));
+    assert_eq!(m.weights.output_norm.as_ref().map(Vec::len), Some(16));
+    assert_eq!(m.config.rope.unwrap().theta, 5e5);
+    let err = load_at(0, &bitnet, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("attn_sub_norm.weight") && err.contains("missing"),
+        "{err}"
+    );
+    let err = load_at(0, &bitnet, &[("attn_sub_norm.weight", &[8])]).unwrap_err();
+    assert!(err.to_string().contains("attn_sub_norm.weight"), "{err}");
+    // BitLinear quantizes in transformers' forward: refused, here and for any model type.
+    for model_type in ["bitnet", "llama"] {
+        let mut quantized = bitnet.clone();
+        quantized["model_type"] = json!(model_type);
+        quantized["quantization_config"] =
+            json!({"quant_method": "bitnet", "linear_class": "autobitlinear"});
+        let err = load_at(0, &quantized, &[("attn_sub_norm.weight", &[16])]).unwrap_err();
+        assert!(
+            matches!(&err, Error::UnsupportedModule { what, .. } if what.contains("quantization_config")),
+            "{model_type}: {err}"
+        );
+    }
+}

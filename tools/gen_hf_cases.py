@@ -55,7 +55,8 @@ and `smollm3_*` (no_rope_layers), and (`--only llama4`) `llama4_text_*` (a chunk
 its weightless q/k norm, a NoPE layer with temperature tuning; complex RoPE tables in float64),
 (`--only dbrx`) `dbrx_*` (Wqkv with RoPE, GQA, clip_qkv), (`--only jamba`) `jamba_*` (an attention
 layer without positions beside a Mamba one), (`--only qwen3_next`) `qwen3_next_*` (a gated full-attention
-layer beside a Gated DeltaNet one; its RMSNorms' `.float()` kept float64); the others by 5.24. CodeGen's scores cast
+layer beside a Gated DeltaNet one; its RMSNorms' `.float()` kept float64), (`--only bitnet`) `bitnet_*`
+(unquantized; the attention output's RMSNorm before o_proj); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -364,6 +365,9 @@ FAMILIES["qwen3_next"] = (tf.Qwen3NextModel, tf.Qwen3NextConfig, dict(
     moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_key_heads=2,
     linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
     layer_types=["linear_attention", "full_attention"]))
+# bitnet: unquantized (no quantization_config), so its projections are nn.Linear; the
+# attention output's RMSNorm (attn_sub_norm) before o_proj.
+FAMILIES["bitnet"] = (tf.BitNetModel, tf.BitNetConfig, dict(LM, num_key_value_heads=2))
 # jamba: layer 1 is attention (attn_layer_period 2, offset 1), layer 0 Mamba (its slow path).
 FAMILIES["jamba"] = (tf.JambaModel, tf.JambaConfig, dict(
     LM, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2,
@@ -1433,6 +1437,14 @@ def qwen3_next_cases(out_dir):
               dot_float=True)
 
 
+def bitnet_cases(out_dir):
+    """BitNet's attention (issue 38, group 4): attn_sub_norm before o_proj (its `.to(float32)`
+    kept float64 in the float64 replay)."""
+    pos = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    rope_case(out_dir, "bitnet", "bitnet_self_layer1_causal_padding_sub_norm", [7, 5], pos,
+              f32_casts=True)
+
+
 def jamba_cases(out_dir):
     """Jamba's attention layer (issue 38, group 4): llama's projections without positions."""
     model = build("jamba")
@@ -1452,7 +1464,7 @@ def jamba_cases(out_dir):
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
-          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4", "dbrx", "jamba", "qwen3_next"]
+          "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "llama4", "dbrx", "jamba", "qwen3_next", "bitnet"]
 
 
 def main():
@@ -1488,6 +1500,7 @@ def main():
         "dbrx": lambda: dbrx_cases(args.out),
         "jamba": lambda: jamba_cases(args.out),
         "qwen3_next": lambda: qwen3_next_cases(args.out),
+        "bitnet": lambda: bitnet_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

@@ -44,6 +44,8 @@ ROUND2 = [
     "jamba_self_layer1_causal_padding_nope",
     # Qwen3-Next's full-attention layer: the sigmoid output gate from q_proj.
     "qwen3_next_self_layer1_causal_padding_gated",
+    # BitNet (unquantized): the attention output's RMSNorm before o_proj.
+    "bitnet_self_layer1_causal_padding_sub_norm",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

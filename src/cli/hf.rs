@@ -73,6 +73,9 @@ fn describe(m: &HfAttention) -> String {
     if c.sinks {
         s.push_str(" sinks");
     }
+    if let Some(eps) = c.output_norm {
+        s.push_str(&format!(" output_norm(Rms, eps={eps})"));
+    }
     if c.output_gate {
         s.push_str(" output_gate(sigmoid)");
     }

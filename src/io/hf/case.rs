@@ -135,6 +135,9 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
     if let Some(c) = module.chunk {
         describe.push_str(&format!(" chunked={c}"));
     }
+    if module.config.output_norm.is_some() {
+        describe.push_str(" +sub_norm");
+    }
     if module.config.output_gate {
         describe.push_str(" +gate");
     }

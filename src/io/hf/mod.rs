@@ -282,6 +282,7 @@ impl HfCheckpoint {
         let extra = |rest: &str| {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
                 || (model_type.sinks() && rest == "sinks")
+                || (model_type.sub_norm() && rest == "attn_sub_norm.weight")
         };
         families::check_understood(family, prefix, &self.names(), &extra)?;
         let heads = match (heads, &module_config) {
@@ -315,6 +316,14 @@ impl HfCheckpoint {
         if model_type.sinks() {
             weights.sinks = Some(self.sinks(prefix, config.heads)?);
             config = config.with_sinks()?;
+        }
+        if model_type.sub_norm() {
+            let eps = match &module_config {
+                Some(c) => c.norm_eps("rms_norm_eps", 1e-5)?,
+                None => 1e-5,
+            };
+            weights.output_norm = Some(self.sub_norm(prefix, config.v_width())?);
+            config = config.with_output_norm(eps as f32)?;
         }
         if let Some(rule) = norm_rule {
             let (norm, norm_weights) =

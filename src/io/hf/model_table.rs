@@ -269,6 +269,11 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["layer_types", "partial_rotary_factor"],
     ),
+    // BitNetAttention: llama's (θ default 5·10^5, biases by attention_bias) with
+    // `attn_sub_norm`, an RMSNorm(hidden_size) of the attention output before o_proj
+    // (rms_norm_eps default 1e-5). Its checkpoints' quantization_config (BitLinear) is refused
+    // with every model type's (config::SETTINGS).
+    mt("bitnet", Family::Llama, Causality::Always),
     // JambaAttention (its attention layers; the Mamba layers hold no q_proj): llama's
     // projections without biases and without any position embedding (NoPE), GQA, causal.
     mt("jamba", Family::Llama, Causality::Always),

@@ -150,7 +150,7 @@ impl ModelType {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo" | "olmo2" | "cohere" | "qwen3_moe" | "olmoe" | "granitemoe" | "arcee"
             | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" | "llama4_text"
-            | "qwen3_next" => Biases::ByKey("attention_bias", false),
+            | "qwen3_next" | "bitnet" => Biases::ByKey("attention_bias", false),
             "ernie4_5" => Biases::ByKey("use_bias", false),
             "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
             "helium" => Biases::QkvByKey("attention_bias", false),
@@ -254,6 +254,7 @@ impl ModelType {
             ],
             "cohere2" => &[("sliding_window", Number(4096.0))],
             "smollm3" => &[("rope_theta", Number(2e6))],
+            "bitnet" => &[("rope_theta", Number(5e5))],
             "llama4_text" => &[
                 ("rope_theta", Number(5e5)),
                 ("use_qk_norm", Flag(true)),
@@ -287,6 +288,12 @@ impl ModelType {
     /// key, a constant per row that softmax ignores).
     pub fn alibi(&self) -> Option<f32> {
         matches!(self.name, "bloom" | "mpt").then_some(8.0)
+    }
+
+    /// Whether the attention output is RMS-normalised before `o_proj` (BitNet's
+    /// `attn_sub_norm`).
+    pub fn sub_norm(&self) -> bool {
+        self.name == "bitnet"
     }
 
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).

@@ -87,6 +87,26 @@ impl HfCheckpoint {
         Ok(values)
     }
 
+    /// BitNet's `{prefix}attn_sub_norm.weight`: one weight per combined element (its
+    /// RMSNorm(hidden_size) over the `heads · head_dim` outputs, which must be as many).
+    pub(super) fn sub_norm(&self, prefix: &str, width: usize) -> Result<Vec<f32>> {
+        let name = format!("{prefix}attn_sub_norm.weight");
+        if !self.contains(&name) {
+            return Err(Error::weight(
+                name,
+                "is missing; BitNet normalises the attention output",
+            ));
+        }
+        let (shape, values) = self.read(&name)?;
+        if values.len() != width {
+            return Err(Error::weight(
+                name,
+                format!("has shape {shape:?}, expected [{width}] (heads · head_dim)"),
+            ));
+        }
+        Ok(values)
+    }
+
     /// The q/k norm of a model type that has one: `q_norm.weight` and `k_norm.weight` under
     /// the module (missing: an error naming them), epsilon `rms_norm_eps`.
     pub(super) fn qk_norm(
