@@ -8,16 +8,13 @@ use crate::kernels::decode;
 use crate::kernels::kv_append::{self, NewRows};
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
 use crate::kernels::mask::{MaskBuffers, MaskParams};
-use crate::kernels::output_gate;
-use crate::kernels::qk_norm;
-use crate::kernels::rope::RopeRows;
 use crate::kernels::{
     av_combine, flash_attention, scores, softmax, CoreDims, CoreProblem, KvChunks, QkvBuffers,
     QkvLayout, RowStrides,
 };
-use crate::model::qk_norm::{NormKind, NormScope, QkNorm};
 
 use super::appended_kv::appended_kv_images;
+pub(crate) use super::output_stage::output_projection;
 use super::plan::{Shape, Sharing};
 use super::row_passes;
 use super::{MultiHeadAttention, Precision};
@@ -225,85 +222,6 @@ pub(crate) fn front(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result
     Ok(chain)
 }
 
-/// output = W_o(combined) into `b.output`, `out_rows` rows per sequence, when the module has
-/// an output projection (nothing otherwise).
-pub(crate) fn output_projection(
-    mha: &MultiHeadAttention,
-    g: &Geometry,
-    b: &Bound,
-    out_rows: usize,
-) -> Result<Vec<Dispatch>> {
-    let c = &mha.config;
-    let gpu = &mha.gpu;
-    let mut chain = Vec::new();
-    if let (Some(eps), Some(w)) = (c.output_norm, &mha.weights.output_norm) {
-        // combined = rms_norm(combined) · w: each token's H·dv values (BitNet's attn_sub_norm)
-        let norm = QkNorm {
-            kind: NormKind::Rms,
-            scope: NormScope::PerHead,
-            eps,
-            weight_offset: 0.0,
-            after_rope: false,
-        };
-        let rows = RopeRows {
-            batch: g.batch,
-            heads: 1,
-            n: g.lq,
-            stride: g.lq,
-            first: 0,
-            head_dim: c.v_width(),
-            offset: 0,
-        };
-        let weight = (w, c.v_width());
-        chain.push(qk_norm::dispatch(
-            gpu, &norm, false, rows, b.combined, weight,
-        )?);
-    }
-    if let (Some((w_g, b_g)), Some(gate)) = (&mha.weights.gate, b.gate) {
-        // combined ·= sigmoid(W_g(query)): the gate of each query row, then the product
-        let seg = Segment {
-            heads: 1,
-            head_dim: c.v_width() as u32,
-            dst: 0,
-        };
-        let mut p = LinearParams::new(rows_of(g), c.model_dim as u32, g.lq as u32, &[seg])
-            .weights_at(0, 0, b_g.is_some());
-        p.x_offset = b.at.inputs[0];
-        let buffers = LinearBuffers {
-            x: b.query,
-            w: w_g,
-            bias: b_g.as_ref(),
-            y: gate,
-        };
-        chain.extend(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
-        let elements = g.batch * g.lq * c.v_width();
-        chain.push(output_gate::dispatch(gpu, elements, b.combined, gate)?);
-    }
-    if let (Some((w_o, b_o)), Some(output)) = (&mha.weights.w_o, b.output) {
-        let rows = rows_of(g);
-        let seg = Segment {
-            heads: 1,
-            head_dim: c.model_dim as u32,
-            dst: b.at.out_offset,
-        };
-        let p = LinearParams::new(rows, c.v_width() as u32, g.lq as u32, &[seg])
-            .weights_at(0, 0, b_o.is_some())
-            .appending(out_rows as u32, 0);
-        let buffers = LinearBuffers {
-            x: b.combined,
-            w: w_o,
-            bias: b_o.as_ref(),
-            y: output,
-        };
-        chain.extend(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
-    }
-    Ok(chain)
-}
-
-fn rows_of(g: &Geometry) -> u32 {
-    (g.batch * g.lq) as u32
-}
-
 /// The projection GEMMs: one per distinct input, each writing its segments of Q | K | V.
 /// W_k's and W_v's rows follow W_q's in the packed weights, so a fused projection is one GEMM
 /// over consecutive rows. New keys go to rows `kv_pos..` of the K/V layout (a KV cache).
@@ -485,7 +403,7 @@ impl MultiHeadAttention {
 
     /// Element types of this module's GEMMs: `to_qkv` for the projections into Q/K/V (f16 in
     /// an f16 module), else the output projection (f32 out).
-    fn linear_elems(&self, to_qkv: bool) -> LinearElems {
+    pub(super) fn linear_elems(&self, to_qkv: bool) -> LinearElems {
         match self.precision {
             Precision::F16 => LinearElems::F16Weights { f16_out: to_qkv },
             _ => LinearElems::F32,
