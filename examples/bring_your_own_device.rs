@@ -157,6 +157,7 @@ fn main() -> Result<ExitCode, wgpu_mha::Error> {
         scale: 1.0 / (D as f64).sqrt(),
         softcap: None,
         alibi_max_bias: None,
+        temperature: None,
         sinks: None,
         mask: &options.mask,
         top_left: false,

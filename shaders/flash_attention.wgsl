@@ -95,7 +95,9 @@ fn tiles_to_visit(b: u32, i0: u32, i1: u32) -> u32 {
     if (mask.kind == MASK_CAUSAL || mask.kind == MASK_SLIDING_WINDOW || mask.kind == MASK_CAUSAL_KEEP) {
         // Every row sees a key iff the first row does (i0 + offset >= 0); with padding, iff
         // each row's keys hold a real one.
-        let padded = mask.kind == MASK_CAUSAL_KEEP && !every_row_sees_a_real_key(b, i0, i1);
+        // A chunk may leave a padded row no real key its window check sees: all tiles then.
+        let padded = mask.kind == MASK_CAUSAL_KEEP
+            && (mask.chunk > 0u || !every_row_sees_a_real_key(b, i0, i1));
         if (i32(i0) + mask.causal_offset >= 0 && !padded) {
             let last_key = u32(i32(i1 - 1u) + mask.causal_offset);
             return min(all_tiles, last_key / KV_TILE + 1u);
@@ -147,8 +149,8 @@ fn every_row_sees_a_real_key(b: u32, i0: u32, i1: u32) -> bool {
 fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
     let first_key = i32(j);
     let last_key = first_key + i32(KEY_GROUP) - 1;
-    // A soft-cap or ALiBi changes every score.
-    if (mask.softcap > 0.0 || mask.alibi_heads > 0u) {
+    // A soft-cap, ALiBi or a temperature changes every score; a chunk's start is per row.
+    if (mask.softcap > 0.0 || mask.alibi_heads > 0u || mask.temp_floor_scale > 0.0 || mask.chunk > 0u) {
         return true;
     }
     switch mask.kind {
@@ -275,7 +277,7 @@ fn masked_score(scaled: f32, b: u32, h: u32, i: u32, j: u32, exists: bool) -> f3
     if (!exists) {
         return neg_inf();
     }
-    if (mask.kind == MASK_NONE && mask.softcap == 0.0 && mask.alibi_heads == 0u) {
+    if (mask.kind == MASK_NONE && mask.softcap == 0.0 && mask.alibi_heads == 0u && mask.temp_floor_scale == 0.0) {
         return scaled;
     }
     return apply_mask(scaled, b, h, i, j);

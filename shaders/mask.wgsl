@@ -11,7 +11,10 @@
 // Before any of them a soft-cap (Gemma 2's attn_logit_softcapping), when `softcap` > 0, turns
 // the scaled score s into softcap · tanh(s / softcap), and ALiBi, when `alibi_heads` > 0, adds
 // slope(h) · (j − i′), i′ = i + causal_offset the query's position (≤ 0 on the keys a causal
-// query sees, so the biases that matter stay small).
+// query sees, so the biases that matter stay small). Llama 4's temperature tuning, when
+// temp_floor_scale > 0, multiplies the scaled score by ln(1 + floor((i′ + 1) / floor_scale)) ·
+// attn_scale + 1 (transformers scales q, the same product); a chunk (> 0) on MASK_CAUSAL or
+// MASK_CAUSAL_KEEP also hides the keys outside the query's chunk: j / chunk ≠ i′ / chunk.
 
 struct MaskParams {
     kind: u32,
@@ -23,6 +26,10 @@ struct MaskParams {
     softcap: f32,             // 0: scores are not capped
     alibi_max_bias: f32,
     alibi_heads: u32,         // query heads the slopes are spread over; 0: no ALiBi
+    chunk: u32,               // causal kinds: only keys of the query's chunk of positions; 0: none
+    temp_floor_scale: f32,    // Llama 4's temperature tuning; 0: none
+    temp_attn_scale: f32,
+    _pad: u32,
 }
 
 @group(0) @binding(6) var<storage, read> mask_words: array<u32>;
@@ -56,14 +63,29 @@ fn alibi_slope(h: u32) -> f32 {
     return exp2(-mask.alibi_max_bias * f32(2u * (h - p) + 1u) / f32(2u * p));
 }
 
+// Whether key j lies outside the chunk of the query at position `last` (>= j: causal first).
+fn other_chunk(last: i32, j: u32) -> bool {
+    return mask.chunk > 0u && last >= 0 && j / mask.chunk != u32(last) / mask.chunk;
+}
+
+fn temperature(i: u32) -> f32 {
+    let p = f32(max(i32(i) + mask.causal_offset, 0));
+    return log(1.0 + floor((p + 1.0) / mask.temp_floor_scale)) * mask.temp_attn_scale + 1.0;
+}
+
 fn apply_mask(scaled: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    var score = soft_cap(scaled);
+    var tuned = scaled;
+    if (mask.temp_floor_scale > 0.0) {
+        tuned = scaled * temperature(i);
+    }
+    var score = soft_cap(tuned);
     if (mask.alibi_heads > 0u) {
         score += alibi_slope(h) * f32(i32(j) - (i32(i) + mask.causal_offset));
     }
     switch mask.kind {
         case MASK_CAUSAL: {
-            if (i32(j) > i32(i) + mask.causal_offset) {
+            let last = i32(i) + mask.causal_offset;
+            if (i32(j) > last || other_chunk(last, j)) {
                 return MASKED_SCORE;
             }
         }
@@ -87,7 +109,7 @@ fn apply_mask(scaled: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
         case MASK_CAUSAL_KEEP: {
             let last = i32(i) + mask.causal_offset;
             let too_old = mask.window > 0u && i32(j) <= last - i32(mask.window);
-            if (i32(j) > last || too_old || !key_kept(b, j)) {
+            if (i32(j) > last || too_old || other_chunk(last, j) || !key_kept(b, j)) {
                 return MASKED_SCORE;
             }
         }

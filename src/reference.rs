@@ -2,7 +2,7 @@
 //! passes have something independent to be checked against.
 
 use crate::error::Result;
-use crate::model::config::{alibi_slope, AttentionConfig};
+use crate::model::config::{alibi_slope, AttentionConfig, TemperatureTuning};
 use crate::model::mask::{broadcast_index, Mask, MASKED_SCORE};
 use crate::model::tensor::Tensor;
 use crate::model::weights::{AttentionWeights, Linear};
@@ -124,11 +124,32 @@ pub fn forward_at(
         scale: config.scale() as f64,
         softcap: config.softcap,
         alibi_max_bias: config.alibi,
+        temperature: config.temperature,
         sinks: weights.sinks.as_deref(),
         mask,
         top_left: false,
     };
-    let (combined, probs) = core.run(&q, &k, &v);
+    let (mut combined, probs) = core.run(&q, &k, &v);
+    // BitNet: combined = rms_norm(combined) · w, each token's H·dv values.
+    if let (Some(eps), Some(w)) = (config.output_norm, &weights.output_norm) {
+        let norm = crate::model::qk_norm::QkNorm {
+            kind: crate::model::qk_norm::NormKind::Rms,
+            scope: crate::model::qk_norm::NormScope::PerHead,
+            eps,
+            weight_offset: 0.0,
+            after_rope: false,
+        };
+        for x in combined.chunks_mut(h * dv) {
+            norm.apply(x, w, h * dv);
+        }
+    }
+    // Qwen3-Next: combined ·= sigmoid(W_g(query)).
+    if let Some(gate) = weights.gate.as_ref().filter(|_| config.output_gate) {
+        let g = linear(&widen(query.data()), b * lq, gate);
+        for (x, g) in combined.iter_mut().zip(&g) {
+            *x /= 1.0 + (-g).exp();
+        }
+    }
     let output = match &weights.o {
         Some(o) => linear(&combined, b * lq, o),
         None => combined,
@@ -155,6 +176,9 @@ pub struct Core<'a> {
     pub scale: f64,
     pub softcap: Option<f32>,
     pub alibi_max_bias: Option<f32>,
+    /// Llama 4's temperature tuning: the scaled score of the query at position p times its
+    /// factor (an f32, as transformers computes it).
+    pub temperature: Option<TemperatureTuning>,
     /// One logit per query head, in each softmax's denominator only.
     pub sinks: Option<&'a [f32]>,
     pub mask: &'a Mask,
@@ -190,6 +214,9 @@ impl Core<'_> {
         for bi in 0..b {
             for hi in 0..h {
                 for i in 0..lq {
+                    let tuned = self.temperature.map_or(1.0, |t| {
+                        t.factor((i + lk).saturating_sub(diagonal_rows)) as f64
+                    });
                     for (j, s) in row.iter_mut().enumerate() {
                         let mut dot = 0.0;
                         for d in 0..dk {
@@ -203,7 +230,7 @@ impl Core<'_> {
                         let at = (bi, hi, i, j);
                         *s = mask_score(
                             self.mask,
-                            cap(dot * self.scale) + alibi,
+                            cap(dot * self.scale * tuned) + alibi,
                             diagonal_rows,
                             lk,
                             at,

@@ -423,6 +423,7 @@ fn check_cache_views(
             scale: c.scale() as f64,
             softcap: None,
             alibi_max_bias: None,
+            temperature: None,
             sinks: None,
             mask: &Mask::None,
             top_left: false,

@@ -255,6 +255,7 @@ impl Case {
             scale: o.scale.map_or(1.0 / (self.d as f64).sqrt(), |s| s as f64),
             softcap: o.softcap,
             alibi_max_bias: o.alibi_max_bias,
+            temperature: None,
             sinks: o.sinks.as_deref(),
             mask: &o.mask,
             top_left: o.causal_alignment == CausalAlignment::TopLeft,

@@ -113,6 +113,7 @@ impl Batch {
                 scale,
                 softcap: o.softcap,
                 alibi_max_bias: o.alibi_max_bias,
+                temperature: None,
                 sinks: o.sinks.as_deref(),
                 mask: &mask,
                 top_left: false,

@@ -14,6 +14,7 @@ use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
 use wgpu_mha::kernels::merge_state::MergeStateParams;
 use wgpu_mha::kernels::mla_rows::{self, RowParams};
+use wgpu_mha::kernels::output_gate;
 use wgpu_mha::kernels::paged_append::{self, PagedAppendParams};
 use wgpu_mha::kernels::paged_attention::{self, PagedParams, PagedShape};
 use wgpu_mha::kernels::paged_merge::{self, MergeParams};
@@ -65,6 +66,7 @@ fn all_sources() -> Vec<(String, String)> {
         ("qk_norm".to_string(), qk_norm::source(false)),
         ("mla_rows".to_string(), mla_rows::source()),
         ("clamp".to_string(), clamp::source(false)),
+        ("output gate".to_string(), output_gate::source()),
         ("clamp f16".to_string(), clamp::source(true)),
         ("qk_norm f16".to_string(), qk_norm::source(true)),
         ("kv_append".to_string(), kv_append::source(false)),
@@ -377,7 +379,11 @@ fn uniform_structs_match_their_wgsl_layout() {
                     window,
                     softcap,
                     alibi_max_bias,
-                    alibi_heads
+                    alibi_heads,
+                    chunk,
+                    temp_floor_scale,
+                    temp_attn_scale,
+                    _pad
                 ]
             ),
         ),

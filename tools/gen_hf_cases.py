@@ -60,8 +60,12 @@ module's own input LayerNorm; esm rotary), `data2vec_text_*`, `layoutlm_*`, `sew
 `musicgen_decoder_*`, `nllb_moe_*` (self, causal, `cross_attention`), `umt5_*` (a table per block),
 `beit_*` and `data2vec_vision_*` (relative position bias tables given seeded values; the shared one
 carried beside the module), `wavlm_*` (gated bias of layer 0's table, the frame mask) and `longt5_*`
-(the encoder's local attention, unpadded; the decoder's t5 attention); the others
-by 5.24. CodeGen's scores cast
+(the encoder's local attention, unpadded; the decoder's t5 attention), (`--only llama4`) `llama4_text_*` (a chunked RoPE layer with
+its weightless q/k norm, a NoPE layer with temperature tuning; complex RoPE tables in float64),
+(`--only dbrx`) `dbrx_*` (Wqkv with RoPE, GQA, clip_qkv), (`--only jamba`) `jamba_*` (an attention
+layer without positions beside a Mamba one), (`--only qwen3_next`) `qwen3_next_*` (a gated full-attention
+layer beside a Gated DeltaNet one; its RMSNorms' `.float()` kept float64), (`--only bitnet`) `bitnet_*`
+(unquantized; the attention output's RMSNorm before o_proj); the others by 5.24. CodeGen's scores cast
 to float32 are kept float64 in the float64 replay, as GPT-J's.
 
 Usage:  python tools/gen_hf_cases.py [--out tests/fixtures] [--only GROUP ...]
@@ -369,6 +373,34 @@ FAMILIES = {
         LM, cls_token_id=1, sep_token_id=2, global_attn_every_n_layers=2, local_attention=4,
         global_rope_theta=20000.0, local_rope_theta=500.0, attention_bias=True)),
 }
+# llama4_text: layer 0 rotates (interleaved, complex), L2-normalises q and k and attends in
+# chunks of 4; layer 1 has no RoPE and tunes the temperature (floor_scale 2, so the factor
+# changes within the 7 tokens).
+FAMILIES["llama4_text"] = (tf.Llama4TextModel, tf.Llama4TextConfig, dict(
+    LM, num_key_value_heads=2, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
+    no_rope_layers=[1, 0], attention_chunk_size=4, floor_scale=2, attn_scale=0.5))
+# dbrx: MPT's packed Wqkv under RoPE, 2 key/value heads (attn_config.kv_n_heads), q/k/v clamped
+# to ±0.3 (attn_config.clip_qkv), which binds on the random weights; DbrxAttention reads
+# attn_config.rope_theta (and ignores it: the RoPE is rope_parameters'), so it is set to θ.
+FAMILIES["dbrx"] = (tf.DbrxModel, tf.DbrxConfig, dict(
+    vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, initializer_range=0.2,
+    pad_token_id=0, attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
+    ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 2}))
+# qwen3_next: layer 0 is a Gated DeltaNet layer (torch's fallback), layer 1 full attention
+# with its output gate, (1 + w) q/k norms and RoPE on a quarter of each 16-wide head.
+FAMILIES["qwen3_next"] = (tf.Qwen3NextModel, tf.Qwen3NextConfig, dict(
+    LM, num_key_value_heads=2, head_dim=16, num_experts=2, num_experts_per_tok=1,
+    moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_key_heads=2,
+    linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+    layer_types=["linear_attention", "full_attention"]))
+# bitnet: unquantized (no quantization_config), so its projections are nn.Linear; the
+# attention output's RMSNorm (attn_sub_norm) before o_proj.
+FAMILIES["bitnet"] = (tf.BitNetModel, tf.BitNetConfig, dict(LM, num_key_value_heads=2))
+# jamba: layer 1 is attention (attn_layer_period 2, offset 1), layer 0 Mamba (its slow path).
+FAMILIES["jamba"] = (tf.JambaModel, tf.JambaConfig, dict(
+    LM, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2,
+    expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False, mamba_d_state=4,
+    mamba_expand=1))
 HF_MODELS = ("bert", "gpt2", "t5")
 
 
@@ -416,9 +448,10 @@ def lengths_mask(lengths, length):
     return (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
 
 
-def additive_mask(pad, lq, lk, causal, window, dtype):
+def additive_mask(pad, lq, lk, causal, window, dtype, chunk=None):
     """[B, 1, Lq, Lk] in `dtype`: 0 where a key is seen, finfo(dtype).min where not, as
-    transformers' eager masks; None when nothing is masked."""
+    transformers' eager masks; None when nothing is masked. `chunk`: Llama 4's chunked
+    attention (no left padding: chunks start at key 0)."""
     if pad is None and not causal:
         return None
     i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
@@ -429,6 +462,8 @@ def additive_mask(pad, lq, lk, causal, window, dtype):
         keep &= j <= i
     if window is not None:
         keep &= j > i - window
+    if chunk is not None:
+        keep &= j // chunk == i // chunk
     assert keep.any(-1).all(), "a query row without keys"
     return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
 
@@ -558,7 +593,7 @@ def write_case(out_dir, name, family, config_text, state, prefix, attention, cau
 
 def replay_case(out_dir, name, family, model, config_text, state, *, module, prefix, run,
                 replay, attention="self", causal=False, pad=None, window=None, position_ids=None,
-                hooked_out=None, kv_from=None, extra=()):
+                hooked_out=None, kv_from=None, extra=(), chunk=None):
     """Capture what enters `module` during `run()` (the f32 model forward), replay it with a
     mask built here, check the replay against the hooked output, then replay a float64 copy.
 
@@ -581,13 +616,15 @@ def replay_case(out_dir, name, family, model, config_text, state, *, module, pre
         assert pad.shape == (B, lk)
         inputs["attention_mask"] = pad.to(torch.uint8)
     with torch.no_grad():
-        out = replay(module, x, kv, additive_mask(pad, lq, lk, causal, window, torch.float32),
+        out = replay(module, x, kv,
+                     additive_mask(pad, lq, lk, causal, window, torch.float32, chunk),
                      torch.float32)
         assert torch.allclose(out, expected, atol=1e-5, rtol=0), (name, (out - expected).abs().max())
         m64 = copy.deepcopy(module).double()
         with softmax_in_float64():
             out64 = replay(m64, x.double(), None if kv is None else kv.double(),
-                           additive_mask(pad, lq, lk, causal, window, torch.float64), torch.float64)
+                           additive_mask(pad, lq, lk, causal, window, torch.float64, chunk),
+                           torch.float64)
     write_case(out_dir, name, family, config_text, state, prefix, attention, causal, inputs, out,
                out64, extra)
 
@@ -1411,12 +1448,117 @@ def modernbert_case(out_dir, name, layer):
     replay_case(out_dir, name + "_4x", "modernbert", model, modernbert_4x(config_text), state,
                 **kwargs)
 
+
+def llama4_case(out_dir, name, lengths, position_ids, layer):
+    """A Llama 4 text layer: its RoPE tables are complex (freqs_cis), computed here in float64;
+    the float64 replay keeps its `.float()` casts float64."""
+    model = build("llama4_text")
+    config_text, state = saved(model)
+    seeded(name)
+    length = position_ids.shape[1]
+    input_ids = ids(length)
+    pad = lengths_mask(lengths, length)
+    module = model.layers[layer].self_attn
+    cfg = model.config
+    with torch.no_grad():
+        fc32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+    dim = cfg.head_dim
+    theta = cfg.rope_parameters["rope_theta"]
+    assert cfg.rope_parameters["rope_type"] == "default"
+    inv64 = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    freqs = position_ids[..., None].double() * inv64
+    fc64 = torch.polar(torch.ones_like(freqs), freqs)
+    assert torch.allclose(fc64.to(torch.complex64), fc32, rtol=0, atol=1e-5)
+    chunk = cfg.attention_chunk_size if cfg.layer_types[layer] == "chunked_attention" else None
+
+    def replay(mod, x, kv, mask, dtype):
+        if dtype == torch.float64:
+            with dot_float_keeps_float64():
+                return mod(x, position_embeddings=fc64, attention_mask=mask)[0]
+        return mod(x, position_embeddings=fc32, attention_mask=mask)[0]
+
+    replay_case(out_dir, name, "llama4_text", model, config_text, state, module=module,
+                prefix=f"layers.{layer}.self_attn.",
+                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                  use_cache=False),
+                replay=replay, causal=True, pad=pad, position_ids=position_ids, chunk=chunk)
+
+
+def llama4_cases(out_dir):
+    """Llama 4's text attention (issue 38, group 2): chunked, L2-normed RoPE layer; NoPE layer
+    with temperature tuning."""
+    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
+    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    llama4_case(out_dir, "llama4_text_self_layer0_causal_padding_chunked4_qknorm", [7, 5], pos,
+                layer=0)
+    llama4_case(out_dir, "llama4_text_self_layer1_causal_padding_nope_temperature", [7, 5], pos,
+                layer=1)
+
+
+def dbrx_cases(out_dir):
+    """DBRX (issue 38, group 4): MPT's Wqkv layout with RoPE, GQA and clip_qkv."""
+    model = build("dbrx")
+    config_text, state = saved(model)
+    name = "dbrx_self_layer1_causal_padding_clip_gqa"
+    seeded(name)
+    position_ids = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    input_ids = ids(7)
+    pad = lengths_mask([7, 5], 7)
+    cfg = model.config
+    cos64, sin64, _ = rope_tables(cfg, position_ids, torch.float64)
+    with torch.no_grad():
+        cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+    assert torch.allclose(cos64.float(), cos32, rtol=0, atol=1e-5)
+    module = model.blocks[1].norm_attn_norm.attn
+
+    def replay(mod, x, kv, mask, dtype):
+        tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+        return mod(x, position_embeddings=tables, attention_mask=mask)[0]
+
+    replay_case(out_dir, name, "dbrx", model, config_text, state, module=module,
+                prefix="blocks.1.norm_attn_norm.attn.",
+                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
+                                  use_cache=False),
+                replay=replay, causal=True, pad=pad, position_ids=position_ids)
+
+
+def qwen3_next_cases(out_dir):
+    """Qwen3-Next's full-attention layer (issue 38, group 4): the sigmoid output gate; its
+    RMSNorms' `.float()` kept float64 in the float64 replay."""
+    pos = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    rope_case(out_dir, "qwen3_next", "qwen3_next_self_layer1_causal_padding_gated", [7, 5], pos,
+              dot_float=True)
+
+
+def bitnet_cases(out_dir):
+    """BitNet's attention (issue 38, group 4): attn_sub_norm before o_proj (its `.to(float32)`
+    kept float64 in the float64 replay)."""
+    pos = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    rope_case(out_dir, "bitnet", "bitnet_self_layer1_causal_padding_sub_norm", [7, 5], pos,
+              f32_casts=True)
+
+
+def jamba_cases(out_dir):
+    """Jamba's attention layer (issue 38, group 4): llama's projections without positions."""
+    model = build("jamba")
+    config_text, state = saved(model)
+    name = "jamba_self_layer1_causal_padding_nope"
+    seeded(name)
+    input_ids = ids(7)
+    pad = lengths_mask([7, 5], 7)
+    replay_case(out_dir, name, "jamba", model, config_text, state,
+                module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
+                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
+                replay=lambda mod, x, kv, mask, dtype: mod(x, attention_mask=mask)[0],
+                causal=True, pad=pad)
+
+
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
 # transformers release stay as they are).
 GROUPS = ["bert", "distilbert", "vit", "gpt2", "bart", "whisper", "t5", "rope", "gpt_neo",
           "newer_rope", "loader_semantics", "qk_norm", "alibi", "interleaved", "layouts",
           "falcon_mpt", "scaled_rope", "mla", "towers", "round2", "glm",
-          "encoders"]
+          "encoders", "llama4", "dbrx", "jamba", "qwen3_next", "bitnet"]
 
 
 def main():
@@ -1450,6 +1592,11 @@ def main():
         "round2": lambda: round2_cases(args.out),
         "glm": lambda: glm_cases(args.out),
         "encoders": lambda: gen_hf_encoders.encoder_cases(sys.modules[__name__], args.out),
+        "llama4": lambda: llama4_cases(args.out),
+        "dbrx": lambda: dbrx_cases(args.out),
+        "jamba": lambda: jamba_cases(args.out),
+        "qwen3_next": lambda: qwen3_next_cases(args.out),
+        "bitnet": lambda: bitnet_cases(args.out),
     }
     for group in GROUPS:
         if group in args.only:

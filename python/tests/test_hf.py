@@ -40,6 +40,17 @@ ROUND2 = [
     "glm4_self_layer1_causal_padding_interleaved_partial_bias",
     "nemotron_self_layer1_causal_padding_partial_bias",
     "persimmon_self_layer1_causal_padding_qk_layernorm_bias",
+    # Llama 4: chunked attention with its weightless q/k norm; a NoPE layer's temperature.
+    "llama4_text_self_layer0_causal_padding_chunked4_qknorm",
+    "llama4_text_self_layer1_causal_padding_nope_temperature",
+    # DBRX: MPT's Wqkv with RoPE, GQA and clip_qkv.
+    "dbrx_self_layer1_causal_padding_clip_gqa",
+    # Jamba's attention layer: no positions at all.
+    "jamba_self_layer1_causal_padding_nope",
+    # Qwen3-Next's full-attention layer: the sigmoid output gate from q_proj.
+    "qwen3_next_self_layer1_causal_padding_gated",
+    # BitNet (unquantized): the attention output's RMSNorm before o_proj.
+    "bitnet_self_layer1_causal_padding_sub_norm",
 ]
 def _bound(tensors, meta):
     want = tensors["out_f64"]

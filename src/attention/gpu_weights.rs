@@ -17,6 +17,10 @@ pub(crate) struct GpuWeights {
     pub w_v_offset: u32,
     pub b_k_offset: u32,
     pub b_v_offset: u32,
+    /// The output gate's `W_g` and its bias, for a module with `output_gate`.
+    pub gate: Option<(wgpu::Buffer, Option<wgpu::Buffer>)>,
+    /// The output norm's weights (f32), for a module with `output_norm`.
+    pub output_norm: Option<wgpu::Buffer>,
     /// Host copy of `W_o.bias`: the whole answer when there are no keys.
     pub output_bias: Option<Vec<f32>>,
     /// The appended key and value rows (`AttentionWeights::appended_kv`), which each
@@ -48,6 +52,9 @@ impl GpuWeights {
         if let Some(o) = &w.o {
             gpu.check_fits("the output projection weight", elem * o.weight.len() as u64)?;
         }
+        if let Some(g) = &w.gate {
+            gpu.check_fits("the output gate weight", elem * g.weight.len() as u64)?;
+        }
         gpu.scoped("uploading weights", || {
             let mut w_qkv = Vec::with_capacity(qkv_len);
             for layer in [&w.q, &w.k, &w.v] {
@@ -70,6 +77,14 @@ impl GpuWeights {
                     .o
                     .as_ref()
                     .map(|o| (gpu.upload_f32_as("W_o", &o.weight, half), bias_of(o))),
+                gate: w
+                    .gate
+                    .as_ref()
+                    .map(|g| (gpu.upload_f32_as("W_g", &g.weight, half), bias_of(g))),
+                output_norm: w
+                    .output_norm
+                    .as_ref()
+                    .map(|n| gpu.upload("output norm weight", n, wgpu::BufferUsages::empty())),
                 w_k_offset: w.q.weight.len() as u32,
                 w_v_offset: (w.q.weight.len() + w.k.weight.len()) as u32,
                 b_k_offset: w.q.bias.as_ref().map_or(0, Vec::len) as u32,

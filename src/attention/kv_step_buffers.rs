@@ -18,6 +18,8 @@ pub(crate) struct StepBuffers {
     pub(crate) x_q: wgpu::Buffer,
     pub(crate) x_kv: wgpu::Buffer,
     pub(crate) combined: wgpu::Buffer,
+    /// The output gate's values (a module with `output_gate`).
+    pub(crate) gate: Option<wgpu::Buffer>,
     pub(crate) output: Option<wgpu::Buffer>,
     pub(crate) staging: wgpu::Buffer,
     /// The fused passes' state for a step of `tokens` over the whole capacity.
@@ -106,6 +108,9 @@ impl StepBuffers {
             x_q: gpu.storage("step query input", f32s(b * t * c.model_dim), none),
             x_kv: gpu.storage("step key/value input", f32s(b * t * c.key_dim), none),
             combined: gpu.storage("step combined heads", f32s(b * t * c.v_width()), copy),
+            gate: c
+                .output_gate
+                .then(|| gpu.storage("step output gate", f32s(b * t * c.v_width()), none)),
             output: c
                 .output_projection
                 .then(|| gpu.storage("step output", f32s(b * t * c.output_dim()), copy)),
@@ -134,6 +139,7 @@ impl StepBuffers {
         ]
         .into_iter()
         .chain(self.output.as_ref())
+        .chain(self.gate.as_ref())
         .chain(self.rope.as_ref())
         .map(wgpu::Buffer::size)
         .sum()

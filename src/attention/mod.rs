@@ -15,6 +15,7 @@ pub mod kv_cache;
 mod kv_chunks;
 mod kv_step_buffers;
 pub mod mla_stage;
+mod output_stage;
 mod paged_step;
 mod plan;
 mod row_passes;

@@ -83,6 +83,7 @@ impl MultiHeadAttention {
                 qkv: QkvBuffers::packed(&qkv),
                 scores: None,
                 combined: combined.buffer(),
+                gate: None,
                 output: output.as_ref().map(|o| o.buffer()),
                 carry: &carry,
                 mask: &mask,
@@ -153,6 +154,12 @@ impl MultiHeadAttention {
         }
         if c.sinks {
             return refuse("attention sinks");
+        }
+        if c.temperature.is_some() {
+            return refuse("Llama 4's attention temperature tuning");
+        }
+        if c.output_gate || c.output_norm.is_some() {
+            return refuse("an output gate or norm");
         }
         if self.precision == Precision::F16 {
             return refuse("an f16-precision module");

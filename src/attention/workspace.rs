@@ -14,6 +14,7 @@ use crate::kernels::{
 };
 
 use super::appended_kv::appended_kv_images;
+pub(crate) use super::output_stage::output_projection;
 use super::plan::{Shape, Sharing};
 use super::row_passes;
 use super::{MultiHeadAttention, Precision};
@@ -44,6 +45,8 @@ pub(crate) struct Bound<'a> {
     /// `[B, H, Lq, Lk]`, for the multi-pass core.
     pub scores: Option<&'a wgpu::Buffer>,
     pub combined: &'a wgpu::Buffer,
+    /// The output gate's values `[B·Lq, H·dv]`, for a module with `output_gate`.
+    pub gate: Option<&'a wgpu::Buffer>,
     /// The module's output, when it has an output projection.
     pub output: Option<&'a wgpu::Buffer>,
     pub carry: &'a wgpu::Buffer,
@@ -215,38 +218,6 @@ pub(crate) fn front(mha: &MultiHeadAttention, g: &Geometry, b: &Bound) -> Result
     }
     if after_rope {
         chain.extend(row_passes::norms(mha, g, b)?);
-    }
-    Ok(chain)
-}
-
-/// output = W_o(combined) into `b.output`, `out_rows` rows per sequence, when the module has
-/// an output projection (nothing otherwise).
-pub(crate) fn output_projection(
-    mha: &MultiHeadAttention,
-    g: &Geometry,
-    b: &Bound,
-    out_rows: usize,
-) -> Result<Vec<Dispatch>> {
-    let c = &mha.config;
-    let gpu = &mha.gpu;
-    let mut chain = Vec::new();
-    if let (Some((w_o, b_o)), Some(output)) = (&mha.weights.w_o, b.output) {
-        let rows = (g.batch * g.lq) as u32;
-        let seg = Segment {
-            heads: 1,
-            head_dim: c.model_dim as u32,
-            dst: b.at.out_offset,
-        };
-        let p = LinearParams::new(rows, c.v_width() as u32, g.lq as u32, &[seg])
-            .weights_at(0, 0, b_o.is_some())
-            .appending(out_rows as u32, 0);
-        let buffers = LinearBuffers {
-            x: b.combined,
-            w: w_o,
-            bias: b_o.as_ref(),
-            y: output,
-        };
-        chain.extend(linear::dispatch(gpu, mha.linear_elems(false), None, &p, buffers)?.0);
     }
     Ok(chain)
 }
@@ -432,7 +403,7 @@ impl MultiHeadAttention {
 
     /// Element types of this module's GEMMs: `to_qkv` for the projections into Q/K/V (f16 in
     /// an f16 module), else the output projection (f32 out).
-    fn linear_elems(&self, to_qkv: bool) -> LinearElems {
+    pub(super) fn linear_elems(&self, to_qkv: bool) -> LinearElems {
         match self.precision {
             Precision::F16 => LinearElems::F16Weights { f16_out: to_qkv },
             _ => LinearElems::F32,
@@ -450,6 +421,7 @@ pub(crate) struct Workspace {
     qkv: Vec<wgpu::Buffer>,
     pub scores: Option<wgpu::Buffer>,
     combined: wgpu::Buffer,
+    gate: Option<wgpu::Buffer>,
     output: Option<wgpu::Buffer>,
     carry: wgpu::Buffer,
     pub staging: wgpu::Buffer,
@@ -507,6 +479,9 @@ impl Workspace {
             scores: (!shape.fused)
                 .then(|| gpu.storage("scores", 4 * (b * h * lq * lk) as u64, copy)),
             combined: gpu.storage("combined heads", 4 * (b * lq * c.v_width()) as u64, copy),
+            gate: c
+                .output_gate
+                .then(|| gpu.storage("output gate", 4 * (b * lq * c.v_width()) as u64, none)),
             output: c
                 .output_projection
                 .then(|| gpu.storage("output", 4 * out_len as u64, copy)),
@@ -581,6 +556,7 @@ impl Workspace {
             qkv,
             scores: self.scores.as_ref(),
             combined,
+            gate: self.gate.as_ref(),
             output,
             carry: &self.carry,
             mask: &self.mask,

@@ -93,10 +93,11 @@ fn record(
     Ok(())
 }
 
-/// A configuration of one's own (`--config`): a module's, or a decode step's.
+/// A configuration of one's own (`--config`): a module's (boxed: it holds a whole
+/// `AttentionConfig`), or a decode step's.
 #[derive(Debug, Clone)]
 pub enum Custom {
-    Module(BenchConfig),
+    Module(Box<BenchConfig>),
     Decode(DecodeConfig),
 }
 
@@ -106,7 +107,7 @@ impl Custom {
         if spec.starts_with("decode:") {
             DecodeConfig::parse(spec).map(Custom::Decode)
         } else {
-            BenchConfig::parse(spec).map(Custom::Module)
+            BenchConfig::parse(spec).map(|c| Custom::Module(Box::new(c)))
         }
     }
 }
@@ -121,7 +122,7 @@ pub fn run(
     let mut results = Vec::new();
     let (l, batch) = (16usize, 1usize);
     let configs = match &custom {
-        Some(Custom::Module(c)) => vec![c.clone()],
+        Some(Custom::Module(c)) => vec![(**c).clone()],
         Some(Custom::Decode(_)) => Vec::new(),
         None => named_configs()?,
     };

@@ -87,6 +87,12 @@ fn describe(m: &HfAttention) -> String {
     if c.sinks {
         s.push_str(" sinks");
     }
+    if let Some(eps) = c.output_norm {
+        s.push_str(&format!(" output_norm(Rms, eps={eps})"));
+    }
+    if c.output_gate {
+        s.push_str(" output_gate(sigmoid)");
+    }
     if let Some(clip) = c.clip_qkv {
         s.push_str(&format!(" clip_qkv={clip}"));
     }
@@ -159,6 +165,15 @@ fn describe(m: &HfAttention) -> String {
         // An encoder's window reaches both ways (ModernBERT: |i − j| ≤ w).
         let both = if m.causal { "" } else { "±" };
         s.push_str(&format!(" window={both}{w}"));
+    }
+    if let Some(c) = m.chunk {
+        s.push_str(&format!(" chunked={c}"));
+    }
+    if let Some(t) = c.temperature {
+        s.push_str(&format!(
+            " temperature(floor_scale={}, attn_scale={})",
+            t.floor_scale, t.attn_scale
+        ));
     }
     if let Some(b) = &m.relative_bias {
         s.push_str(&format!(

@@ -534,6 +534,8 @@ fn assembled(
         bias_kv: None,
         qk_norm: None,
         sinks: None,
+        gate: None,
+        output_norm: None,
     };
     // Bias on/off as the loader found it; `check` then names any projection that differs.
     let config = AttentionConfig {

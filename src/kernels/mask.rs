@@ -74,6 +74,15 @@ pub struct MaskParams {
     /// ALiBi).
     pub alibi_max_bias: f32,
     pub alibi_heads: u32,
+    /// [`Mask::Chunked`]'s chunk on a causal kind (0 = none): a query at position `p` sees only
+    /// the keys `j` with `j / chunk == p / chunk`.
+    pub chunk: u32,
+    /// Llama 4's temperature tuning (see [`AttentionConfig::temperature`]): the scaled score of
+    /// a query at position `p` is multiplied by `ln(1 + floor((p + 1) / floor_scale)) ·
+    /// attn_scale + 1`; floor_scale 0 = none.
+    pub temp_floor_scale: f32,
+    pub temp_attn_scale: f32,
+    pub _pad: u32,
 }
 
 /// A mask lowered for one problem: its uniform and its words.
@@ -135,6 +144,22 @@ impl EncodedMask {
                 let bytes = keep.data().iter().map(|&v| (v != 0) as u8);
                 (MaskKind::CausalKeep, pack_bytes(bytes, keep.data().len()))
             }
+            Mask::Chunked { chunk, keep } => {
+                // Positions run below max(Lq, Lk): a chunk that long holds them all (plain
+                // causal), and a shorter one fits the shaders' i32.
+                params.chunk = match *chunk < no_window(dims) {
+                    true => *chunk as u32,
+                    false => 0,
+                };
+                match keep {
+                    None => (MaskKind::Causal, Vec::new()),
+                    Some(keep) => {
+                        params.strides = [dims.lk as u32, 0, 0, 1];
+                        let bytes = keep.data().iter().map(|&v| (v != 0) as u8);
+                        (MaskKind::CausalKeep, pack_bytes(bytes, keep.data().len()))
+                    }
+                }
+            }
             Mask::Bias(t) => {
                 params.strides = broadcast_strides("bias mask", t.shape(), dims)?;
                 let bits = t.data().iter().map(|v| v.to_bits()).collect();
@@ -156,6 +181,10 @@ impl EncodedMask {
         if let Some(max_bias) = config.alibi {
             self.params.alibi_max_bias = max_bias;
             self.params.alibi_heads = config.heads as u32;
+        }
+        if let Some(t) = config.temperature {
+            self.params.temp_floor_scale = t.floor_scale;
+            self.params.temp_attn_scale = t.attn_scale;
         }
         self
     }

@@ -17,6 +17,7 @@ pub mod mask;
 pub mod merge_state;
 pub mod mla_rows;
 pub mod naive;
+pub mod output_gate;
 pub mod paged_append;
 pub mod paged_attention;
 pub mod paged_decode;

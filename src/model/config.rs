@@ -64,6 +64,31 @@ pub struct AttentionConfig {
     /// [`crate::model::mla`]): W_v = W_k, and the output projection is zero on each value
     /// head's rotary dimensions, so values taken after RoPE give the forward's answer.
     pub values_from_keys: bool,
+    /// Llama 4's attention temperature tuning (its NoPE layers): the query at position `p`
+    /// (its row in the sequence, `i + Lk − Lq`) scaled by `ln(1 + floor((p + 1) / floor_scale))
+    /// · attn_scale + 1`. `None`: no tuning.
+    pub temperature: Option<TemperatureTuning>,
+    /// Qwen3-Next's output gate: the combined heads are multiplied by `sigmoid(W_g·x + b_g)`
+    /// (the query input's gate projection, [`crate::AttentionWeights::gate`]) before `W_o`.
+    pub output_gate: bool,
+    /// BitNet's `attn_sub_norm`: an RMSNorm of each token's combined heads (all `heads ·
+    /// v_head_dim` values, weights [`crate::AttentionWeights::output_norm`]) with this epsilon,
+    /// before the output gate and `W_o`.
+    pub output_norm: Option<f32>,
+}
+
+/// The two numbers of Llama 4's temperature tuning (see [`AttentionConfig::temperature`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TemperatureTuning {
+    pub floor_scale: f32,
+    pub attn_scale: f32,
+}
+
+impl TemperatureTuning {
+    /// The factor of the query at position `p`, in f32 as transformers computes it.
+    pub fn factor(&self, p: usize) -> f32 {
+        ((p as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+    }
 }
 
 impl AttentionConfig {
@@ -99,6 +124,9 @@ impl AttentionConfig {
             sinks: false,
             clip_qkv: None,
             values_from_keys: false,
+            temperature: None,
+            output_gate: false,
+            output_norm: None,
         }
         .validated()
     }
@@ -125,6 +153,9 @@ impl AttentionConfig {
             sinks: false,
             clip_qkv: None,
             values_from_keys: false,
+            temperature: None,
+            output_gate: false,
+            output_norm: None,
         }
         .validated()
     }
@@ -145,6 +176,12 @@ impl AttentionConfig {
     /// Gemma 2's `attn_logit_softcapping` does. `cap` must be finite and positive.
     pub fn with_softcap(mut self, cap: f32) -> Result<Self> {
         self.softcap = Some(cap);
+        self.validated()
+    }
+
+    /// Llama 4's temperature tuning (see [`AttentionConfig::temperature`]).
+    pub fn with_temperature(mut self, t: TemperatureTuning) -> Result<Self> {
+        self.temperature = Some(t);
         self.validated()
     }
 
@@ -172,6 +209,18 @@ impl AttentionConfig {
     /// [`crate::AttentionWeights::qk_norm`]).
     pub fn with_qk_norm(mut self, norm: QkNorm) -> Result<Self> {
         self.qk_norm = Some(norm);
+        self.validated()
+    }
+
+    /// Qwen3-Next's sigmoid output gate (see [`Self::output_gate`]); needs `W_o`.
+    pub fn with_output_gate(mut self) -> Result<Self> {
+        self.output_gate = true;
+        self.validated()
+    }
+
+    /// BitNet's RMSNorm of the combined heads before `W_o` (see [`Self::output_norm`]).
+    pub fn with_output_norm(mut self, eps: f32) -> Result<Self> {
+        self.output_norm = Some(eps);
         self.validated()
     }
 
@@ -328,6 +377,27 @@ impl AttentionConfig {
             if !(m.is_finite() && m > 0.0) {
                 return Err(Error::Config(format!(
                     "ALiBi max_bias {m} must be finite and positive"
+                )));
+            }
+        }
+        if let Some(eps) = self.output_norm {
+            if !(eps.is_finite() && eps >= 0.0 && self.output_projection) {
+                return Err(Error::Config(format!(
+                    "an output norm needs a finite eps ≥ 0 (got {eps}) and an output projection"
+                )));
+            }
+        }
+        if self.output_gate && !self.output_projection {
+            return Err(Error::Config(
+                "an output gate multiplies what W_o projects; this config has no output projection"
+                    .into(),
+            ));
+        }
+        if let Some(t) = self.temperature {
+            if !(t.floor_scale.is_finite() && t.floor_scale > 0.0 && t.attn_scale.is_finite()) {
+                return Err(Error::Config(format!(
+                    "temperature tuning floor_scale {} must be finite and positive, attn_scale {} finite",
+                    t.floor_scale, t.attn_scale
                 )));
             }
         }

@@ -67,6 +67,14 @@ pub enum Mask {
         window: Option<usize>,
         keep: MaskTensor,
     },
+    /// Llama 4's chunked local attention: causal (bottom-right aligned, query `i` at position
+    /// `p = i + Lk − Lq`), and only the keys of its own chunk of `chunk` positions
+    /// (`j / chunk == p / chunk`); with `keep` (`[B, Lk]`, or `[Lk]` for a batch of one;
+    /// nonzero = a real token), only those keys too. Generated in the shader.
+    Chunked {
+        chunk: usize,
+        keep: Option<MaskTensor>,
+    },
 }
 
 impl Mask {
@@ -94,6 +102,7 @@ impl Mask {
             Mask::Block(_) => "block",
             Mask::Bias(_) => "bias",
             Mask::CausalKeep { .. } => "causal_padded",
+            Mask::Chunked { .. } => "chunked",
         }
     }
 
@@ -131,7 +140,14 @@ impl Mask {
             } => Err(Error::Mask(
                 "a sliding window of 0 keys hides every key; it must be at least 1".into(),
             )),
-            Mask::CausalKeep { keep, .. } => {
+            Mask::Chunked { chunk: 0, .. } => Err(Error::Mask(
+                "a chunk of 0 keys hides every key; it must be at least 1".into(),
+            )),
+            Mask::Chunked { keep: None, .. } => Ok(()),
+            Mask::CausalKeep { keep, .. }
+            | Mask::Chunked {
+                keep: Some(keep), ..
+            } => {
                 let (b, lk) = (dims.batch, dims.lk);
                 if keep.shape() != [b, lk] && !(b == 1 && keep.shape() == [lk]) {
                     return Err(Error::Mask(format!(
@@ -252,7 +268,10 @@ impl Mask {
             Mask::KeyPadding(_) => [dims.batch, 1, 1],
             Mask::Attend(t) | Mask::Block(t) => lead(t.shape()),
             Mask::Bias(t) => lead(t.shape()),
-            Mask::CausalKeep { .. } => [dims.batch, 1, dims.lq],
+            Mask::CausalKeep { .. } | Mask::Chunked { keep: Some(_), .. } => {
+                [dims.batch, 1, dims.lq]
+            }
+            Mask::Chunked { keep: None, .. } => [1, 1, dims.lq],
         };
         let (lk, wide) = (dims.lk, dims.lk + appended);
         let len = b * h * rows * wide;
@@ -302,6 +321,14 @@ impl Mask {
                     None => Mask::Causal.hides(at, lq, lk),
                 };
                 hidden_by_rule || keep.data()[b * lk + j] == 0
+            }
+            Mask::Chunked { chunk, keep } => {
+                let p = i as i64 + lk as i64 - lq as i64;
+                let c = i64::try_from(*chunk).unwrap_or(i64::MAX);
+                let other_chunk = p >= 0 && (j as i64).div_euclid(c) != p.div_euclid(c);
+                Mask::Causal.hides(at, lq, lk)
+                    || other_chunk
+                    || keep.as_ref().is_some_and(|k| k.data()[b * lk + j] == 0)
             }
             Mask::Attend(t) => t.data()[broadcast_index(t.shape(), at)] == 0,
             Mask::Block(t) => t.data()[broadcast_index(t.shape(), at)] != 0,

@@ -241,6 +241,8 @@ impl MlaWeights {
             bias_kv: None,
             qk_norm: None,
             sinks: None,
+            gate: None,
+            output_norm: None,
         };
         let config = AttentionConfig {
             output_projection: true,

@@ -102,6 +102,11 @@ pub struct AttentionWeights {
     pub qk_norm: Option<QkNormWeights>,
     /// One sink logit per query head, when the config has `sinks`.
     pub sinks: Option<Vec<f32>>,
+    /// `heads·v_head_dim × model_dim`: the output gate's projection of the query input, when
+    /// the config has `output_gate`.
+    pub gate: Option<Linear>,
+    /// `[heads·v_head_dim]`: the output norm's weights, when the config has `output_norm`.
+    pub output_norm: Option<Vec<f32>>,
 }
 
 /// The learned key and value of `nn.MultiheadAttention(add_bias_kv=True)`, in projected space:
@@ -171,6 +176,12 @@ impl AttentionWeights {
                 .map(|_| rng.uniform(-1.0, 1.0))
                 .collect(),
         });
+        let gate = c
+            .output_gate
+            .then(|| Linear::random(c.v_width(), c.model_dim, c.bias, &mut rng));
+        let output_norm = c
+            .output_norm
+            .map(|_| (0..c.v_width()).map(|_| rng.uniform(0.5, 1.5)).collect());
         AttentionWeights {
             q,
             k,
@@ -179,6 +190,8 @@ impl AttentionWeights {
             bias_kv,
             qk_norm,
             sinks,
+            gate,
+            output_norm,
         }
     }
 
@@ -199,6 +212,9 @@ impl AttentionWeights {
             alibi: None,
             bias: self.q.bias.is_some(),
             values_from_keys: false,
+            temperature: None,
+            output_gate: false,
+            output_norm: None,
             scale: None,
             add_bias_kv: self.bias_kv.is_some(),
             add_zero_attn: false,
@@ -256,6 +272,47 @@ impl AttentionWeights {
         }
         if c.values_from_keys {
             self.check_values_from_keys(c)?;
+        }
+        match (&self.output_norm, c.output_norm) {
+            (Some(w), Some(_)) if w.len() != c.v_width() => {
+                return Err(Error::weight(
+                    "output_norm.weight",
+                    format!(
+                        "has {} values, expected heads·v_head_dim = {}",
+                        w.len(),
+                        c.v_width()
+                    ),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::weight(
+                    "output_norm.weight",
+                    "is missing, but the config normalises the combined heads",
+                ))
+            }
+            (Some(_), None) => {
+                return Err(Error::weight(
+                    "output_norm.weight",
+                    "is present, but the config has no output norm",
+                ))
+            }
+            _ => {}
+        }
+        match (&self.gate, c.output_gate) {
+            (Some(g), true) => g.check("W_g", c.v_width(), c.model_dim, c.bias)?,
+            (None, true) => {
+                return Err(Error::weight(
+                    "W_g.weight",
+                    "is missing, but the config has an output gate",
+                ))
+            }
+            (Some(_), false) => {
+                return Err(Error::weight(
+                    "W_g.weight",
+                    "is present, but the config has no output gate",
+                ))
+            }
+            (None, false) => {}
         }
         match (&self.qk_norm, &c.qk_norm) {
             (Some(w), Some(n)) => {

@@ -330,6 +330,7 @@ pub fn sdpa_reference(
         scale: options.scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64),
         softcap: options.softcap,
         alibi_max_bias: options.alibi_max_bias,
+        temperature: None,
         sinks: options.sinks.as_deref(),
         mask: &options.mask,
         top_left: options.causal_alignment == wgpu_mha::CausalAlignment::TopLeft,

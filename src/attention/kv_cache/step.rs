@@ -413,6 +413,7 @@ impl MultiHeadAttention {
             qkv,
             scores: cache.scores.as_ref(),
             combined: &step.combined,
+            gate: step.gate.as_ref(),
             output: step.output.as_ref(),
             carry: &step.carry,
             mask: &cache.mask,

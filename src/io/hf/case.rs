@@ -138,6 +138,18 @@ pub(crate) fn from_file(file: &SafetensorsFile) -> Result<Case> {
         let both = if module.causal { "" } else { "±" };
         describe.push_str(&format!(" window={both}{w}"));
     }
+    if let Some(c) = module.chunk {
+        describe.push_str(&format!(" chunked={c}"));
+    }
+    if module.config.output_norm.is_some() {
+        describe.push_str(" +sub_norm");
+    }
+    if module.config.output_gate {
+        describe.push_str(" +gate");
+    }
+    if module.config.temperature.is_some() {
+        describe.push_str(" +temperature");
+    }
     if module.mla.is_some() {
         describe.push_str(" +mla");
     } else if module.config.kv_heads != module.config.heads {

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 
 mod falcon_mpt;
 mod layers;
+mod llama4;
 mod rope;
 mod settings;
 pub use layers::LayerKind;

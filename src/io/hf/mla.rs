@@ -128,6 +128,7 @@ impl HfCheckpoint {
             cross: false,
             causal: true,
             window: None,
+            chunk: None,
             config,
             weights: core_weights,
             relative_bias: None,

@@ -275,6 +275,11 @@ impl HfCheckpoint {
             },
             (rule, _) => rule.filter(|r| r.switch.is_none()),
         };
+        // Llama 4 normalises q and k on its RoPE layers only.
+        let norm_rule = match (norm_rule, &module_config) {
+            (Some(r), Some(c)) if r.rope_layers_only && !c.rope_layer(prefix)? => None,
+            (rule, _) => rule,
+        };
         // Tensors of the model type beyond its family's: q/k norms, sinks.
         let extra = |rest: &str| {
             norm_rule.is_some_and(|r| r.tensors.holds(rest))
@@ -286,6 +291,7 @@ impl HfCheckpoint {
                     rest.strip_prefix(n)
                         .is_some_and(|r| [".weight", ".bias", ".gamma", ".beta"].contains(&r))
                 })
+                || (model_type.sub_norm() && rest == "attn_sub_norm.weight")
         };
         families::check_understood(family, prefix, &self.names(), &extra)?;
         let heads = match (heads, &module_config) {
@@ -320,6 +326,14 @@ impl HfCheckpoint {
             weights.sinks = Some(self.sinks(prefix, config.heads)?);
             config = config.with_sinks()?;
         }
+        if model_type.sub_norm() {
+            let eps = match &module_config {
+                Some(c) => c.norm_eps("rms_norm_eps", 1e-5)?,
+                None => 1e-5,
+            };
+            weights.output_norm = Some(self.sub_norm(prefix, config.v_width())?);
+            config = config.with_output_norm(eps as f32)?;
+        }
         if let Some(rule) = norm_rule {
             let (norm, norm_weights) =
                 self.qk_norm(prefix, model_type, rule, module_config.as_ref(), &config)?;
@@ -336,8 +350,17 @@ impl HfCheckpoint {
             module_config.as_ref(),
             config,
         )?;
+        let mut chunk = None;
         if let Some(c) = module_config.as_ref().filter(|_| !cross) {
             window = c.sliding_window(prefix, model_type.reads)?;
+            if model_type.reads.contains(&"attention_chunk_size") {
+                chunk = c.attention_chunk(prefix)?;
+            }
+            if model_type.reads.contains(&"attn_temperature_tuning") {
+                if let Some(t) = c.temperature_tuning(prefix)? {
+                    config = config.with_temperature(t)?;
+                }
+            }
         }
         if let Some(scale) = module_config
             .as_ref()
@@ -415,6 +438,7 @@ impl HfCheckpoint {
                         .unwrap_or(false),
                 ),
             window,
+            chunk,
             config,
             weights,
             relative_bias,
@@ -471,6 +495,14 @@ impl HfCheckpoint {
             true => format!("no attention module in layer {}", &at[1..at.len() - 1]),
             false => format!("no attention module at prefix {at:?}"),
         };
+        // Qwen3-Next's and others' linear-attention layers are not softmax attention.
+        let kind = self.config.as_ref().and_then(|c| c.layer_type_of(at));
+        if let Some(kind) = kind.filter(|k| *k != "full_attention") {
+            problem.push_str(&format!(
+                "; config.json's layer_types calls this layer {kind:?}, which is not the softmax \
+                 attention the loader runs"
+            ));
+        }
         for (prefix, missing) in families::incomplete_modules(&names)
             .into_iter()
             .filter(|(p, _)| lies_under(p))
@@ -507,6 +539,9 @@ pub struct HfAttention {
     /// Mistral's `sliding_window` W (with `causal`): query i sees keys i − W < j ≤ i; in an
     /// encoder (ModernBERT's local layers), keys |i − j| ≤ W.
     pub window: Option<usize>,
+    /// Llama 4's chunked attention (with `causal`): query i sees keys j ≤ i in its own chunk of
+    /// `chunk` positions.
+    pub chunk: Option<usize>,
     pub config: AttentionConfig,
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
@@ -590,6 +625,11 @@ impl HfAttention {
                 Some(m) => base.with_key_padding(&PaddingMask::HfAttention(m.clone()), dims),
             };
         }
+        if let (Some(chunk), true) = (self.chunk, self.causal) {
+            let mask = self.chunked_mask(chunk, attention_mask)?;
+            mask.check(dims)?;
+            return Ok(mask);
+        }
         // A decoder's padded batch: the causal rule in the shader, the padding per key.
         if let (None, true, Some(m)) = (&self.relative_bias, self.causal, attention_mask) {
             let mask = Mask::causal_with_padding(self.window, m);
@@ -615,5 +655,26 @@ impl HfAttention {
             None => Ok(base),
             Some(m) => base.with_key_padding(&PaddingMask::HfAttention(m.clone()), dims),
         }
+    }
+
+    /// Llama 4's chunked mask. transformers starts each row's chunks after its left padding
+    /// (zeros before the first real token), which the shader's chunks do not follow: such a
+    /// batch is refused.
+    fn chunked_mask(&self, chunk: usize, keep: Option<&MaskTensor>) -> Result<Mask> {
+        if let Some(m) = keep {
+            let lk = m.shape().last().copied().unwrap_or(0).max(1);
+            if m.data().chunks(lk).any(|row| row.first() == Some(&0)) {
+                return Err(Error::Mask(format!(
+                    "`{}` is a chunked layer, and an attention_mask row starts with padding: \
+                     transformers then moves that row's chunk boundaries by its left padding, \
+                     which the loader does not; pad on the right",
+                    self.prefix
+                )));
+            }
+        }
+        Ok(Mask::Chunked {
+            chunk,
+            keep: keep.cloned(),
+        })
     }
 }

@@ -303,6 +303,46 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Always,
         &["sliding_window", "layer_types", "sliding_window_pattern"],
     ),
+    // Qwen3NextAttention (its full-attention layers; the Gated DeltaNet layers at
+    // `linear_attn.` hold no q_proj): q_proj packs per head d query rows and d gate rows; the
+    // combined heads are multiplied by sigmoid(gate) before o_proj; per-head q/k RMSNorm ×(1 + w)
+    // before RoPE (rms_norm_eps default 1e-6); partial RoPE (partial_rotary_factor default
+    // 0.25); biases by attention_bias; causal.
+    reading(
+        "qwen3_next",
+        Family::Llama,
+        Causality::Always,
+        &["layer_types", "partial_rotary_factor"],
+    ),
+    // BitNetAttention: llama's (θ default 5·10^5, biases by attention_bias) with
+    // `attn_sub_norm`, an RMSNorm(hidden_size) of the attention output before o_proj
+    // (rms_norm_eps default 1e-5). Its checkpoints' quantization_config (BitLinear) is refused
+    // with every model type's (config::SETTINGS).
+    mt("bitnet", Family::Llama, Causality::Always),
+    // JambaAttention (its attention layers; the Mamba layers hold no q_proj): llama's
+    // projections without biases and without any position embedding (NoPE), GQA, causal.
+    mt("jamba", Family::Llama, Causality::Always),
+    // Llama4TextAttention: llama's with interleaved (complex) RoPE, no RoPE on the layers
+    // `no_rope_layers` marks 0 (else every no_rope_layer_interval-th) where, with
+    // attn_temperature_tuning, q is scaled by ln(1 + ⌊(p + 1)/floor_scale⌋)·attn_scale + 1 at
+    // row p; a weightless RMS q/k norm after RoPE (use_qk_norm) on the RoPE layers; chunked
+    // attention (attention_chunk_size) on the layers layer_types calls chunked (default: the
+    // RoPE layers). θ default 5·10^5.
+    reading(
+        "llama4_text",
+        Family::Llama,
+        Causality::Always,
+        &[
+            "layer_types",
+            "no_rope_layers",
+            "no_rope_layer_interval",
+            "use_qk_norm",
+            "attention_chunk_size",
+            "attn_temperature_tuning",
+            "floor_scale",
+            "attn_scale",
+        ],
+    ),
     // SmolLM3Attention: llama's without RoPE on the layers `no_rope_layers` marks 0 (else
     // every no_rope_layer_interval-th), windows by layer_types (else, with use_sliding_window,
     // the NoPE layers), θ default 2·10^6.
@@ -418,6 +458,11 @@ pub const MODEL_TYPES: &[ModelType] = &[
         Causality::Never,
         &["layer_types"],
     ),
+    // DbrxAttention: MPT's packed `Wqkv` (q, k, v rows) and `out_proj`, no biases, half-split
+    // RoPE from rope_parameters (θ default 10000), GQA by `attn_config.kv_n_heads` (default 1),
+    // q/k/v clamped by `attn_config.clip_qkv` before RoPE, causal (its own rules, see
+    // config::falcon_mpt).
+    reading("dbrx", Family::Mpt, Causality::Always, &["clip_qkv"]),
     // DeepseekV2Attention / DeepseekV3Attention: multi-head latent attention (q LoRA or q_proj,
     // the compressed latent and a shared RoPE key, kv_b_proj per head), causal; its sizes,
     // attention_bias, rope_interleave and yarn's mscale_all_dim are read by `HfCheckpoint::

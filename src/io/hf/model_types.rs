@@ -65,6 +65,8 @@ pub struct QkNormRule {
     pub after_rope: bool,
     /// Each norm has a bias too (Persimmon's `nn.LayerNorm`).
     pub bias: bool,
+    /// Only on the layers that rotate (Llama 4: none on its NoPE layers).
+    pub rope_layers_only: bool,
 }
 
 /// Where a q/k norm's weights sit under the module.
@@ -78,6 +80,8 @@ pub enum NormTensors {
     QueryKeyLayernorm,
     /// Persimmon's `q_layernorm.weight` / `.bias` and `k_layernorm.weight` / `.bias`.
     QkLayernorm,
+    /// None: a norm without weights (Llama 4's L2Norm, an RMSNorm of weight 1).
+    Weightless,
 }
 
 impl NormTensors {
@@ -100,6 +104,7 @@ impl NormTensors {
                 .filter_map(|p| rest.strip_prefix(p))
                 .filter_map(|r| r.strip_suffix(".weight"))
                 .any(|h| h.parse::<usize>().is_ok()),
+            NormTensors::Weightless => false,
         }
     }
 }
@@ -145,6 +150,8 @@ pub enum RopeLayers {
     /// By `no_rope_layers` (1 = RoPE, 0 = none), else all but every
     /// `no_rope_layer_interval`-th layer (default 4) rotate (SmolLM3).
     NoRopeLayers,
+    /// None: no position information in the attention (Jamba; its Mamba layers order).
+    Never,
 }
 
 impl ModelType {
@@ -153,9 +160,8 @@ impl ModelType {
         match self.name {
             "llama" | "gemma" | "gemma2" | "gemma3" | "gemma3_text" | "granite" | "qwen3"
             | "olmo" | "olmo2" | "cohere" | "qwen3_moe" | "olmoe" | "granitemoe" | "arcee"
-            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" => {
-                Biases::ByKey("attention_bias", false)
-            }
+            | "hunyuan_v1_dense" | "olmo3" | "cohere2" | "smollm3" | "llama4_text"
+            | "qwen3_next" | "bitnet" => Biases::ByKey("attention_bias", false),
             "ernie4_5" => Biases::ByKey("use_bias", false),
             "modernbert" => Biases::ByKey("attention_bias", false),
             "qwen2_moe" => Biases::QkvByKey("qkv_bias", true),
@@ -170,7 +176,7 @@ impl ModelType {
             "starcoder2" => Biases::ByKey("use_bias", true),
             "falcon" => Biases::ByKey("bias", false),
             "mistral" | "mixtral" | "phi3" | "gptj" | "mpt" | "codegen" | "ministral"
-            | "exaone4" | "musicgen_decoder" => Biases::Never,
+            | "exaone4" | "musicgen_decoder" | "dbrx" | "jamba" => Biases::Never,
             "qwen2" => Biases::QkvOnly,
             "stablelm" => Biases::QkvByKey("use_qkv_bias", false),
             _ => Biases::AsStored,
@@ -189,6 +195,7 @@ impl ModelType {
             tensors: NormTensors::Single,
             after_rope: false,
             bias: false,
+            rope_layers_only: false,
         };
         let (rms, layer) = (NormKind::Rms, NormKind::Layer);
         Some(match self.name {
@@ -203,8 +210,17 @@ impl ModelType {
                 after_rope: true,
                 ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-5))
             },
-            // Gemma3RMSNorm(head_dim): x · (1 + w), computed in f32.
-            "gemma3" | "gemma3_text" => QkNormRule {
+            // Llama4TextL2Norm: a weightless RMSNorm of each head after RoPE, with use_qk_norm
+            // (default on), on the RoPE layers only.
+            "llama4_text" => QkNormRule {
+                switch: Some("use_qk_norm"),
+                tensors: NormTensors::Weightless,
+                after_rope: true,
+                rope_layers_only: true,
+                ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-5))
+            },
+            // Gemma3RMSNorm(head_dim): x · (1 + w), computed in f32 (Qwen3NextRMSNorm too).
+            "gemma3" | "gemma3_text" | "qwen3_next" => QkNormRule {
                 weight_offset: 1.0,
                 ..rule(rms, NormScope::PerHead, ("rms_norm_eps", 1e-6))
             },
@@ -268,6 +284,15 @@ impl ModelType {
                 ("global_rope_theta", Number(160_000.0)),
                 ("local_rope_theta", Number(10_000.0)),
             ],
+            "bitnet" => &[("rope_theta", Number(5e5))],
+            "llama4_text" => &[
+                ("rope_theta", Number(5e5)),
+                ("use_qk_norm", Flag(true)),
+                ("attention_chunk_size", Number(8192.0)),
+                ("attn_temperature_tuning", Flag(true)),
+                ("floor_scale", Number(8192.0)),
+                ("attn_scale", Number(0.1)),
+            ],
             "gemma2" => &[
                 ("sliding_window", Number(4096.0)),
                 ("query_pre_attn_scalar", Number(256.0)),
@@ -327,6 +352,12 @@ impl ModelType {
         self.name == "longt5"
     }
 
+    /// Whether the attention output is RMS-normalised before `o_proj` (BitNet's
+    /// `attn_sub_norm`).
+    pub fn sub_norm(&self) -> bool {
+        self.name == "bitnet"
+    }
+
     /// Whether the module holds attention sinks (`sinks`, one logit per query head).
     pub fn sinks(&self) -> bool {
         self.name == "gpt_oss"
@@ -347,7 +378,8 @@ impl ModelType {
             "cohere2" => RopeLayers::SlidingOnly {
                 without_window: false,
             },
-            "smollm3" => RopeLayers::NoRopeLayers,
+            "smollm3" | "llama4_text" => RopeLayers::NoRopeLayers,
+            "jamba" => RopeLayers::Never,
             _ => RopeLayers::All,
         }
     }
@@ -380,6 +412,7 @@ impl ModelType {
                 | "cohere2"
                 | "glm"
                 | "glm4"
+                | "llama4_text"
         )
     }
 
@@ -387,7 +420,7 @@ impl ModelType {
     /// bart's, RoFormer under bert's: its self-attention only; ESM's when its
     /// position_embedding_type is "rotary", see `rotary_by_position_type`).
     pub fn rotates(&self) -> bool {
-        matches!(self.name, "gptj" | "roformer" | "esm")
+        matches!(self.name, "gptj" | "roformer" | "esm" | "dbrx")
     }
 
     /// Whether `position_embedding_type` decides if the model type rotates (ESM).
@@ -406,7 +439,7 @@ impl ModelType {
     /// GLM-4's, Nemotron's, Persimmon's and Phi's config classes to 0.5; the others rotate all of it.
     pub fn default_rotary_share(&self) -> f64 {
         match self.name {
-            "gpt_neox" | "stablelm" => 0.25,
+            "gpt_neox" | "stablelm" | "qwen3_next" => 0.25,
             "phi" | "glm" | "glm4" | "nemotron" | "persimmon" => 0.5,
             _ => 1.0,
         }

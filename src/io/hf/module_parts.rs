@@ -48,6 +48,9 @@ impl HfCheckpoint {
         if cross || !(family.uses_rope() || model_type.rotates()) {
             return Ok(config);
         }
+        if model_type.rope_layers() == RopeLayers::Never {
+            return Ok(config);
+        }
         let Some(c) = module_config else {
             return Err(Error::file(
                 &self.name,
@@ -103,6 +106,26 @@ impl HfCheckpoint {
         Ok(values)
     }
 
+    /// BitNet's `{prefix}attn_sub_norm.weight`: one weight per combined element (its
+    /// RMSNorm(hidden_size) over the `heads · head_dim` outputs, which must be as many).
+    pub(super) fn sub_norm(&self, prefix: &str, width: usize) -> Result<Vec<f32>> {
+        let name = format!("{prefix}attn_sub_norm.weight");
+        if !self.contains(&name) {
+            return Err(Error::weight(
+                name,
+                "is missing; BitNet normalises the attention output",
+            ));
+        }
+        let (shape, values) = self.read(&name)?;
+        if values.len() != width {
+            return Err(Error::weight(
+                name,
+                format!("has shape {shape:?}, expected [{width}] (heads · head_dim)"),
+            ));
+        }
+        Ok(values)
+    }
+
     /// The q/k norm of a model type that has one: `q_norm.weight` and `k_norm.weight` under
     /// the module (missing: an error naming them), epsilon `rms_norm_eps`.
     pub(super) fn qk_norm(
@@ -144,6 +167,7 @@ impl HfCheckpoint {
                     let name = if which == "q" { "query" } else { "key" };
                     read_one(format!("{prefix}{name}_layernorm.weight"))
                 }
+                NormTensors::Weightless => Ok(vec![1.0; c.qk_head_dim]),
                 NormTensors::PerHeadModules => (0..heads)
                     .map(|h| read_one(format!("{prefix}{which}_layernorm.norms.{h}.weight")))
                     .collect::<Result<Vec<_>>>()

@@ -38,6 +38,7 @@ pub fn load(
         Family::GptNeox if model_type == "falcon" => return falcon(ckpt, prefix, heads, kv_heads),
         Family::GptNeox => return gpt_neox(ckpt, prefix, heads),
         Family::CodeGen => return codegen(ckpt, prefix, heads),
+        Family::Llama if model_type == "qwen3_next" => return gated(ckpt, prefix, heads),
         _ => {}
     }
     let names = projection_names(family);
@@ -139,6 +140,37 @@ fn rows(layer: &Linear, parts: &[(usize, usize)]) -> Linear {
         weight,
         bias,
     }
+}
+
+/// Qwen3-Next's gated attention: `q_proj` holds, per head, its d query rows then its d gate
+/// rows (`[H·2d, E]`); the gate rows become the output gate's `W_g`.
+fn gated(
+    ckpt: &HfCheckpoint,
+    prefix: &str,
+    heads: usize,
+) -> Result<(AttentionConfig, AttentionWeights)> {
+    let names = projection_names(Family::Llama);
+    let [q, k, v, o] = names.map(|n| linear(ckpt, prefix, n, false));
+    let q = q?;
+    if !q.out_features.is_multiple_of(2 * heads) {
+        return Err(Error::weight(
+            format!("{prefix}q_proj.weight"),
+            format!(
+                "has {} rows, which are not {heads} heads of d query and d gate rows",
+                q.out_features
+            ),
+        ));
+    }
+    let d = q.out_features / (2 * heads);
+    let of = |first: usize| {
+        (0..heads)
+            .map(|h| (h * 2 * d + first, d))
+            .collect::<Vec<_>>()
+    };
+    let (query, gate) = (rows(&q, &of(0)), rows(&q, &of(d)));
+    let (config, mut weights) = assembled(prefix, heads, names, [query, k?, v?, o?])?;
+    weights.gate = Some(gate);
+    Ok((config.with_output_gate()?, weights))
 }
 
 /// phi3's `qkv_proj` and MPT's `Wqkv`: rows `[H·d queries | H_kv·d keys | H_kv·d values]`.
@@ -424,6 +456,8 @@ fn assembled(
         bias_kv: None,
         qk_norm: None,
         sinks: None,
+        gate: None,
+        output_norm: None,
     };
     let config = weights.implied_config(heads, kv_heads)?;
     // The crate's names (W_q …) in a failed check become the checkpoint's.

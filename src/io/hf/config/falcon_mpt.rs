@@ -1,6 +1,7 @@
-//! Falcon's and MPT's own config rules: Falcon's key/value heads (by `new_decoder_architecture`,
-//! `multi_query`, `num_kv_heads`) and its refused `alibi`; MPT's nested `attn_config`, whose
-//! keys the loader reads (`clip_qkv`, `softmax_scale`) or refuses by name.
+//! Falcon's, MPT's and DBRX's own config rules: Falcon's key/value heads (by
+//! `new_decoder_architecture`, `multi_query`, `num_kv_heads`) and its refused `alibi`; MPT's
+//! nested `attn_config`, whose keys the loader reads (`clip_qkv`, `softmax_scale`) or refuses by
+//! name; DBRX's (`kv_n_heads`, `clip_qkv`, its ignored `rope_theta`).
 
 use serde_json::Value;
 
@@ -72,8 +73,53 @@ impl HfConfig {
                 }
                 Ok(self)
             }
+            "dbrx" => self.dbrx_rules(prefix),
             _ => Ok(self),
         }
+    }
+
+    /// DBRX's `attn_config`: `kv_n_heads` (default 1) becomes `num_key_value_heads` and
+    /// `clip_qkv` a top-level key, as DbrxConfig sets them. DbrxAttention reads
+    /// `attn_config.rope_theta` but rotates by `rope_parameters` (default θ 10000): a
+    /// checkpoint whose two θ differ is refused, since the one transformers uses is not the
+    /// one the model was trained with.
+    fn dbrx_rules(mut self, prefix: &str) -> Result<Self> {
+        let attn = match self.json.get("attn_config") {
+            None | Some(Value::Null) => Value::Object(Default::default()),
+            Some(v) if v.is_object() => v.clone(),
+            Some(v) => {
+                return Err(Error::file(
+                    &self.source,
+                    format!("config.json `attn_config` = {v} is not an object"),
+                ))
+            }
+        };
+        let rope_theta = |v: &Value| v.get("rope_theta").and_then(Value::as_f64);
+        let used = self
+            .json
+            .get("rope_parameters")
+            .and_then(rope_theta)
+            .or_else(|| rope_theta(&self.json))
+            .unwrap_or(10000.0);
+        if let Some(theta) = attn.get("rope_theta").filter(|v| !v.is_null()) {
+            if theta.as_f64() != Some(used) {
+                return Err(Error::UnsupportedModule {
+                    module: format!("dbrx attention `{prefix}`"),
+                    what: format!("config.json `attn_config.rope_theta` = {theta}"),
+                    why: format!(
+                        "transformers 5.25 rotates by rope_parameters' θ = {used} and ignores \
+                         this one, so the answer would not be the trained model's"
+                    ),
+                });
+            }
+        }
+        let kv = attn.get("kv_n_heads").cloned().unwrap_or(Value::from(1));
+        let clip = attn.get("clip_qkv").cloned().unwrap_or(Value::Null);
+        if let Some(obj) = self.json.as_object_mut() {
+            obj.insert("num_key_value_heads".into(), kv);
+            obj.insert("clip_qkv".into(), clip);
+        }
+        Ok(self)
     }
 
     /// Key/value heads as the model type's config class computes them: Falcon's from

@@ -184,8 +184,9 @@ impl HfConfig {
         Ok(Some(local / 2))
     }
 
-    /// Whether SmolLM3's layer at `prefix` rotates: its `no_rope_layers` entry (1 = RoPE,
-    /// 0 = none), else all but every `no_rope_layer_interval`-th layer (default 4).
+    /// Whether SmolLM3's (or Llama 4's) layer at `prefix` rotates: its `no_rope_layers` entry
+    /// (1 = RoPE, 0 = none), else all but every `no_rope_layer_interval`-th layer (default 4).
+    /// Llama4TextConfig takes an empty list for none.
     pub fn rope_layer(&self, prefix: &str) -> Result<bool> {
         let layer = layer_index(prefix).ok_or_else(|| {
             Error::file(
@@ -193,7 +194,12 @@ impl HfConfig {
                 format!("which layers rotate depends on the layer of `{prefix}`, which it does not name"),
             )
         })?;
+        let empty = |v: &Value| v.as_array().is_some_and(Vec::is_empty);
         match self.json.get("no_rope_layers") {
+            Some(v) if empty(v) && self.model_type() == Some("llama4_text") => {
+                let interval = self.usize("no_rope_layer_interval")?.unwrap_or(4);
+                Ok(!(layer + 1).is_multiple_of(interval))
+            }
             None | Some(Value::Null) => {
                 let interval = self.usize("no_rope_layer_interval")?.unwrap_or(4);
                 Ok(!(layer + 1).is_multiple_of(interval))

@@ -114,4 +114,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { key: "causal", neutral: off, why: "XLM's causal mode" },
     Setting { key: "rotary_value", neutral: off, why: "RoFormer rotates the values too" },
     Setting { key: "no_rope_layers", neutral: all_rope, why: "the layers it marks 0 run without RoPE" },
+    Setting { key: "quantization_config", neutral: null, why: "transformers' forward then quantizes the projections' weights or activations (BitNet's BitLinear rounds each token's activations to 8 bits and the weights to ternary values), which the loader's f32 projections do not compute" },
+    Setting { key: "attention_chunk_size", neutral: null, why: "Llama 4's chunked layers see only the keys of their own chunk" },
+    Setting { key: "attn_temperature_tuning", neutral: off, why: "Llama 4 scales the queries of its NoPE layers by a factor growing with the position" },
 ];

@@ -506,3 +506,28 @@ fn esm_rotates_by_its_position_embedding_type() {
         assert!(e.to_string().contains("position_embedding_type"), "{e}");
     }
 }
+
+#[test]
+fn llama4_chunks_its_rope_layers_and_tunes_its_nope_layers() {
+    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let at = |layer: usize| format!("model.layers.{layer}.self_attn.");
+    // No layer_types: the RoPE layers are chunked when attention_chunk_size is set; an empty
+    // no_rope_layers is Llama4TextConfig's default (every 4th layer NoPE).
+    let d = c(
+        r#"{"model_type": "llama4_text", "no_rope_layers": [], "attention_chunk_size": 3,
+        "attn_temperature_tuning": true, "floor_scale": 4, "attn_scale": 0.25}"#,
+    );
+    assert_eq!(d.attention_chunk(&at(2)).unwrap(), Some(3));
+    assert_eq!(d.attention_chunk(&at(3)).unwrap(), None);
+    assert!(d.temperature_tuning(&at(2)).unwrap().is_none());
+    let t = d.temperature_tuning(&at(3)).unwrap().unwrap();
+    assert_eq!((t.floor_scale, t.attn_scale), (4.0, 0.25));
+    // transformers' factor: positions 0..2 → 1, 3 → 1 + ln 2 · 0.25.
+    assert_eq!(t.factor(2), 1.0);
+    assert!((t.factor(3) - (1.0 + 2f32.ln() * 0.25)).abs() < 1e-7);
+    let unset = c(r#"{"model_type": "llama4_text", "attention_chunk_size": null}"#);
+    assert_eq!(unset.attention_chunk(&at(0)).unwrap(), None);
+    // Tuning without its numbers is an error naming them.
+    let bare = c(r#"{"model_type": "llama4_text", "attn_temperature_tuning": true}"#);
+    assert!(bare.temperature_tuning(&at(3)).is_err());
+}
