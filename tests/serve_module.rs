@@ -239,8 +239,9 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
             .and_then(|v| v.parse::<f64>().ok())
             .map_or(1e-4, |err| (10.0 * err).max(1e-5));
         let c = module.config;
-        // A step takes a window, not Llama 4's chunks: a caller keeps such a layer off a pool.
-        if module.relative_bias.is_some() || module.mla.is_some() || module.chunk.is_some() {
+        // Llama 4's chunked layers go on: the module itself must refuse them (a step takes a
+        // window, no chunks), as it refuses temperature tuning, gates and output norms.
+        if module.relative_bias.is_some() || module.mla.is_some() {
             refused.push(name);
             continue;
         }
@@ -360,13 +361,16 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
             "no case of {family} served on a pool: {served:?}"
         );
     }
-    // What a pool does not hold yet: latent (MLA) caches, sinks, T5's relative bias, Llama 4's
+    // What a pool does not hold yet: latent (MLA) caches, sinks, T5's (UMT5's, LongT5's) relative
+    // bias, Llama 4's
     // chunks and temperature, Qwen3-Next's output gate, BitNet's output norm.
     let not_yet = [
         "deepseek_v2",
         "deepseek_v3",
         "gpt_oss",
         "t5_decoder",
+        "umt5_decoder",
+        "longt5_decoder",
         "llama4_text",
         "qwen3_next",
         "bitnet",

@@ -22,8 +22,9 @@ impl MultiHeadAttention {
     ///
     /// Refused (`Err`, before anything is recorded): modules whose attention a pool does not
     /// hold yet — appended keys (`add_bias_kv`, `add_zero_attn`), latent K = V caches, sinks,
-    /// f16 precision, separate key/value inputs, query and value head sizes that differ —
-    /// and a step or pool of other shapes.
+    /// Llama 4's chunked attention and temperature tuning, output gates and norms, f16
+    /// precision, separate key/value inputs, query and value head sizes that differ — and a
+    /// step or pool of other shapes.
     pub fn record_paged_step(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -154,6 +155,11 @@ impl MultiHeadAttention {
         }
         if c.sinks {
             return refuse("attention sinks");
+        }
+        if let Some(chunk) = c.chunked {
+            return refuse(&format!(
+                "Llama 4's chunked attention (chunks of {chunk} positions; a step takes a window)"
+            ));
         }
         if c.temperature.is_some() {
             return refuse("Llama 4's attention temperature tuning");

@@ -68,6 +68,12 @@ pub struct AttentionConfig {
     /// (its row in the sequence, `i + Lk − Lq`) scaled by `ln(1 + floor((p + 1) / floor_scale))
     /// · attn_scale + 1`. `None`: no tuning.
     pub temperature: Option<TemperatureTuning>,
+    /// Llama 4's chunked local attention (`attention_chunk_size`) where the Hugging Face loader
+    /// reads it: that layer's masks are [`crate::Mask::Chunked`] (its `HfAttention::mask`
+    /// makes them). Carried so that a page pool, whose steps take a window but no chunks,
+    /// refuses the layer instead of attending past a chunk; the forward itself applies the mask
+    /// it is given.
+    pub chunked: Option<usize>,
     /// Qwen3-Next's output gate: the combined heads are multiplied by `sigmoid(W_g·x + b_g)`
     /// (the query input's gate projection, [`crate::AttentionWeights::gate`]) before `W_o`.
     pub output_gate: bool,
@@ -125,6 +131,7 @@ impl AttentionConfig {
             clip_qkv: None,
             values_from_keys: false,
             temperature: None,
+            chunked: None,
             output_gate: false,
             output_norm: None,
         }
@@ -154,6 +161,7 @@ impl AttentionConfig {
             clip_qkv: None,
             values_from_keys: false,
             temperature: None,
+            chunked: None,
             output_gate: false,
             output_norm: None,
         }

@@ -213,6 +213,7 @@ impl AttentionWeights {
             bias: self.q.bias.is_some(),
             values_from_keys: false,
             temperature: None,
+            chunked: None,
             output_gate: false,
             output_norm: None,
             scale: None,

@@ -355,6 +355,7 @@ impl HfCheckpoint {
             window = c.sliding_window(prefix, model_type.reads)?;
             if model_type.reads.contains(&"attention_chunk_size") {
                 chunk = c.attention_chunk(prefix)?;
+                config.chunked = chunk;
             }
             if model_type.reads.contains(&"attn_temperature_tuning") {
                 if let Some(t) = c.temperature_tuning(prefix)? {
