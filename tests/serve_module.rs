@@ -361,9 +361,9 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
             "no case of {family} served on a pool: {served:?}"
         );
     }
-    // What a pool does not hold yet: latent (MLA) caches, sinks, T5's (UMT5's, LongT5's) relative
-    // bias, Llama 4's
-    // chunks and temperature, Qwen3-Next's output gate, BitNet's output norm.
+    // What a pool does not hold yet: latent (MLA) caches, sinks, T5's (UMT5's, LongT5's)
+    // relative bias, Llama 4's chunks and temperature, Qwen3-Next's output gate, BitNet's
+    // output norm.
     let not_yet = [
         "deepseek_v2",
         "deepseek_v3",
