@@ -6,8 +6,8 @@
 // owns slots t + THREADS·r (r < ROWS), with q (pre-scaled) and the accumulators in registers,
 // so every K/V vec4 staged in workgroup memory feeds ROWS slots — a GQA group's heads share it.
 //
-// Per tile of KV_TILE keys each thread stages whole keys (a page lookup, then the key's K and
-// V rows as vec4s, zero past the chunk's end), then take the keys KEY_GROUP at a time with flash_group.wgsl's
+// Per tile of KV_TILE keys the threads look up each key's page, stage K and V as vec4s (zero
+// past the chunk's end), then take the keys KEY_GROUP at a time with flash_group.wgsl's
 // quarter-unrolled row loops: scores, the mask where the group can be masked (one score per
 // iteration of a rolled loop, on a copy), the online softmax, P·V. A hidden key scores −inf
 // and the running max starts at LOWEST, so a slot that sees no key ends with a sum below 1/2
@@ -23,6 +23,7 @@ const DV4: u32 = DK4;
 
 var<workgroup> k_tile: array<vec4<f32>, KV_TILE * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
+var<workgroup> key_row: array<u32, KV_TILE>;   // each staged key's K row in the pool
 
 // Whether the mask can change any score of keys j .. j + KEY_GROUP − 1 for the block's rows at
 // positions [pos0, pos_last] (uniform over the workgroup).
@@ -101,16 +102,18 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let v_stride = p.page_size * p.kv_heads * p.head_dim;
     for (var j0 = key_begin; j0 < key_end; j0 += KV_TILE) {
         let keys = min(KV_TILE, key_end - j0);
-        // Each thread stages whole keys: one page lookup per key, then its rows.
-        for (var key = lid.x; key < KV_TILE; key += THREADS) {
-            let live = key < keys;
-            let j = j0 + min(key, keys - 1u);
+        for (var e = lid.x; e < keys; e += THREADS) {
+            let j = j0 + e;
             let page = plan[p.indices_at + page_begin + (j >> p.page_shift)];
-            let base = pool_index(page, 0u, j & (p.page_size - 1u), kvh, 0u);
-            for (var c = 0u; c < DK4; c++) {
-                k_tile[key * DK4 + c] = pool_vec4(base, c, live);
-                v_tile[key * DK4 + c] = pool_vec4(base + v_stride, c, live);
-            }
+            key_row[e] = pool_index(page, 0u, j & (p.page_size - 1u), kvh, 0u);
+        }
+        workgroupBarrier();
+        for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
+            let key = e / DK4;
+            let live = key < keys;
+            let base = key_row[min(key, keys - 1u)];
+            k_tile[e] = pool_vec4(base, e % DK4, live);
+            v_tile[e] = pool_vec4(base + v_stride, e % DK4, live);
         }
         workgroupBarrier();
         for (var jg = 0u; jg < keys; jg += KEY_GROUP) {

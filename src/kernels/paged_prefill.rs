@@ -49,8 +49,8 @@ impl PrefillShape {
     /// memory.
     pub fn within(limit: u32, rows: u32, head_dim: usize, f16: bool) -> Option<Self> {
         let d4 = u32::try_from(head_dim.div_ceil(4)).ok()?;
-        // Per staged key: its K and V vec4s.
-        let per_key = 32u32.checked_mul(d4)?;
+        // Per staged key: its K and V vec4s and where its row lies.
+        let per_key = 32u32.checked_mul(d4)?.checked_add(4)?;
         let fit = (limit / per_key).min(MAX_KV_TILE);
         let group = if fit >= 16 { 16 } else { 8 };
         let kv_tile = fit / group * group;
@@ -123,12 +123,10 @@ mod tests {
     #[test]
     fn tiles_fit_the_workgroup_memory_and_chunks_the_loop_cap() {
         let s = PrefillShape::within(32 * 1024, 8, 128, false).expect("d128");
-        // 32 keys of K and V at d128 fill 32 KiB exactly, as in the fused core.
-        assert_eq!((s.kv_tile, s.key_group(), s.slots()), (32, 16, 64));
+        // 32 keys of K and V at d128 fill 32 KiB exactly, leaving no room for their row words.
+        assert_eq!((s.kv_tile, s.key_group(), s.slots()), (16, 16, 64));
         let s = PrefillShape::within(32 * 1024, 8, 256, true).expect("d256");
-        assert_eq!(s.kv_tile, 16);
-        let s = PrefillShape::within(32 * 1024 - 1, 8, 128, false).expect("d128, a byte less");
-        assert_eq!(s.kv_tile, 16);
+        assert_eq!(s.kv_tile, 8);
         assert!(s.max_chunk_keys().is_multiple_of(8));
         assert_eq!(PrefillShape::within(1024, 8, 256, false), None);
         assert_eq!(PrefillShape::within(32 * 1024, 3, 64, false), None);
