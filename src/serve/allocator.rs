@@ -101,18 +101,23 @@ impl PageAllocator {
             });
         }
         let mut growth = Growth::default();
-        if shared_tail {
+        // The pages asked for, in the order the free list hands them out (its end first).
+        let mut taken = self.free.split_off(self.free.len() - asked);
+        taken.reverse();
+        for &page in &taken {
+            self.refs[page as usize] = 1;
+        }
+        let mut taken = taken.into_iter();
+        // A shared, partly filled last page is copied to the first page taken (asked counts it).
+        let copy_to = if shared_tail { taken.next() } else { None };
+        if let Some(to) = copy_to {
             let last = seq.pages.len() - 1;
             let from = seq.pages[last];
-            let to = self.take();
             self.refs[from as usize] -= 1;
             seq.pages[last] = to;
             growth.copies.push((from, to));
         }
-        for _ in 0..fresh {
-            let page = self.take();
-            seq.pages.push(page);
-        }
+        seq.pages.extend(taken);
         for t in seq.tokens..seq.tokens + new {
             growth
                 .slots
@@ -166,12 +171,6 @@ impl PageAllocator {
             }
         }
         Ok(())
-    }
-
-    fn take(&mut self) -> u32 {
-        let page = self.free.pop().expect("counted before taking");
-        self.refs[page as usize] = 1;
-        page
     }
 }
 
