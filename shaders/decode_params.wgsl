@@ -29,6 +29,8 @@ struct DecodeParams {
     key_base: u32,        // the key in row 0 of the bound K/V (a KV cache's chunk start)
     head_dim_qk: u32,     // the module's head sizes (at most HEAD_CAP_QK, HEAD_CAP_V)
     head_dim_v: u32,
+    k_scales: u32,        // a quantized K's and V's scales plane, in words (kv_quant.wgsl)
+    v_scales: u32,
 }
 
 // Floats per (row, split) in `partials`: max, sum, and the accumulator's vec4s of the real

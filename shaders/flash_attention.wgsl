@@ -66,8 +66,8 @@ struct FlashParams {
     head_dim_v: u32,
     sinks: u32,       // 1: each head's softmax starts from its sink logit (gpt-oss)
     sink_base: u32,   // where those logits lie in `carry` (one per query head)
-    _pad1: u32,
-    _pad2: u32,
+    k_scales: u32,    // a quantized K's and V's scales plane, in words (kv_quant.wgsl)
+    v_scales: u32,
 }
 
 // Carried floats per query row: max, sum, and the accumulator's vec4s of the real head size.
@@ -76,10 +76,8 @@ fn carry_stride() -> u32 {
 }
 
 @group(0) @binding(0) var<uniform> p: FlashParams;
-// Q, K and V: one packed buffer bound three times, or one buffer each (at the params' offsets).
-@group(0) @binding(1) var<storage, read> q_in: array<QkvElem>;
-@group(0) @binding(2) var<storage, read> k_in: array<QkvElem>;
-@group(0) @binding(3) var<storage, read> v_in: array<QkvElem>;
+// Q, K and V, bindings 1-3: declared with their loads by flash_rows_float.wgsl or
+// flash_rows_quant.wgsl (the host appends one).
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 // Carried state; with sinks, also one logit per query head at p.sink_base (folded in here so
 // that the pass binds 6 storage buffers, what the crate asks of a device).
@@ -195,33 +193,6 @@ fn group_needs_mask(b: u32, i0: u32, i1: u32, j: u32) -> bool {
 const Q_ROW: u32 = 0u;
 const K_ROW: u32 = 1u;
 const V_ROW: u32 = 2u;
-
-// Element d of a Q, K or V row as stored (zero past the head size, for the vec4 padding).
-fn row_elem(which: u32, base: u32, d: u32, dim: u32) -> f32 {
-    if (d >= dim) {
-        return 0.0;
-    }
-    switch which {
-        case Q_ROW: { return f32(q_in[base + d]); }
-        case K_ROW: { return f32(k_in[base + d]); }
-        default: { return f32(v_in[base + d]); }
-    }
-}
-
-// Elements d .. d + 3 of the row at `base` as a vec4 (zero past the row's end), or zeros for
-// a key past the last one (`live` false).
-fn staged_vec4(which: u32, base: u32, d: u32, width: u32, live: bool) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (live) {
-        v = vec4<f32>(
-            row_elem(which, base, d, width),
-            row_elem(which, base, d + 1u, width),
-            row_elem(which, base, d + 2u, width),
-            row_elem(which, base, d + 3u, width),
-        );
-    }
-    return v;
-}
 
 // A quiet NaN. WGSL rejects NaN constants, so the bits are made a runtime value.
 fn nan() -> f32 {

@@ -36,6 +36,7 @@ pub mod error;
 pub mod gpu;
 pub mod io;
 pub mod kernels;
+pub mod kv_dtype;
 pub mod model;
 pub mod reference;
 pub mod sdpa;
@@ -56,6 +57,7 @@ pub use gpu::{
 pub use io::case::{Case, CaseResult, CaseVariant};
 pub use io::layouts::{LoadedWeights, WeightLayout};
 pub use io::safetensors::SafetensorsFile;
+pub use kv_dtype::KvDtype;
 pub use model::config::AttentionConfig;
 pub use model::mask::{Mask, MaskTensor, PaddingMask};
 pub use model::qk_norm::{NormKind, NormScope, QkNorm, QkNormWeights};

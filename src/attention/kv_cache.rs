@@ -15,6 +15,7 @@
 //! ([`MultiHeadAttention::forward_step_gpu_into`]).
 //! Growing past `capacity` is an [`Error::KvCacheFull`] and leaves the cache unchanged.
 
+mod read;
 mod sequence;
 mod step;
 
@@ -26,7 +27,8 @@ use crate::attention::kv_step_buffers::{carry_len, StepBuffers, FIRST_STEP_TOKEN
 use crate::attention::{AttentionPath, MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
 use crate::kernels::mask::MaskBuffers;
-use crate::kernels::QkvLayout;
+use crate::kernels::{KvFormat, QkvLayout};
+use crate::kv_dtype::KvDtype;
 use crate::sdpa::{DeviceTensor, Elem, Layout};
 
 /// Projected keys and values of the tokens seen so far, on the GPU, for one module.
@@ -62,6 +64,8 @@ pub struct KvCache {
     /// [`keys`](Self::keys) and [`values`](Self::values).
     kv_dims: [usize; 3],
     elem: Elem,
+    /// The element type of the keys and values, and a quantized chunk's scales planes.
+    format: KvFormat,
     /// Steps as recorded and as run: the sequence rule (see `kv_cache/sequence.rs`).
     ledger: sequence::Ledger,
 }
@@ -104,7 +108,30 @@ impl KvCache {
         capacity: usize,
         path: AttentionPath,
     ) -> Result<Self> {
-        Self::build(mha, batch, capacity, path, Chunks::Auto)
+        Self::build(mha, batch, capacity, path, Chunks::Auto, None)
+    }
+
+    /// [`new`](Self::new) with its keys and values stored as `dtype`: the module's own element
+    /// type (f32, or f16 over a [`Precision::F16`] module), or llama.cpp's q8_0 / q4_0 blocks of
+    /// 32 values along the head (see [`crate::kv_dtype`]) over a module of either precision —
+    /// about a quarter (q8_0) or a seventh (q4_0) of an f32 cache's bytes. New keys (after RoPE)
+    /// and values are quantized as they are appended; every step reads them dequantized,
+    /// accumulating in f32. A quantized cache runs the fused path only and needs head sizes
+    /// that are whole blocks: `Err` naming what does not fit.
+    pub fn new_with(
+        mha: &MultiHeadAttention,
+        batch: usize,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Result<Self> {
+        Self::build(
+            mha,
+            batch,
+            capacity,
+            AttentionPath::Auto,
+            Chunks::Auto,
+            Some(dtype),
+        )
     }
 
     fn build(
@@ -113,9 +140,35 @@ impl KvCache {
         capacity: usize,
         path: AttentionPath,
         chunks: Chunks,
+        dtype: Option<KvDtype>,
     ) -> Result<Self> {
         let c = mha.config;
         let gpu = &mha.gpu;
+        let own = match mha.qkv_elem_bytes() {
+            2 => KvDtype::F16,
+            _ => KvDtype::F32,
+        };
+        let dtype = dtype.unwrap_or(own);
+        if !dtype.quantized() && dtype != own {
+            return Err(Error::Unsupported {
+                adapter: gpu.describe(),
+                what: format!(
+                    "a {dtype} KV cache over a module storing {own} (a float cache holds the                      module's own type: make the module with the precision wanted, or quantize)"
+                ),
+            });
+        }
+        if dtype.quantized() {
+            if path == AttentionPath::MultiPass || mha.flash.is_none() {
+                return Err(Error::Unsupported {
+                    adapter: gpu.describe(),
+                    what: format!(
+                        "a {dtype} KV cache on the multi-pass path (quantized keys and values                          are read by the fused passes only)"
+                    ),
+                });
+            }
+            dtype.check_head_dim("the key head size (qk_head_dim)", c.qk_head_dim)?;
+            dtype.check_head_dim("the value head size (v_head_dim)", c.v_head_dim)?;
+        }
         // An f16 module keeps its K/V cache in f16 (half the bytes a decode step reads) and
         // runs only the fused path, which every capacity now has.
         if mha.precision() == Precision::F16 && path == AttentionPath::MultiPass {
@@ -162,9 +215,13 @@ impl KvCache {
         };
         let limit = gpu.binding_limit();
         let packed_bytes = elem * (k_elems + v_elems + b * h * cap * dk) as u64;
+        // A quantized cache is always chunked (its keys and values are projected to a scratch,
+        // then quantized into the chunks): one chunk of the capacity when that fits a binding.
+        let one_chunk = dtype.bytes_for(b * c.kv_heads * cap * dk.max(dv)) <= limit;
         let chunk_keys = match chunks {
-            Chunks::Auto if packed_bytes <= limit => None,
-            Chunks::Auto => Some(largest_chunk(mha, b, limit)?),
+            Chunks::Auto if dtype.quantized() && one_chunk => Some(cap),
+            Chunks::Auto if packed_bytes <= limit && !dtype.quantized() => None,
+            Chunks::Auto => Some(largest_chunk(mha, b, limit, dtype)?),
             Chunks::Keys(keys) => Some(keys.div_ceil(chunk_unit(mha)) * chunk_unit(mha)),
         };
         if chunk_keys.is_some() && !(fused && mha.flash.is_some()) {
@@ -230,7 +287,7 @@ impl KvCache {
             let rows = b * c.kv_heads * keys;
             gpu.check_fits(
                 "one chunk of the KV cache",
-                elem * (rows * dk.max(dv)) as u64,
+                dtype.bytes_for(rows * dk.max(dv)),
             )?;
         }
         let groups = (b * h).max((b * m).div_ceil(64));
@@ -239,7 +296,8 @@ impl KvCache {
             [groups.min(u32::MAX as usize) as u32, 1, 1],
         )?;
         gpu.scoped("allocating a KV cache", || {
-            let none = wgpu::BufferUsages::empty();
+            // Read back by `read_keys_values`.
+            let none = wgpu::BufferUsages::COPY_SRC;
             let (kv, k_chunks, v_chunks) = match chunk_keys {
                 None => (
                     Some(gpu.storage("KV cache", elem * (k_elems + v_elems) as u64, none)),
@@ -250,7 +308,7 @@ impl KvCache {
                     let chunk = |d: usize, label: &str| -> Vec<wgpu::Buffer> {
                         (0..cap.div_ceil(keys))
                             .map(|_| {
-                                gpu.storage(label, elem * (b * c.kv_heads * keys * d) as u64, none)
+                                gpu.storage(label, dtype.bytes_for(b * c.kv_heads * keys * d), none)
                             })
                             .collect()
                     };
@@ -280,11 +338,25 @@ impl KvCache {
                     .then(|| gpu.storage("step scores", 4 * (b * h * cap * cap) as u64, none)),
                 mask: MaskBuffers::new(gpu, 0),
                 values_from_keys: c.values_from_keys,
-                per_token: elem * (c.kv_heads * (dk + dv * !c.values_from_keys as usize)) as u64,
+                per_token: dtype.bytes_per(c.kv_heads * (dk + dv * !c.values_from_keys as usize)),
                 kv_dims: [c.kv_heads, dk, dv],
-                elem: match elem {
-                    2 => Elem::F16,
-                    _ => Elem::F32,
+                elem: match dtype {
+                    KvDtype::F32 => Elem::F32,
+                    KvDtype::F16 => Elem::F16,
+                    KvDtype::Q8_0 => Elem::Q8_0,
+                    KvDtype::Q4_0 => Elem::Q4_0,
+                },
+                format: {
+                    let keys = chunk_keys.unwrap_or(cap);
+                    let k_scales = dtype.scales_word(b * c.kv_heads * keys * dk) as u32;
+                    KvFormat {
+                        dtype,
+                        k_scales,
+                        v_scales: match c.values_from_keys {
+                            true => k_scales,
+                            false => dtype.scales_word(b * c.kv_heads * keys * dv) as u32,
+                        },
+                    }
                 },
                 ledger: Default::default(),
             }
@@ -306,13 +378,36 @@ impl KvCache {
                 "a KV cache chunk needs at least one token".into(),
             ));
         }
+        Self::chunked_with(mha, batch, capacity, chunk_keys, None)
+    }
+
+    /// [`chunked`](Self::chunked) with its keys and values stored as `dtype` (see
+    /// [`new_with`](Self::new_with)); `None`: the module's type.
+    pub fn chunked_with(
+        mha: &MultiHeadAttention,
+        batch: usize,
+        capacity: usize,
+        chunk_keys: usize,
+        dtype: Option<KvDtype>,
+    ) -> Result<Self> {
+        if chunk_keys == 0 {
+            return Err(Error::Misuse(
+                "a KV cache chunk needs at least one token".into(),
+            ));
+        }
         Self::build(
             mha,
             batch,
             capacity,
             AttentionPath::Fused,
             Chunks::Keys(chunk_keys),
+            dtype,
         )
+    }
+
+    /// The element type of its keys and values.
+    pub fn dtype(&self) -> KvDtype {
+        self.format.dtype
     }
 
     /// The multiple of which a chunked cache's chunks hold tokens: every key range the
@@ -431,9 +526,14 @@ impl KvCache {
             let t = DeviceTensor::new(buffer, [self.batch, kv_heads, n, d], Layout::Bhld)
                 .with_capacity(capacity)
                 .at_offset(offset);
+            let scales = match keys {
+                true => self.format.k_scales,
+                false => self.format.v_scales,
+            };
             match self.elem {
                 Elem::F16 => t.f16(),
                 Elem::F32 => t,
+                quant => t.quantized(quant, scales as usize),
             }
         };
         if self.len == 0 {

@@ -31,10 +31,20 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 /// The most tokens per chunk whose keys or values fit one binding of `limit` bytes.
-pub(crate) fn largest_chunk(mha: &MultiHeadAttention, batch: usize, limit: u64) -> Result<usize> {
+pub(crate) fn largest_chunk(
+    mha: &MultiHeadAttention,
+    batch: usize,
+    limit: u64,
+    dtype: crate::KvDtype,
+) -> Result<usize> {
     let c = &mha.config;
-    let per_token =
-        mha.qkv_elem_bytes() * (batch * c.kv_heads * c.qk_head_dim.max(c.v_head_dim)) as u64;
+    let values = batch * c.kv_heads * c.qk_head_dim.max(c.v_head_dim);
+    // A float cache stores the module's type; a quantized one its blocks (plus a word of
+    // rounding per plane).
+    let per_token = match dtype.quantized() {
+        true => dtype.bytes_per(values) + 1,
+        false => mha.qkv_elem_bytes() * values as u64,
+    };
     let unit = chunk_unit(mha) as u64;
     let units = limit / (per_token * unit).max(1);
     if units == 0 {

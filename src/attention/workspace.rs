@@ -120,6 +120,10 @@ pub(crate) fn dispatches(
         v_head_dim: dv,
     };
     let mut core = CoreProblem::head_split(dims, c.scale(), layout);
+    // A quantized cache's chunks: the attention passes read its blocks.
+    if let Some(chunks) = b.chunks {
+        core.layout.kv = chunks.format;
+    }
     let out_rows = match b.at.out_rows {
         0 => g.lq,
         rows => rows as usize,

@@ -22,6 +22,7 @@ pub const LANE_KEYS_WGSL: &str = include_str!("../../shaders/decode_lane_keys.wg
 pub const PARAMS_WGSL: &str = include_str!("../../shaders/decode_params.wgsl");
 pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/decode_rows_vec4.wgsl");
 pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/decode_rows_scalar.wgsl");
+pub const ROWS_QUANT_WGSL: &str = include_str!("../../shaders/decode_rows_quant.wgsl");
 pub const REDUCE_WGSL: &str = include_str!("../../shaders/decode_reduce.wgsl");
 
 /// Most query rows one workgroup serves: `kv_group · Lq` (GQA group × the step's rows).
@@ -80,6 +81,9 @@ pub struct DecodeShape {
     /// about 1.8× faster at d128 (`bench --only decode`). A GPU would hold far too many
     /// registers per lane (q and the accumulator of every row).
     pub lane_keys: bool,
+    /// Bits of a quantized K/V value (8: q8_0, 4: q4_0; `decode_rows_quant.wgsl`), 0 for
+    /// float K/V (of Q's element type).
+    pub kv_bits: u32,
 }
 
 impl DecodeShape {
@@ -107,6 +111,7 @@ impl DecodeShape {
             lane_keys: class == KernelClass::Cpu
                 && qk_cap.max(v_cap) <= LANE_KEYS_MAX_HEAD_DIM
                 && row_vec4s <= LANE_KEYS_MAX_ROW_VEC4S,
+            kv_bits: 0,
         }
     }
 
@@ -268,6 +273,9 @@ pub struct DecodeParams {
     /// The module's head sizes; the shader holds [`head_cap`] of each.
     pub head_dim_qk: u32,
     pub head_dim_v: u32,
+    /// Where a quantized K's and V's scales start, in words ([`KvFormat`]).
+    pub k_scales: u32,
+    pub v_scales: u32,
 }
 
 /// Mirrors `ReduceParams` in `decode_reduce.wgsl`.
@@ -289,10 +297,15 @@ pub struct ReduceParams {
 
 /// The full source: sizes and element type, the mask rule, the body.
 pub fn source(s: DecodeShape) -> String {
-    let rows = if s.vec4_rows {
-        ROWS_VEC4_WGSL
+    let rows = match (s.kv_bits, s.vec4_rows) {
+        (0, true) => ROWS_VEC4_WGSL,
+        (0, false) => ROWS_SCALAR_WGSL,
+        _ => ROWS_QUANT_WGSL,
+    };
+    let kv_quant = if s.kv_bits > 0 {
+        super::KV_QUANT_WGSL
     } else {
-        ROWS_SCALAR_WGSL
+        ""
     };
     if s.lane_keys {
         let prelude = Prelude::new()
@@ -301,11 +314,13 @@ pub fn source(s: DecodeShape) -> String {
             .u32("ROWS", s.rows as u32)
             .u32("THREADS", s.threads as u32)
             .u32("KEYS", s.keys_per_split() as u32)
+            .u32("KV_BITS", s.kv_bits)
             .elem("QkvElem", s.f16);
         let parts = [
             super::ROWS_WGSL,
             super::mask::WGSL,
             PARAMS_WGSL,
+            kv_quant,
             rows,
             LANE_KEYS_WGSL,
         ];
@@ -324,11 +339,13 @@ pub fn source(s: DecodeShape) -> String {
         .u32("V_LANES", v_lanes as u32)
         .u32("V_VECS", v_vecs as u32)
         .u32("ACC_SHARED", s.acc_shared() as u32)
+        .u32("KV_BITS", s.kv_bits)
         .elem("QkvElem", s.f16);
     super::mask::prelude(prelude).source(&[
         super::ROWS_WGSL,
         super::mask::WGSL,
         PARAMS_WGSL,
+        kv_quant,
         rows,
         WGSL,
     ])
@@ -385,6 +402,7 @@ pub fn dispatches(
         && c.qk_head_dim.is_multiple_of(4)
         && c.v_head_dim.is_multiple_of(4)
         && [l.q, l.k, l.v].iter().all(RowStrides::vec4_aligned);
+    shape.kv_bits = l.kv.dtype.quant_bits();
     let splits = shape.splits(c.lk);
     let per_split = shape.keys_per_split();
     let key = format!("decode_attention {shape:?}");
@@ -412,6 +430,8 @@ pub fn dispatches(
             key_base: span.key_base as u32,
             head_dim_qk: c.qk_head_dim as u32,
             head_dim_v: c.v_head_dim as u32,
+            k_scales: l.kv.k_scales,
+            v_scales: l.kv.v_scales,
         };
         let groups = [span_splits as u32, (c.batch * kv_heads) as u32, 1];
         gpu.check_workgroups("decode attention", groups)?;

@@ -62,6 +62,9 @@ pub const GROUP_WGSL: &str = include_str!("../../shaders/flash_group.wgsl");
 /// One lane per key reads them and a subgroup broadcast hands them round (see
 /// [`subgroup_kv`]).
 pub const KV_SUBGROUP_WGSL: &str = include_str!("../../shaders/flash_kv_subgroup.wgsl");
+/// Q, K and V loads of float K/V, and of quantized K/V.
+pub const ROWS_FLOAT_WGSL: &str = include_str!("../../shaders/flash_rows_float.wgsl");
+pub const ROWS_QUANT_WGSL: &str = include_str!("../../shaders/flash_rows_quant.wgsl");
 
 /// Threads per workgroup (`THREADS` in the shader): one 8-lane SIMD vector on a CPU adapter
 /// (llvmpipe), two warps (or one AMD wave) on a GPU. Not measured on a GPU: this task had none.
@@ -149,8 +152,9 @@ pub struct FlashParams {
     /// 1: each head's softmax includes its sink logit, read from `carry` at `sink_base`.
     pub sinks: u32,
     pub sink_base: u32,
-    pub _pad1: u32,
-    pub _pad2: u32,
+    /// Where a quantized K's and V's scales start, in words ([`super::KvFormat`]).
+    pub k_scales: u32,
+    pub v_scales: u32,
 }
 
 /// Resume from the carried state (every key range but the first).
@@ -261,6 +265,9 @@ pub struct FlashShape {
     pub f16: bool,
     /// A key group's K/V vec4s are read once per subgroup and broadcast ([`subgroup_kv`]).
     pub subgroup_kv: bool,
+    /// Bits of a quantized K/V value (8: q8_0, 4: q4_0; `flash_rows_quant.wgsl`), 0 for
+    /// float K/V (of Q's element type).
+    pub kv_bits: u32,
 }
 
 /// Whether the fused pass shares K/V reads across a subgroup on this adapter: CPU kernels
@@ -289,7 +296,12 @@ pub fn source(s: FlashShape) -> String {
         .u32("THREADS", s.threads)
         .u32("CARRY_IN", CARRY_IN)
         .u32("CARRY_OUT", CARRY_OUT)
+        .u32("KV_BITS", s.kv_bits)
         .elem("QkvElem", s.f16);
+    let (kv_quant, rows) = match s.kv_bits {
+        0 => ("", ROWS_FLOAT_WGSL),
+        _ => (super::KV_QUANT_WGSL, ROWS_QUANT_WGSL),
+    };
     let kv = if s.subgroup_kv {
         KV_SUBGROUP_WGSL
     } else {
@@ -301,6 +313,8 @@ pub fn source(s: FlashShape) -> String {
         kv,
         GROUP_WGSL,
         WGSL,
+        kv_quant,
+        rows,
     ])
 }
 
@@ -393,6 +407,7 @@ impl Flash {
             threads,
             f16,
             subgroup_kv: subgroup_kv(gpu, threads),
+            kv_bits: 0,
         };
         // The loop cap is the software rasteriser's, whichever kernels it runs.
         let software = super::is_software(gpu);
@@ -455,6 +470,20 @@ impl Flash {
         ];
         let [words, mask_params] = b.mask.bindings();
         let tiles = (c.lk as u32).div_ceil(self.shape.kv_tile).max(1);
+        // Quantized K/V: the same shape reading blocks (compiled once per device).
+        let kv = c.layout.kv;
+        let pass = match kv.dtype.quant_bits() {
+            0 => self.pass.clone(),
+            bits => {
+                let shape = FlashShape {
+                    kv_bits: bits,
+                    ..self.shape
+                };
+                let key = format!("flash_attention {shape:?}");
+                let spec = PassSpec::main("flash_attention", SLOTS);
+                gpu.compile(&key, &spec, || source(shape))
+            }
+        };
         let mut chain = Vec::new();
         for span in kv_spans(&b.qkv, b.chunks, c.lk, &c.layout.ranges) {
             let r = &c.layout.ranges;
@@ -501,9 +530,10 @@ impl Flash {
                     head_dim_v: c.v_head_dim as u32,
                     sinks: b.sinks as u32,
                     sink_base: sink_base(b.carry, c.heads),
-                    ..Default::default()
+                    k_scales: kv.k_scales,
+                    v_scales: kv.v_scales,
                 };
-                chain.push(Dispatch::new(gpu, self.pass.clone(), &p, &buffers, groups)?);
+                chain.push(Dispatch::new(gpu, pass.clone(), &p, &buffers, groups)?);
             }
         }
         Ok(chain)

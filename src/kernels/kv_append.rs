@@ -9,6 +9,8 @@ use crate::kernels::source::Prelude;
 use crate::kernels::KvChunks;
 
 pub const WGSL: &str = include_str!("../../shaders/kv_append.wgsl");
+/// Into a quantized chunk: one invocation per block of 32 values.
+pub const QUANT_WGSL: &str = include_str!("../../shaders/kv_append_quant.wgsl");
 
 /// Invocations per workgroup (one element each).
 const WORKGROUP: u64 = 64;
@@ -26,7 +28,8 @@ pub struct AppendParams {
     pub dst_stride: u32,
     pub dst_first: u32,
     pub groups_x: u32,
-    pub _pad0: u32,
+    /// A quantized chunk's scales plane, in words (`kv_append_quant.wgsl`).
+    pub dst_scales: u32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -45,9 +48,16 @@ pub struct NewRows<'a> {
     pub first: usize,
 }
 
-/// The full source: the element type, then the body.
-pub fn source(f16: bool) -> String {
-    Prelude::new().elem("QkvElem", f16).source(&[WGSL])
+/// The full source: the element type, then the body; into blocks of `kv_bits`-bit quants
+/// (8, 4) when not 0.
+pub fn source(f16: bool, kv_bits: u32) -> String {
+    match kv_bits {
+        0 => Prelude::new().elem("QkvElem", f16).source(&[WGSL]),
+        bits => Prelude::new()
+            .elem("QkvElem", f16)
+            .u32("KV_BITS", bits)
+            .source(&[QUANT_WGSL]),
+    }
 }
 
 const SLOTS: &[Slot] = &[Slot::Uniform(0), Slot::Read(1), Slot::Write(4)];
@@ -60,8 +70,18 @@ pub fn dispatches(
     chunks: &KvChunks,
     keys: bool,
 ) -> Result<Vec<Dispatch>> {
-    let label = if f16 { "kv_append f16" } else { "kv_append" };
-    let pass = gpu.compile(label, &PassSpec::main(label, SLOTS), || source(f16));
+    let bits = chunks.format.dtype.quant_bits();
+    let label = format!("kv_append f16={f16} bits={bits}");
+    let pass = gpu.compile(&label, &PassSpec::main("kv_append", SLOTS), || {
+        source(f16, bits)
+    });
+    // A quantized chunk is written a block of 32 values per invocation.
+    let per_invocation = if bits > 0 { crate::kv_dtype::BLOCK } else { 1 };
+    let scales = if keys {
+        chunks.format.k_scales
+    } else {
+        chunks.format.v_scales
+    };
     let per_chunk = chunks.keys.max(1);
     let buffers = if keys { chunks.k } else { chunks.v };
     let mut chain = Vec::new();
@@ -76,7 +96,7 @@ pub fn dispatches(
                 buffers.len()
             )));
         };
-        let elements = (rows.blocks * count * rows.width) as u64;
+        let elements = (rows.blocks * count * rows.width / per_invocation) as u64;
         let groups = elements.div_ceil(WORKGROUP).max(1);
         let max = gpu.limits().max_compute_workgroups_per_dimension as u64;
         let groups_x = groups.min(max);
@@ -92,6 +112,7 @@ pub fn dispatches(
             dst_stride: per_chunk as u32,
             dst_first: (key - chunk * per_chunk) as u32,
             groups_x: groups_x as u32,
+            dst_scales: scales,
             ..Default::default()
         };
         chain.push(Dispatch::new(

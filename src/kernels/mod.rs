@@ -40,6 +40,8 @@ use source::Prelude;
 pub const GEMM_TILE_WGSL: &str = include_str!("../../shaders/gemm_tile.wgsl");
 /// `RowStrides` and `row_start`: where the attention passes find a tensor's rows ([`RowStrides`]).
 pub const ROWS_WGSL: &str = include_str!("../../shaders/rows.wgsl");
+/// Dequantizing q8_0 / q4_0 K/V words (see [`crate::kv_dtype`]), for the passes that read them.
+pub const KV_QUANT_WGSL: &str = include_str!("../../shaders/kv_quant.wgsl");
 
 /// Output rows and columns of one workgroup of the shared GEMM tile (`TILE_M`, `TILE_N`).
 pub const GEMM_TILE: u32 = 64;
@@ -126,6 +128,8 @@ pub struct KvChunks<'a> {
     pub k: &'a [wgpu::Buffer],
     pub v: &'a [wgpu::Buffer],
     pub keys: usize,
+    /// Their element type, and where a quantized chunk's scales start (every chunk alike).
+    pub format: KvFormat,
 }
 
 /// One dispatch's view of K and V: buffers whose row 0 is key `key_base`, holding keys up to
@@ -291,6 +295,18 @@ pub struct CoreLayout {
     /// buffers, the module's own); a caller's view into a larger arena binds only the aligned
     /// range it needs, its element offsets counted from the range's start.
     pub ranges: BoundRanges,
+    /// How K and V are stored when quantized (default: floats of Q's element type).
+    pub kv: KvFormat,
+}
+
+/// A quantized K/V's element type and where each buffer's scales plane starts, in words (see
+/// [`crate::kv_dtype`]); the passes read floats of Q's element type where `dtype` is not a
+/// quantized one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvFormat {
+    pub dtype: crate::KvDtype,
+    pub k_scales: u32,
+    pub v_scales: u32,
 }
 
 /// `(offset, size)` byte ranges bound of the Q, K, V and output buffers (see
@@ -328,6 +344,7 @@ impl CoreProblem {
                 kv_group: qkv.kv_group,
                 whole_vec4s: true,
                 ranges: BoundRanges::default(),
+                kv: KvFormat::default(),
             },
         }
     }

@@ -180,6 +180,7 @@ impl<'a> Problem<'a> {
                 out: views[3].strides,
                 kv_group: kv_group as u32,
                 whole_vec4s: views[..3].iter().all(|v| v.whole_vec4s),
+                kv: Default::default(),
                 ranges: BoundRanges {
                     q: Some(views[0].range),
                     k: Some(views[1].range),

@@ -23,13 +23,31 @@ pub enum Elem {
     F32,
     /// Needs the device's `SHADER_F16`; q, k and v only (the output is f32), fused path only.
     F16,
+    /// llama.cpp's q8_0 blocks in the device's planes (see [`crate::kv_dtype`]): k and v only,
+    /// fused path only; the tensor's [`scales`](DeviceTensor::scales) says where its scales lie.
+    Q8_0,
+    /// llama.cpp's q4_0 blocks, as [`Elem::Q8_0`].
+    Q4_0,
 }
 
 impl Elem {
+    /// Bytes per element of a float type; a quantized one's quants (its scales aside) take
+    /// less than a byte, see [`crate::KvDtype::bytes_for`].
     pub fn bytes(self) -> u64 {
         match self {
             Elem::F32 => 4,
             Elem::F16 => 2,
+            Elem::Q8_0 | Elem::Q4_0 => 1,
+        }
+    }
+
+    /// The KV element type it is.
+    pub fn kv_dtype(self) -> crate::KvDtype {
+        match self {
+            Elem::F32 => crate::KvDtype::F32,
+            Elem::F16 => crate::KvDtype::F16,
+            Elem::Q8_0 => crate::KvDtype::Q8_0,
+            Elem::Q4_0 => crate::KvDtype::Q4_0,
         }
     }
 }
@@ -47,6 +65,10 @@ pub struct DeviceTensor<'a> {
     /// of this capacity whose first L rows are attended. Default L.
     pub capacity: usize,
     pub elem: Elem,
+    /// A quantized tensor's scales plane: element `e`'s f16 scale is half `2·scales + e/32` of
+    /// the buffer's u32 words, `e` counted from the buffer's start (offset included). Unused
+    /// for float tensors.
+    pub scales: usize,
 }
 
 impl<'a> DeviceTensor<'a> {
@@ -59,6 +81,7 @@ impl<'a> DeviceTensor<'a> {
             offset: 0,
             capacity: shape[2],
             elem: Elem::F32,
+            scales: 0,
         }
     }
 
@@ -74,6 +97,16 @@ impl<'a> DeviceTensor<'a> {
     pub fn with_capacity(self, rows: usize) -> Self {
         DeviceTensor {
             capacity: rows,
+            ..self
+        }
+    }
+
+    /// The same tensor stored as quantized blocks of `elem` ([`Elem::Q8_0`], [`Elem::Q4_0`])
+    /// with their scales plane from word `scales` (see [`scales`](Self::scales)).
+    pub fn quantized(self, elem: Elem, scales: usize) -> Self {
+        DeviceTensor {
+            elem,
+            scales,
             ..self
         }
     }

@@ -422,6 +422,7 @@ impl MultiHeadAttention {
                 k: &cache.k_chunks,
                 v: &cache.v_chunks,
                 keys: cache.chunk_keys,
+                format: cache.format,
             }),
             at: Placement::default(),
         };

@@ -1,0 +1,27 @@
+// kv_quant: reading llama.cpp's q8_0 / q4_0 blocks from a quantized K/V buffer (see
+// src/kv_dtype.rs): two planes of u32 words, the quants of logical elements 0..E (element e in
+// byte e, or nibble e) then the scales, element e's f16 scale at half 2·scales + e/32. The host's
+// prelude defines KV_BITS (8 or 4); the passes bind the words and call these on what they load.
+
+// The word holding elements e .. e + 3 (e a multiple of 4).
+fn quant_word(e: u32) -> u32 {
+    return e * KV_BITS / 32u;
+}
+
+// The word holding element e's scale, from a plane starting at word `scales`.
+fn scale_word(scales: u32, e: u32) -> u32 {
+    return scales + e / 64u;
+}
+
+// Elements e .. e + 3 from their quant word `q` and scale word `s`, as f32.
+fn dequant4(q: u32, s: u32, e: u32) -> vec4<f32> {
+    let d = unpack2x16float(s)[(e / 32u) & 1u];
+    if (KV_BITS == 8u) {
+        // Bytes as two's complement: each moved to the top, then shifted down with its sign.
+        let b = bitcast<vec4<i32>>(vec4<u32>(q << 24u, q << 16u, q << 8u, q)) >> vec4<u32>(24u);
+        return vec4<f32>(b) * d;
+    }
+    let h = q >> (16u * ((e / 4u) & 1u));
+    let n = vec4<u32>(h, h >> 4u, h >> 8u, h >> 12u) & vec4<u32>(15u);
+    return (vec4<f32>(n) - 8.0) * d;
+}
