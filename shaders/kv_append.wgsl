@@ -15,7 +15,7 @@ struct AppendParams {
     dst_stride: u32,  // rows per block of the chunk (its keys)
     dst_first: u32,
     groups_x: u32,
-    _pad0: u32,
+    dst_scales: u32,  // kv_append_quant's; unused here
     _pad1: u32,
     _pad2: u32,
 }

@@ -45,8 +45,7 @@ fn check_round_trip(label: &str, dtype: KvDtype, exact: &Tensor, stored: &Tensor
         // The device rounds its scale to f16 itself: allow that rounding's worth of slack.
         let d = quantize_block(dtype, x).0.to_f32().abs() as f64;
         for (i, (&a, &b)) in x.iter().zip(y).enumerate() {
-            let at_clamp = dtype == KvDtype::Q4_0 && (a as f64) / d >= 7.45
-                || dtype == KvDtype::Q4_0 && -(a as f64) / d >= 7.45;
+            let at_clamp = dtype == KvDtype::Q4_0 && (a as f64 / d).abs() >= 7.45;
             let step = if at_clamp { d } else { d / 2.0 };
             let err = (a as f64 - b as f64).abs();
             assert!(

@@ -45,6 +45,7 @@ fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> FlashShape {
         threads: 8,
         f16,
         subgroup_kv: false,
+        kv_bits: 0,
     }
 }
 
@@ -69,8 +70,10 @@ fn all_sources() -> Vec<(String, String)> {
         ("output gate".to_string(), output_gate::source()),
         ("clamp f16".to_string(), clamp::source(true)),
         ("qk_norm f16".to_string(), qk_norm::source(true)),
-        ("kv_append".to_string(), kv_append::source(false)),
-        ("kv_append f16".to_string(), kv_append::source(true)),
+        ("kv_append".to_string(), kv_append::source(false, 0)),
+        ("kv_append f16".to_string(), kv_append::source(true, 0)),
+        ("kv_append q8_0".to_string(), kv_append::source(false, 8)),
+        ("kv_append f16 q4_0".to_string(), kv_append::source(true, 4)),
         (
             "merge_state".to_string(),
             wgpu_mha::kernels::merge_state::WGSL.to_string(),
@@ -113,6 +116,13 @@ fn all_sources() -> Vec<(String, String)> {
                         ..flash_shape(dk, dv, rows, f16)
                     };
                     all.push((format!("flash {s:?}"), flash_attention::source(s)));
+                    // Quantized K/V: head sizes of whole blocks.
+                    if dk % 32 == 0 && dv % 32 == 0 {
+                        for kv_bits in [8, 4] {
+                            let s = FlashShape { kv_bits, ..s };
+                            all.push((format!("flash {s:?}"), flash_attention::source(s)));
+                        }
+                    }
                 }
             }
         }
@@ -180,6 +190,12 @@ fn all_sources() -> Vec<(String, String)> {
                         let mut s = DecodeShape::new(class, dk, dv, rows, f16);
                         s.vec4_rows = vec4_rows;
                         all.push((format!("decode {s:?}"), decode::source(s)));
+                        if dk % 32 == 0 && dv % 32 == 0 && !vec4_rows {
+                            for kv_bits in [8, 4] {
+                                let s = DecodeShape { kv_bits, ..s };
+                                all.push((format!("decode {s:?}"), decode::source(s)));
+                            }
+                        }
                     }
                 }
             }
@@ -361,8 +377,8 @@ fn uniform_structs_match_their_wgsl_layout() {
                     head_dim_v,
                     sinks,
                     sink_base,
-                    _pad1,
-                    _pad2
+                    k_scales,
+                    v_scales
                 ]
             ),
         ),
@@ -457,7 +473,9 @@ fn uniform_structs_match_their_wgsl_layout() {
                     split_base,
                     key_base,
                     head_dim_qk,
-                    head_dim_v
+                    head_dim_v,
+                    k_scales,
+                    v_scales
                 ]
             ),
         ),
@@ -620,12 +638,22 @@ fn uniform_structs_match_their_wgsl_layout() {
             ),
         ),
         (
-            kv_append::source(false),
+            kv_append::source(false, 0),
             host_layout!(
                 AppendParams,
                 [
                     blocks, count, width, src_offset, src_stride, src_first, dst_stride, dst_first,
-                    groups_x, _pad0, _pad1, _pad2
+                    groups_x, dst_scales, _pad1, _pad2
+                ]
+            ),
+        ),
+        (
+            kv_append::source(false, 8),
+            host_layout!(
+                AppendParams,
+                [
+                    blocks, count, width, src_offset, src_stride, src_first, dst_stride, dst_first,
+                    groups_x, dst_scales, _pad1, _pad2
                 ]
             ),
         ),
