@@ -89,12 +89,28 @@ fn load_query(w: Work, r: u32) {
 }
 
 // Vec4s c0 .. c0 + CHUNK of the key row at `base` dotted with every row's q.
-fn dot_chunk(base: u32, c0: u32) {
-    for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let k = key4(base, c);
+// Vec4s c0 .. c0 + 2·CHUNK (a block of 32 values; the second chunk only where the head has
+// it) of the key row at `base` dotted with every row's q. The block is read at once (key32):
+// a quantized row's block is one or two vec4s of words and one scale, by which the block's dot
+// products are multiplied once. CHUNK is 4 and head caps are multiples of 16, so every chunk
+// is whole.
+fn dot_block(base: u32, c0: u32) {
+    let k = key32(base, c0);
+    var part: array<vec4<f32>, ROW_VECS>;
+    for (var i = 0u; i < CHUNK; i++) {
         for (var r = 0u; r < ROWS; r++) {
-            key_dots[r / 4u][r % 4u] += dot(q[r * DK4 + c], k);
+            part[r / 4u][r % 4u] += dot(q[r * DK4 + c0 + i], k.lo[i]);
         }
+    }
+    if (c0 + CHUNK < DK4) {
+        for (var i = 0u; i < CHUNK; i++) {
+            for (var r = 0u; r < ROWS; r++) {
+                part[r / 4u][r % 4u] += dot(q[r * DK4 + c0 + CHUNK + i], k.hi[i]);
+            }
+        }
+    }
+    for (var n = 0u; n < ROW_VECS; n++) {
+        key_dots[n] += k.scale * part[n];
     }
 }
 
@@ -112,12 +128,24 @@ fn mask_scores(w: Work, n: u32, j: u32, live: bool, slot: u32) {
     lane_max[n] = max(lane_max[n], s);
 }
 
-// Vec4s c0 .. c0 + CHUNK of the value row at `base`, weighted, added to every row's acc.
-fn value_chunk(base: u32, c0: u32) {
-    for (var c = c0; c < min(c0 + CHUNK, DV4); c++) {
-        let v = value4(base, c);
+// Vec4s c0 .. c0 + 2·CHUNK (a block, as dot_block) of the value row at `base`, weighted, added
+// to every row's acc; a quantized block's scale joins the weights once.
+fn value_block(base: u32, c0: u32) {
+    let v = value32(base, c0);
+    var wd: array<vec4<f32>, ROW_VECS>;
+    for (var n = 0u; n < ROW_VECS; n++) {
+        wd[n] = v.scale * weights[n];
+    }
+    for (var i = 0u; i < CHUNK; i++) {
         for (var r = 0u; r < ROWS; r++) {
-            acc[r * DV4 + c] += weights[r / 4u][r % 4u] * v;
+            acc[r * DV4 + c0 + i] += wd[r / 4u][r % 4u] * v.lo[i];
+        }
+    }
+    if (c0 + CHUNK < DV4) {
+        for (var i = 0u; i < CHUNK; i++) {
+            for (var r = 0u; r < ROWS; r++) {
+                acc[r * DV4 + c0 + CHUNK + i] += wd[r / 4u][r % 4u] * v.hi[i];
+            }
         }
     }
 }
@@ -210,14 +238,10 @@ fn score_keys(w: Work) {
         for (var n = 0u; n < ROW_VECS; n++) {
             key_dots[n] = vec4<f32>(0.0);
         }
-        dot_chunk(base, 0u);
-        if (CHUNK < DK4) { dot_chunk(base, CHUNK); }
-        if (2u * CHUNK < DK4) { dot_chunk(base, 2u * CHUNK); }
-        if (3u * CHUNK < DK4) { dot_chunk(base, 3u * CHUNK); }
-        if (4u * CHUNK < DK4) { dot_chunk(base, 4u * CHUNK); }
-        if (5u * CHUNK < DK4) { dot_chunk(base, 5u * CHUNK); }
-        if (6u * CHUNK < DK4) { dot_chunk(base, 6u * CHUNK); }
-        if (7u * CHUNK < DK4) { dot_chunk(base, 7u * CHUNK); }
+        dot_block(base, 0u);
+        if (2u * CHUNK < DK4) { dot_block(base, 2u * CHUNK); }
+        if (4u * CHUNK < DK4) { dot_block(base, 4u * CHUNK); }
+        if (6u * CHUNK < DK4) { dot_block(base, 6u * CHUNK); }
         let slot = step * THREADS + w.t;
         mask_scores(w, 0u, j, j < w.end, slot);
         if (ROW_VECS > 1u) { mask_scores(w, 1u, j, j < w.end, slot); }
@@ -234,14 +258,10 @@ fn add_values(w: Work) {
             weights[n] = select(vec4<f32>(0.0), exp(s - lane_max[n]), j < w.end);
             lane_sum[n] += weights[n];
         }
-        value_chunk(base, 0u);
-        if (CHUNK < DV4) { value_chunk(base, CHUNK); }
-        if (2u * CHUNK < DV4) { value_chunk(base, 2u * CHUNK); }
-        if (3u * CHUNK < DV4) { value_chunk(base, 3u * CHUNK); }
-        if (4u * CHUNK < DV4) { value_chunk(base, 4u * CHUNK); }
-        if (5u * CHUNK < DV4) { value_chunk(base, 5u * CHUNK); }
-        if (6u * CHUNK < DV4) { value_chunk(base, 6u * CHUNK); }
-        if (7u * CHUNK < DV4) { value_chunk(base, 7u * CHUNK); }
+        value_block(base, 0u);
+        if (2u * CHUNK < DV4) { value_block(base, 2u * CHUNK); }
+        if (4u * CHUNK < DV4) { value_block(base, 4u * CHUNK); }
+        if (6u * CHUNK < DV4) { value_block(base, 6u * CHUNK); }
     }
 }
 

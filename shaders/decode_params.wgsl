@@ -41,3 +41,11 @@ fn part_stride() -> u32 {
 
 @group(0) @binding(0) var<uniform> p: DecodeParams;
 @group(0) @binding(4) var<storage, read_write> partials: array<f32>;
+
+// A block's 32 values as decode_lane_keys takes them, unscaled (q or q − 8), in two runs of
+// 16, and its scale (the float loads give scale 1).
+struct Block32 {
+    lo: array<vec4<f32>, 4>,
+    hi: array<vec4<f32>, 4>,
+    scale: f32,
+}

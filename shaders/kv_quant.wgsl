@@ -13,15 +13,30 @@ fn scale_word(scales: u32, e: u32) -> u32 {
     return scales + e / 64u;
 }
 
+// Element e's scale, from its scale word `s` (unpack2x16float needs no SHADER_F16).
+fn kv_scale(s: u32, e: u32) -> f32 {
+    return unpack2x16float(s)[(e / 32u) & 1u];
+}
+
+// The four q8_0 quants of a word: bytes as two's complement, each moved to the top and
+// shifted down with its sign.
+fn q8x4(q: u32) -> vec4<f32> {
+    let b = bitcast<vec4<i32>>(vec4<u32>(q << 24u, q << 16u, q << 8u, q)) >> vec4<u32>(24u);
+    return vec4<f32>(b);
+}
+
+// The four q4_0 values in nibbles 0..3 (`upper` 0) or 4..7 (1) of a word, q − 8.
+fn q4x4(q: u32, upper: u32) -> vec4<f32> {
+    let h = q >> (16u * upper);
+    let n = vec4<u32>(h, h >> 4u, h >> 8u, h >> 12u) & vec4<u32>(15u);
+    return vec4<f32>(n) - 8.0;
+}
+
 // Elements e .. e + 3 from their quant word `q` and scale word `s`, as f32.
 fn dequant4(q: u32, s: u32, e: u32) -> vec4<f32> {
-    let d = unpack2x16float(s)[(e / 32u) & 1u];
+    let d = kv_scale(s, e);
     if (KV_BITS == 8u) {
-        // Bytes as two's complement: each moved to the top, then shifted down with its sign.
-        let b = bitcast<vec4<i32>>(vec4<u32>(q << 24u, q << 16u, q << 8u, q)) >> vec4<u32>(24u);
-        return vec4<f32>(b) * d;
+        return q8x4(q) * d;
     }
-    let h = q >> (16u * ((e / 4u) & 1u));
-    let n = vec4<u32>(h, h >> 4u, h >> 8u, h >> 12u) & vec4<u32>(15u);
-    return (vec4<f32>(n) - 8.0) * d;
+    return q4x4(q, (e / 4u) & 1u) * d;
 }

@@ -82,6 +82,10 @@ enum Command {
         /// Skip the naive baselines (no speed-up figures; much faster on slow adapters).
         #[arg(long)]
         no_naive: bool,
+        /// How the decode bench stores keys and values: one or more of f32, f16, q8_0, q4_0
+        /// (comma-separated), timed in turn, each step time also as a ratio to the first's.
+        #[arg(long, value_delimiter = ',', default_value = "f32")]
+        kv: Vec<String>,
     },
 }
 
@@ -118,7 +122,12 @@ fn main() -> ExitCode {
             iters,
             json,
             no_naive,
-        } => bench(&options, only, config, iters, json, no_naive),
+            kv,
+        } => kv
+            .iter()
+            .map(|k| wgpu_mha::KvDtype::parse(k))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|kv| bench(&options, only, config, iters, json, no_naive, &kv)),
     };
     match result {
         Ok(code) => code,
@@ -168,6 +177,7 @@ fn bench(
     iters: usize,
     json: Option<std::path::PathBuf>,
     skip_naive: bool,
+    kv: &[wgpu_mha::KvDtype],
 ) -> Result<ExitCode, wgpu_mha::Error> {
     if only.as_deref() == Some("compile") {
         let custom = config
@@ -237,11 +247,13 @@ fn bench(
     };
     let mut decodes = Vec::new();
     for c in &decode_configs {
-        let r = cli::bench_decode::run(&gpu, c, |jobs| {
+        let rows = cli::bench_decode::run(&gpu, c, kv, |jobs| {
             cli::bench::time_jobs_in_turn(&gpu, jobs, iters.max(5))
         })?;
-        print!("{}", r.format());
-        decodes.push(r);
+        for r in rows {
+            print!("{}", r.format());
+            decodes.push(r);
+        }
     }
     if let Some(json) = json {
         let mut list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();

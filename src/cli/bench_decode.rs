@@ -11,6 +11,7 @@ use wgpu_mha::gpu::Gpu;
 use wgpu_mha::kernels::read_probe::{self, ProbeShape};
 use wgpu_mha::kernels::standalone::{CoreDims, Job};
 use wgpu_mha::model::tensor::Tensor;
+use wgpu_mha::KvDtype;
 
 use super::bench::Timed;
 
@@ -129,9 +130,9 @@ impl DecodeConfig {
         )
     }
 
-    /// K/V bytes one step reads (f32).
-    pub fn kv_bytes(&self) -> u64 {
-        2 * (self.batch * self.kv_heads * self.context * self.head_dim * 4) as u64
+    /// K/V bytes one step reads, stored as `kv` (a quantized type's blocks, scales included).
+    pub fn kv_bytes(&self, kv: KvDtype) -> u64 {
+        2 * kv.bytes_per(self.batch * self.kv_heads * self.context * self.head_dim)
     }
 }
 
@@ -139,6 +140,10 @@ impl DecodeConfig {
 #[derive(Debug, Clone)]
 pub struct DecodeResult {
     pub config: DecodeConfig,
+    /// How K and V are stored.
+    pub kv: KvDtype,
+    /// Step time over the first K/V type of the run's (`--kv`), measured in turn.
+    pub ratio_to_first: f64,
     /// Median GPU ms of one step (decode + reduce), or wall clock without timestamps.
     pub step_ms: f64,
     pub kv_gbps: f64,
@@ -154,6 +159,8 @@ impl DecodeResult {
         serde_json::json!({
             "name": c.name(),
             "variant": "decode",
+            "kv": self.kv.name(),
+            "ratio_to_first_kv": self.ratio_to_first,
             "batch": c.batch,
             "heads": c.heads,
             "kv_heads": c.kv_heads,
@@ -171,11 +178,13 @@ impl DecodeResult {
 
     pub fn format(&self) -> String {
         match &self.skipped {
-            Some(why) => format!("{}: skipped: {why}\n", self.config.name()),
+            Some(why) => format!("{} {}: skipped: {why}\n", self.config.name(), self.kv),
             None => format!(
-                "{}: step {:.3} ms, K/V read {:.2} GB/s; read probe {:.2} GB/s ({:.2}x of the probe), host read {:.2} GB/s\n",
+                "{} {}: step {:.3} ms ({:.2}x the first --kv's), K/V read {:.2} GB/s; read probe {:.2} GB/s ({:.2}x of the probe), host read {:.2} GB/s\n",
                 self.config.name(),
+                self.kv,
                 self.step_ms,
+                self.ratio_to_first,
                 self.kv_gbps,
                 self.bounds.probe_gbps,
                 self.kv_gbps / self.bounds.probe_gbps,
@@ -185,15 +194,18 @@ impl DecodeResult {
     }
 }
 
-/// Times the decode pass over `c` and the read probe's shapes over as many bytes, in turn.
+/// Times the decode pass over `c` with K/V stored as each of `kv` (f32, f16, q8_0, q4_0) and
+/// the read probe's shapes over as many bytes as the first reads, all in turn.
 /// `time_in_turn` gives each job's median GPU milliseconds, the jobs run alternately
-/// ([`time_jobs_in_turn`](super::bench::time_jobs_in_turn)) so that their ratio is not the
-/// machine's drift between two measurements.
+/// ([`time_jobs_in_turn`](super::bench::time_jobs_in_turn)) so that their ratios are not the
+/// machine's drift between two measurements. Each job's output is checked against the f64
+/// reference on the values it stores before anything is timed.
 pub fn run(
     gpu: &Gpu,
     c: &DecodeConfig,
+    kv: &[KvDtype],
     time_in_turn: impl Fn(&[&dyn Timed]) -> Result<Vec<f64>>,
-) -> Result<DecodeResult> {
+) -> Result<Vec<DecodeResult>> {
     let dims = CoreDims {
         batch: c.batch,
         heads: c.heads,
@@ -203,45 +215,74 @@ pub fn run(
         v_head_dim: c.head_dim,
     };
     let kv_len = c.batch * c.kv_heads * c.context * c.head_dim;
-    let skipped = |why: String| DecodeResult {
+    let skipped = |kv: KvDtype, why: String| DecodeResult {
         config: *c,
+        kv,
+        ratio_to_first: 0.0,
         step_ms: 0.0,
         kv_gbps: 0.0,
         bounds: Bounds::default(),
         skipped: Some(why),
     };
-    // K alone past one storage binding: this job binds K and V whole (a KvCache chunks them).
-    if let Err(e) = gpu.check_fits("K of this context", 4 * kv_len as u64) {
-        return Ok(skipped(e.to_string()));
-    }
     let q = Tensor::random([c.batch * c.heads * c.head_dim], 1);
     let k = Tensor::random([kv_len], 2);
     let v = Tensor::random([kv_len], 3);
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let job = match Job::decode(gpu, (q.data(), k.data(), v.data()), dims, c.kv_heads, scale) {
-        Ok(job) => job,
-        Err(e) => return Ok(skipped(e.to_string())),
+    let mut results = Vec::new();
+    let mut jobs = Vec::new();
+    for &dtype in kv {
+        // K alone past one storage binding: this job binds K and V whole (a KvCache chunks them).
+        if let Err(e) = gpu.check_fits("K of this context", dtype.bytes_for(kv_len)) {
+            results.push(skipped(dtype, e.to_string()));
+            continue;
+        }
+        let made = Job::decode_kv(
+            gpu,
+            (q.data(), k.data(), v.data()),
+            dims,
+            c.kv_heads,
+            scale,
+            dtype,
+        );
+        let (job, stored) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                results.push(skipped(dtype, e.to_string()));
+                continue;
+            }
+        };
+        // Checked before it is timed: sampled heads against the f64 reference.
+        job.run(None)?;
+        check_sampled_heads(c, (&stored.q, &stored.k, &stored.v), scale, &job.read()?)
+            .map_err(|e| Error::Misuse(format!("{dtype} K/V: {e}")))?;
+        jobs.push((dtype, job));
+    }
+    let Some(&(first, _)) = jobs.first() else {
+        return Ok(results);
     };
-    // Checked before it is timed: sampled heads against the f64 reference.
-    job.run(None)?;
-    check_sampled_heads(c, (q.data(), k.data(), v.data()), scale, &job.read()?)?;
-    let probes = probe_jobs(gpu, c.kv_bytes())?;
-    let mut jobs: Vec<&dyn Timed> = vec![&job];
-    jobs.extend(probes.iter().map(|(_, p)| p as &dyn Timed));
-    let ms = time_in_turn(&jobs)?;
-    if ms.len() != jobs.len() {
+    let probe_bytes = c.kv_bytes(first);
+    let probes = probe_jobs(gpu, probe_bytes)?;
+    let mut timed: Vec<&dyn Timed> = jobs.iter().map(|(_, j)| j as &dyn Timed).collect();
+    timed.extend(probes.iter().map(|(_, p)| p as &dyn Timed));
+    let ms = time_in_turn(&timed)?;
+    if ms.len() != timed.len() {
         return Err(Error::Misuse(
-            "the timer gave no median for the decode pass and the probes".into(),
+            "the timer gave no median for the decode passes and the probes".into(),
         ));
     }
-    let step_ms = ms[0];
-    Ok(DecodeResult {
-        config: *c,
-        step_ms,
-        kv_gbps: c.kv_bytes() as f64 / step_ms / 1e6,
-        bounds: Bounds::measure(&probes, &ms[1..], c.kv_bytes()),
-        skipped: None,
-    })
+    let bounds = Bounds::measure(&probes, &ms[jobs.len()..], probe_bytes);
+    for (i, (dtype, _)) in jobs.iter().enumerate() {
+        results.push(DecodeResult {
+            config: *c,
+            kv: *dtype,
+            ratio_to_first: ms[i] / ms[0],
+            step_ms: ms[i],
+            kv_gbps: c.kv_bytes(*dtype) as f64 / ms[i] / 1e6,
+            bounds: bounds.clone(),
+            skipped: None,
+        });
+    }
+    Ok(results)
 }
 
 /// The first, a middle and the last head of every sequence, computed in f64 from the same
@@ -289,7 +330,7 @@ pub fn check_sampled_heads(
 
 #[cfg(test)]
 mod tests {
-    use super::DecodeConfig;
+    use super::{DecodeConfig, KvDtype};
 
     #[test]
     fn specs_parse_with_defaults_and_refuse_what_they_lack() {
@@ -298,7 +339,8 @@ mod tests {
             (c.batch, c.heads, c.kv_heads, c.head_dim, c.context),
             (2, 32, 8, 128, 4096)
         );
-        assert_eq!(c.kv_bytes(), 2 * 2 * 8 * 4096 * 128 * 4);
+        assert_eq!(c.kv_bytes(KvDtype::F32), 2 * 2 * 8 * 4096 * 128 * 4);
+        assert_eq!(c.kv_bytes(KvDtype::Q8_0), 2 * 2 * 8 * 4096 * 128 / 32 * 34);
         let mha = DecodeConfig::parse("decode:h=4,d=64,ctx=10").unwrap();
         assert_eq!((mha.batch, mha.kv_heads), (1, 4));
         for bad in [

@@ -14,6 +14,9 @@
 //! Masks follow [`Mask`] semantics exactly as in a forward (masked scores replaced by −1e9).
 //! The `*_naive` functions run the unoptimised baselines in `shaders/baseline/` (no mask).
 
+mod decode_job;
+pub use decode_job::StoredKv;
+
 use crate::error::{Error, Result};
 use crate::gpu::pass::Dispatch;
 use crate::gpu::timer::PassTimer;
@@ -22,8 +25,8 @@ use crate::kernels::linear::{LinearBuffers, LinearElems, LinearParams, LinearVar
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
 pub use crate::kernels::CoreDims;
 use crate::kernels::{
-    av_combine, decode, flash_attention, naive, read_probe, scores, softmax, CoreProblem,
-    QkvBuffers, QkvLayout,
+    av_combine, flash_attention, naive, read_probe, scores, softmax, CoreProblem, QkvBuffers,
+    QkvLayout,
 };
 use crate::model::mask::{AttnDims, Mask};
 
@@ -550,85 +553,6 @@ impl Job {
     }
 
     /// A softmax job over `s [rows, cols]`; every run starts again from `s` (it works in place).
-    /// The decode pass (and its reduce) on `q [B, H, Lq, dk]` and `k`, `v` of `kv_heads`
-    /// heads (`[B, H_kv, Lk, d]`, each in its own buffer), no mask → combined heads.
-    pub fn decode(
-        gpu: &Gpu,
-        (q, k, v): (&[f32], &[f32], &[f32]),
-        dims: CoreDims,
-        kv_heads: usize,
-        scale: f32,
-    ) -> Result<Self> {
-        dims.check()?;
-        let group = dims.heads / kv_heads.max(1);
-        if kv_heads == 0 || !dims.heads.is_multiple_of(kv_heads) {
-            return Err(Error::Config(format!(
-                "kv_heads {kv_heads} does not divide heads {}",
-                dims.heads
-            )));
-        }
-        let kv_rows = dims.batch * kv_heads * dims.lk;
-        expect_len("q", q.len(), dims.q_len())?;
-        expect_len("k", k.len(), kv_rows * dims.qk_head_dim)?;
-        expect_len("v", v.len(), kv_rows * dims.v_head_dim)?;
-        let c = CoreProblem::head_split(
-            dims,
-            scale,
-            QkvLayout {
-                q_offset: 0,
-                k_offset: 0,
-                v_offset: 0,
-                kv_stride: dims.lk as u32,
-                kv_group: group as u32,
-            },
-        );
-        if !decode::serves(group, dims.lq, dims.qk_head_dim, dims.v_head_dim) {
-            return Err(Error::Unsupported {
-                adapter: gpu.describe(),
-                what: format!(
-                    "the decode pass for {} rows per key/value head",
-                    group * dims.lq
-                ),
-            });
-        }
-        for (what, len) in [("q", q.len()), ("k", k.len()), ("v", v.len())] {
-            gpu.check_fits(what, 4 * len as u64)?;
-        }
-        gpu.scoped("standalone decode", || -> Result<Self> {
-            let none = wgpu::BufferUsages::empty();
-            let (qb, kb, vb) = (
-                gpu.upload("q", q, none),
-                gpu.upload("k", k, none),
-                gpu.upload("v", v, none),
-            );
-            let partials = gpu.storage("partials", 4 * decode::partials_len(gpu, &c) as u64, none);
-            let out_len = c.combined_len();
-            let out = gpu.storage("combined", 4 * out_len as u64, wgpu::BufferUsages::COPY_SRC);
-            let mask = MaskBuffers::new(gpu, 0);
-            mask.write(
-                gpu.queue(),
-                &[],
-                &EncodedMask::new(&Mask::None, dims.attn())?.params,
-            );
-            let no_sinks = softmax::no_sinks(gpu);
-            let buffers = decode::DecodeBuffers {
-                qkv: QkvBuffers {
-                    q: &qb,
-                    k: &kb,
-                    v: &vb,
-                },
-                partials: &partials,
-                out: &out,
-                mask: &mask,
-                chunks: None,
-                sinks: (&no_sinks, false),
-            };
-            let steps = decode::dispatches(gpu, &c, false, &buffers)?;
-            let keep = vec![qb, kb, vb, partials, mask.words, mask.params];
-            Ok(Job::new(gpu, steps, keep, out, out_len))
-        })?
-    }
-
     /// The read probe in `shape` over two zeroed buffers of `bytes` each (rounded down to
     /// vec4s).
     pub fn read_probe(gpu: &Gpu, bytes: u64, shape: read_probe::ProbeShape) -> Result<Self> {
