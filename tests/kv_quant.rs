@@ -247,3 +247,169 @@ fn what_a_quantized_cache_cannot_hold_is_an_error_naming_it() {
     }
     assert!(KvDtype::parse("q4_1").is_err());
 }
+
+/// MLA's latent cache stores keys only and reads its values from them: one quantized buffer,
+/// one scales plane, read as keys and as values. A module with W_v = W_k (what the loader builds
+/// for DeepSeek's absorbed form) stands in for it; the reference attends to the dequantized
+/// keys as both.
+#[test]
+fn a_latent_cache_reads_its_values_from_its_quantized_keys() {
+    let config = AttentionConfig::classic(128, 2)
+        .unwrap()
+        .with_values_from_keys()
+        .unwrap(); // d64
+    let mut weights = AttentionWeights::random(&config, 8);
+    weights.v = weights.k.clone();
+    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
+    let (b, e, len) = (2, config.model_dim, 12);
+    let mut cache = KvCache::new_with(&mha, b, len, KvDtype::Q8_0).unwrap();
+    // Keys only: 2 heads of 64 values, 34 bytes per 32.
+    assert_eq!(cache.bytes().per_token, 2 * 64 / 32 * 34);
+    let x = Tensor::random([b, len, e], 9);
+    let mut pos = 0;
+    for n in [5, 1, 1, 5] {
+        let rows: Vec<f32> = (0..b)
+            .flat_map(|s| x.data()[(s * len + pos) * e..(s * len + pos + n) * e].to_vec())
+            .collect();
+        let got = mha
+            .forward_step(&mut cache, &Tensor::new([b, n, e], rows.clone()).unwrap())
+            .unwrap();
+        let (keys, values) = cache.read_keys_values(gpu()).unwrap();
+        assert_eq!(keys.data(), values.data(), "the values are the keys");
+        let x64: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
+        let q = reference::linear(&x64, b * n, &weights.q);
+        let core = Core {
+            batch: b,
+            heads: 2,
+            kv_heads: 2,
+            lq: n,
+            lk: pos + n,
+            dk: 64,
+            dv: 64,
+            scale: config.scale() as f64,
+            softcap: None,
+            alibi_max_bias: None,
+            temperature: None,
+            sinks: None,
+            mask: &Mask::Causal,
+            top_left: false,
+        };
+        let kv = sequence_major(&keys);
+        let (combined, _) = core.run(&q, &kv, &kv);
+        let want = reference::linear(&combined, b * n, weights.o.as_ref().unwrap());
+        let tol = relative_tolerance(1e-5, &want);
+        assert_within(
+            &format!("latent q8_0: step of {n} at {pos}"),
+            got.data(),
+            &want,
+            tol,
+        );
+        pos += n;
+    }
+}
+
+/// `[B, H, L, d]` (Bhld) data as the reference core's `[B, L, H·d]`.
+fn bhld_to_sequence_major(x: &[f32], [b, h, l, d]: [usize; 4]) -> Vec<f64> {
+    sequence_major(&Tensor::new([b, h, l, d], x.to_vec()).unwrap())
+}
+
+/// `scaled_dot_product_attention` on device tensors with q8_0 / q4_0 keys and values (f32
+/// queries), on the decode route (one query row) and the flash route (many), GQA: equal to the
+/// f64 core over the dequantized blocks. The multi-pass core is refused by name.
+#[test]
+fn sdpa_reads_quantized_keys_and_values() {
+    use wgpu::util::DeviceExt;
+    use wgpu_mha::kv_dtype::{dequantize, quantize};
+    use wgpu_mha::{
+        scaled_dot_product_attention, DeviceTensor, Elem, GpuTensor, Layout, SdpaOptions,
+    };
+    let (b, h, kvh, lk, d) = (2, 4, 2, 70, 64);
+    let upload = |words: &[u32]| {
+        gpu()
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("quantized test tensor"),
+                contents: bytemuck::cast_slice(words),
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    };
+    for (dtype, elem) in [(KvDtype::Q8_0, Elem::Q8_0), (KvDtype::Q4_0, Elem::Q4_0)] {
+        let kv_len = b * kvh * lk * d;
+        let k = Tensor::random([kv_len], 11).into_data();
+        let v = Tensor::random([kv_len], 12).into_data();
+        let (kw, vw) = (quantize(dtype, &k).unwrap(), quantize(dtype, &v).unwrap());
+        let (kb, vb) = (upload(&kw), upload(&vw));
+        let scales = dtype.scales_word(kv_len);
+        let kt = DeviceTensor::new(&kb, [b, kvh, lk, d], Layout::Bhld).quantized(elem, scales);
+        let vt = DeviceTensor::new(&vb, [b, kvh, lk, d], Layout::Bhld).quantized(elem, scales);
+        let (k_deq, v_deq) = (
+            dequantize(dtype, &kw, kv_len).unwrap(),
+            dequantize(dtype, &vw, kv_len).unwrap(),
+        );
+        for lq in [1, 20] {
+            let q = Tensor::random([b, h, lq, d], 13);
+            let qt = GpuTensor::upload(gpu(), &q).unwrap();
+            let out = GpuTensor::zeros(gpu(), &[b, h, lq, d]).unwrap();
+            let options = SdpaOptions {
+                mask: Mask::Causal,
+                ..Default::default()
+            };
+            scaled_dot_product_attention(
+                gpu(),
+                &DeviceTensor::new(qt.buffer(), [b, h, lq, d], Layout::Bhld),
+                &kt,
+                &vt,
+                &DeviceTensor::new(out.buffer(), [b, h, lq, d], Layout::Bhld),
+                &options,
+            )
+            .unwrap_or_else(|e| panic!("{dtype} lq {lq}: {e}"));
+            let got = out.read(gpu()).unwrap().into_data();
+            let (want, _) = Core {
+                batch: b,
+                heads: h,
+                kv_heads: kvh,
+                lq,
+                lk,
+                dk: d,
+                dv: d,
+                scale: 1.0 / (d as f64).sqrt(),
+                softcap: None,
+                alibi_max_bias: None,
+                temperature: None,
+                sinks: None,
+                mask: &Mask::Causal,
+                top_left: false,
+            }
+            .run(
+                &bhld_to_sequence_major(q.data(), [b, h, lq, d]),
+                &bhld_to_sequence_major(&k_deq, [b, kvh, lk, d]),
+                &bhld_to_sequence_major(&v_deq, [b, kvh, lk, d]),
+            );
+            // The device's [B, H, Lq, d] in the reference's [B, Lq, H·d].
+            let got = bhld_to_sequence_major(&got, [b, h, lq, d]);
+            let got: Vec<f32> = got.iter().map(|&x| x as f32).collect();
+            assert_within(
+                &format!("sdpa {dtype} lq {lq}"),
+                &got,
+                &want,
+                relative_tolerance(1e-5, &want),
+            );
+        }
+        // Probabilities need the multi-pass core, which reads no blocks.
+        let q = GpuTensor::zeros(gpu(), &[b, h, 1, d]).unwrap();
+        let out = GpuTensor::zeros(gpu(), &[b, h, 1, d]).unwrap();
+        let e = scaled_dot_product_attention(
+            gpu(),
+            &DeviceTensor::new(q.buffer(), [b, h, 1, d], Layout::Bhld),
+            &kt,
+            &vt,
+            &DeviceTensor::new(out.buffer(), [b, h, 1, d], Layout::Bhld),
+            &SdpaOptions {
+                return_probs: true,
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("multi-pass"), "{e}");
+    }
+}

@@ -153,7 +153,7 @@ impl KvCache {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
                 what: format!(
-                    "a {dtype} KV cache over a module storing {own} (a float cache holds the                      module's own type: make the module with the precision wanted, or quantize)"
+                    "a {dtype} KV cache over a module storing {own} (a float cache holds the module's own type: make the module with the precision wanted, or quantize)"
                 ),
             });
         }
@@ -162,7 +162,7 @@ impl KvCache {
                 return Err(Error::Unsupported {
                     adapter: gpu.describe(),
                     what: format!(
-                        "a {dtype} KV cache on the multi-pass path (quantized keys and values                          are read by the fused passes only)"
+                        "a {dtype} KV cache on the multi-pass path (quantized keys and values are read by the fused passes only)"
                     ),
                 });
             }
@@ -228,7 +228,7 @@ impl KvCache {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
                 what: format!(
-                    "a multi-pass KV cache of {cap} tokens: its keys and values need more than                      one storage binding, which only the fused path reads"
+                    "a multi-pass KV cache of {cap} tokens: its keys and values need more than one storage binding, which only the fused path reads"
                 ),
             });
         }

@@ -11,7 +11,7 @@ use crate::kernels::flash_attention::{self, Flash, FlashBuffers};
 use crate::kernels::mask::{EncodedMask, MaskBuffers};
 use crate::kernels::{
     av_combine, decode, head_cap, scores, softmax, BoundRanges, CoreDims, CoreLayout, CoreProblem,
-    QkvBuffers,
+    KvFormat, QkvBuffers,
 };
 use crate::model::mask::AttnDims;
 
@@ -86,7 +86,21 @@ impl<'a> Problem<'a> {
                 "q/k head size {d}, v head size {dv} and key length {lk} must all be positive"
             )));
         }
-        if k.elem != q.elem || v.elem != q.elem {
+        // Quantized keys and values (a quantized KvCache's views) go with f32 or f16 queries.
+        let quant = k.elem.kv_dtype().quantized();
+        if quant {
+            if v.elem != k.elem || q.elem.kv_dtype().quantized() {
+                return Err(misuse(format!(
+                    "quantized k ({:?}) needs v of the same type and float q, got {:?} and {:?}",
+                    k.elem, v.elem, q.elem
+                )));
+            }
+            for (name, t) in [("k", k), ("v", v)] {
+                k.elem
+                    .kv_dtype()
+                    .check_head_dim(&format!("{name}'s head size"), t.shape[3])?;
+            }
+        } else if k.elem != q.elem || v.elem != q.elem {
             return Err(misuse(format!(
                 "q, k and v must share one element type, got {:?}, {:?}, {:?}",
                 q.elem, k.elem, v.elem
@@ -158,7 +172,12 @@ impl<'a> Problem<'a> {
         }
 
         let kv_group = heads / kv_heads.max(1);
-        let route = route(gpu, o, empty, f16, (kv_group, lq, d, dv))?;
+        let fused_only = match (f16, quant) {
+            (_, true) => Some(format!("{:?} keys and values", k.elem)),
+            (true, false) => Some("f16 tensors".to_string()),
+            _ => None,
+        };
+        let route = route(gpu, o, empty, fused_only, (kv_group, lq, d, dv))?;
         if route == Route::MultiPass {
             let scores = (batch * heads * lq) as u64 * lk as u64 * 4;
             gpu.check_fits("the [B, H, Lq, Lk] probabilities", scores)?;
@@ -180,7 +199,11 @@ impl<'a> Problem<'a> {
                 out: views[3].strides,
                 kv_group: kv_group as u32,
                 whole_vec4s: views[..3].iter().all(|v| v.whole_vec4s),
-                kv: Default::default(),
+                kv: KvFormat {
+                    dtype: k.elem.kv_dtype(),
+                    k_scales: k.scales as u32,
+                    v_scales: v.scales as u32,
+                },
                 ranges: BoundRanges {
                     q: Some(views[0].range),
                     k: Some(views[1].range),
@@ -332,22 +355,22 @@ impl Prepared {
 
 /// The core a call runs, as the module picks it: fused unless probabilities (or the
 /// multi-pass path) are asked for; decode for a few query rows; multi-pass where no fused tile
-/// fits (f32 only).
+/// fits (f32 only: `fused_only` names the tensors that need a fused core).
 fn route(
     gpu: &Gpu,
     o: &SdpaOptions,
     empty: bool,
-    f16: bool,
+    fused_only: Option<String>,
     (kv_group, lq, d, dv): (usize, usize, usize, usize),
 ) -> Result<Route> {
     if empty {
         return Ok(Route::Empty);
     }
     let multi_pass = o.return_probs || o.path == AttentionPath::MultiPass;
-    if multi_pass && f16 {
+    if let (true, Some(what)) = (multi_pass, &fused_only) {
         return Err(Error::Unsupported {
             adapter: gpu.describe(),
-            what: "the multi-pass core (probabilities) on f16 tensors; it runs on f32 ones".into(),
+            what: format!("the multi-pass core (probabilities) on {what}; it runs on f32 tensors"),
         });
     }
     if o.return_probs && o.path == AttentionPath::Fused {
@@ -365,8 +388,8 @@ fn route(
     if flash_attention::kv_tile(head_cap(d), head_cap(dv), workgroup_bytes).is_some() {
         return Ok(Route::Flash);
     }
-    match (o.path, f16) {
-        (AttentionPath::Auto, false) => Ok(Route::MultiPass),
+    match (o.path, fused_only) {
+        (AttentionPath::Auto, None) => Ok(Route::MultiPass),
         _ => Err(no_fused_kernel(gpu, d, dv)),
     }
 }

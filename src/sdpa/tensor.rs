@@ -167,6 +167,9 @@ impl<'a> DeviceTensor<'a> {
                 self.buffer.usage()
             )));
         }
+        if self.elem.kv_dtype().quantized() {
+            return self.check_quantized(gpu, name);
+        }
         let eb = self.elem.bytes();
         if self.elem == Elem::F16 && !self.buffer.size().is_multiple_of(4) {
             return Err(misuse(format!(
@@ -220,6 +223,65 @@ impl<'a> DeviceTensor<'a> {
             strides: self.strides(base),
             range: (start, size),
             whole_vec4s: vec4_end <= start + size,
+        })
+    }
+}
+
+impl DeviceTensor<'_> {
+    /// [`check`](Self::check) of a quantized tensor: its rows start on blocks, its quants lie
+    /// before its scales plane and its scales inside the buffer; the passes bind the whole
+    /// buffer (both planes), element offsets counted from its start.
+    fn check_quantized(&self, gpu: &Gpu, name: &str) -> Result<View> {
+        let dtype = self.elem.kv_dtype();
+        let block = crate::kv_dtype::BLOCK;
+        if !self.offset.is_multiple_of(block) {
+            return Err(misuse(format!(
+                "{name}: a {dtype} tensor at element offset {}, not a multiple of {block} (its rows start on blocks)",
+                self.offset
+            )));
+        }
+        if self.capacity < self.shape[2] {
+            return Err(misuse(format!(
+                "{name}: capacity {} rows is less than its length L = {}",
+                self.capacity, self.shape[2]
+            )));
+        }
+        let end = self
+            .end()
+            .ok_or_else(|| misuse(format!("{name}: shape {:?} overflows", self.shape)))?;
+        let quant_bytes = end.saturating_mul(dtype.quant_bits() as u64).div_ceil(8);
+        let scale_bytes = 4 * (self.scales as u64).saturating_add(end.div_ceil(2 * block as u64));
+        if quant_bytes > 4 * self.scales as u64 || scale_bytes > self.buffer.size() {
+            return Err(misuse(format!(
+                "{name}: a {dtype} tensor of shape {:?} (offset {}, capacity {}) needs its quants in bytes 0..{quant_bytes}, before its scales at word {}, and its scales up to byte {scale_bytes} of its buffer's {} bytes",
+                self.shape,
+                self.offset,
+                self.capacity,
+                self.scales,
+                self.buffer.size()
+            )));
+        }
+        if !self.buffer.size().is_multiple_of(16) {
+            return Err(misuse(format!(
+                "{name}: a {dtype} tensor in a buffer of {} bytes, not a multiple of 16 (the passes read its words as vec4s; make the buffer a few bytes larger)",
+                self.buffer.size()
+            )));
+        }
+        if self.buffer.size() / 4 > u32::MAX as u64 {
+            return Err(Error::TooLarge {
+                what: format!("{name} (word indices past u32)"),
+                needed: self.buffer.size(),
+                limit: 4 * u32::MAX as u64,
+            });
+        }
+        gpu.check_fits(
+            &format!("{name} (a quantized tensor binds its whole buffer)"),
+            self.buffer.size(),
+        )?;
+        Ok(View {
+            strides: self.strides(0),
+            range: (0, self.buffer.size()),
+            whole_vec4s: false,
         })
     }
 }
