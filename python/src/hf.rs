@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
 use wgpu_mha::model::mask::AttnDims;
 use wgpu_mha::{
-    Error, ForwardOptions, KvCache, MaskTensor, MultiHeadAttention, StepOptions, Tensor,
+    Error, ForwardOptions, KvCache, KvDtype, MaskTensor, MultiHeadAttention, Precision,
+    StepOptions, Tensor,
 };
 
 use crate::arrays::{host, host_indices, host_u8, tensor_array};
@@ -57,6 +58,28 @@ fn positions(obj: Option<&Bound<'_, PyAny>>, want: [usize; 2]) -> PyResult<Optio
         }
         _ => Ok(None),
     }
+}
+
+fn own_dtype(mha: &MultiHeadAttention) -> KvDtype {
+    match mha.precision() {
+        Precision::F16 => KvDtype::F16,
+        _ => KvDtype::F32,
+    }
+}
+
+fn parse_dtype(name: &str) -> PyResult<KvDtype> {
+    KvDtype::parse(name).map_err(|_| {
+        value_error(format!(
+            "kv_dtype {name:?} is not a KV cache type: expected \"f32\", \"f16\", \"q8_0\" or \"q4_0\""
+        ))
+    })
+}
+
+/// The canonical name of a KV cache element type (`"q8_0"` for `"Q8_0"`, `"f32"` for
+/// `"float32"`); ValueError naming `name` when it is none.
+#[pyfunction]
+pub fn kv_dtype_name(name: &str) -> PyResult<&'static str> {
+    Ok(parse_dtype(name)?.name())
 }
 
 #[pymethods]
@@ -211,8 +234,16 @@ impl HfModule {
     }
 
     /// A device KV cache of `batch` sequences of up to `capacity` tokens for this (causal
-    /// self-attention) module.
-    fn kv_cache(&self, py: Python<'_>, batch: usize, capacity: usize) -> PyResult<HfKvCache> {
+    /// self-attention) module, its keys and values stored as `kv_dtype` (`"f32"`, `"f16"`,
+    /// `"q8_0"`, `"q4_0"`; None: the module's own type).
+    #[pyo3(signature = (batch, capacity, kv_dtype=None))]
+    fn kv_cache(
+        &self,
+        py: Python<'_>,
+        batch: usize,
+        capacity: usize,
+        kv_dtype: Option<&str>,
+    ) -> PyResult<HfKvCache> {
         let m = &self.inner.module;
         if m.cross {
             return Err(value_error(format!(
@@ -227,7 +258,22 @@ impl HfModule {
                 m.prefix
             )));
         }
-        let cache = guard(py, || KvCache::new(&self.inner.mha, batch, capacity))?;
+        let dtype = match kv_dtype {
+            Some(name) => parse_dtype(name)?,
+            None => own_dtype(&self.inner.mha),
+        };
+        let own = own_dtype(&self.inner.mha);
+        if !dtype.quantized() && dtype != own {
+            return Err(value_error(format!(
+                "kv_dtype {dtype:?} for `{}`, whose weights run in {own}: a float cache holds the \
+                 module's own type (or pick q8_0 / q4_0)",
+                m.prefix,
+                dtype = dtype.name()
+            )));
+        }
+        let cache = guard(py, || {
+            KvCache::new_with(&self.inner.mha, batch, capacity, dtype)
+        })?;
         Ok(HfKvCache {
             inner: self.inner.clone(),
             cache: Mutex::new(cache),
@@ -259,6 +305,42 @@ impl HfKvCache {
     #[getter]
     fn batch(&self) -> PyResult<usize> {
         Ok(self.cache.lock().map_err(|_| poisoned())?.batch())
+    }
+    /// The keys' and values' element type: "f32", "f16", "q8_0" or "q4_0".
+    #[getter]
+    fn dtype(&self) -> PyResult<&'static str> {
+        Ok(self.cache.lock().map_err(|_| poisoned())?.dtype().name())
+    }
+    /// Bytes of keys and values one token of one sequence takes (34 per 32 values in q8_0,
+    /// 18 in q4_0).
+    #[getter]
+    fn bytes_per_token(&self) -> PyResult<u64> {
+        Ok(self.cache.lock().map_err(|_| poisoned())?.bytes().per_token)
+    }
+    /// Device bytes held: keys_values (at the full capacity), step, scores, per_token.
+    fn nbytes(&self) -> PyResult<std::collections::HashMap<&'static str, u64>> {
+        let b = self.cache.lock().map_err(|_| poisoned())?.bytes();
+        Ok([
+            ("keys_values", b.keys_values),
+            ("step", b.step),
+            ("scores", b.scores),
+            ("per_token", b.per_token),
+        ]
+        .into_iter()
+        .collect())
+    }
+    /// The cached keys `[B, H_kv, len, dk]` and values `[B, H_kv, len, dv]` (RoPE applied) as
+    /// float32, a quantized cache's as its blocks decode them (what its steps attend to).
+    fn read_keys_values(&self, py: Python<'_>) -> PyResult<(PyObject, PyObject)> {
+        let inner = &self.inner;
+        let cache = &self.cache;
+        let (k, v) = guard(py, || {
+            let cache = cache.lock().map_err(|_| {
+                Error::Misuse("the KV cache was left unusable by an earlier panic".into())
+            })?;
+            cache.read_keys_values(inner.mha.gpu())
+        })?;
+        Ok((tensor_array(py, k)?, tensor_array(py, v)?))
     }
     /// Forgets every token (the device memory stays).
     fn reset(&self) -> PyResult<()> {

@@ -121,6 +121,17 @@ class KvCache:
     def capacity(self) -> int: ...
     @property
     def batch(self) -> int: ...
+    @property
+    def dtype(self) -> str:
+        """How keys and values are stored: "f32", "f16", "q8_0" or "q4_0"."""
+    @property
+    def bytes_per_token(self) -> int:
+        """Key/value bytes of one token of one sequence (34 per 32 values in q8_0, 18 in q4_0)."""
+    def nbytes(self) -> Dict[str, int]:
+        """Device bytes held: keys_values, step, scores, per_token."""
+    def read_keys_values(self) -> Tuple[Any, Any]:
+        """Keys [B, H_kv, len, dk] and values [B, H_kv, len, dv] as float32 NumPy arrays (RoPE
+        applied; a quantized cache's as its blocks decode them)."""
     def reset(self) -> None: ...
 
 class HfAttention:
@@ -159,9 +170,11 @@ class HfAttention:
         cross-attention modules only. No backward: an input requiring grad with grad mode on
         is a RuntimeError (use torch.no_grad() or .detach())."""
     __call__ = forward
-    def kv_cache(self, batch: int, capacity: int) -> KvCache:
+    def kv_cache(self, batch: int, capacity: int, kv_dtype: Optional[str] = None) -> KvCache:
         """A device KV cache (causal self-attention modules only; ValueError otherwise). batch,
-        capacity: integers >= 0 (ValueError naming the argument otherwise)."""
+        capacity: integers >= 0 (ValueError naming the argument otherwise). kv_dtype: "f32" /
+        "f16" (the module's own type only; None picks it), "q8_0" or "q4_0" (llama.cpp's
+        blocks; head sizes must be multiples of 32); anything else a ValueError naming it."""
 
 def load(
     path: Union[str, "os.PathLike[str]"],

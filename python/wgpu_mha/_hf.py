@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from . import _native
 from ._autograd import refuse_grad
@@ -62,11 +62,18 @@ class HfAttention:
 
     __call__ = forward
 
-    def kv_cache(self, batch: int, capacity: int) -> "KvCache":
+    def kv_cache(self, batch: int, capacity: int, kv_dtype: Optional[str] = None) -> "KvCache":
         """A device KV cache of ``batch`` sequences of up to ``capacity`` tokens (a causal
         self-attention module only; ValueError otherwise). Both are integers >= 0 (ValueError
-        naming the argument otherwise)."""
-        return KvCache(self._native.kv_cache(size(batch, "batch"), size(capacity, "capacity")))
+        naming the argument otherwise). ``kv_dtype``: how keys and values are stored —
+        ``"f32"``/``"f16"`` (the module's own type only; None picks it), or llama.cpp's
+        ``"q8_0"`` (34 bytes per 32 values) / ``"q4_0"`` (18 bytes), quantized as they are
+        appended and read dequantized; those need head sizes that are multiples of 32. A
+        name that is none of these, or a head size that does not fit, is a ValueError naming
+        it."""
+        return KvCache(
+            self._native.kv_cache(size(batch, "batch"), size(capacity, "capacity"), kv_dtype_name(kv_dtype))
+        )
 
     def __repr__(self) -> str:
         return (
@@ -107,9 +114,42 @@ class KvCache:
     def batch(self) -> int:
         return self._native.batch
 
+    @property
+    def dtype(self) -> str:
+        """How keys and values are stored: ``"f32"``, ``"f16"``, ``"q8_0"`` or ``"q4_0"``."""
+        return self._native.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes of keys and values one token of one sequence takes on the device (the blocks'
+        in a quantized cache: 34 per 32 values in q8_0, 18 in q4_0)."""
+        return self._native.bytes_per_token
+
+    def nbytes(self) -> Dict[str, int]:
+        """Device bytes held: ``keys_values`` (at the full capacity), ``step`` (step buffers),
+        ``scores`` (multi-pass only) and ``per_token``."""
+        return dict(self._native.nbytes())
+
+    def read_keys_values(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The cached keys ``[B, H_kv, len, dk]`` and values ``[B, H_kv, len, dv]`` (RoPE
+        applied) as float32 NumPy arrays; a quantized cache's as its blocks decode them, which
+        is what its steps attend to."""
+        return self._native.read_keys_values()
+
     def reset(self) -> None:
         """Forget every token (the device memory is kept)."""
         self._native.reset()
+
+
+def kv_dtype_name(kv_dtype: Optional[str]) -> Optional[str]:
+    """``kv_dtype``'s canonical name (``"q8_0"`` for ``"Q8_0"``, ``"f32"`` for ``"float32"``),
+    None for None; ValueError naming it when it is not a KV cache type, TypeError when it is
+    not a string."""
+    if kv_dtype is None:
+        return None
+    if not isinstance(kv_dtype, str):
+        raise TypeError(f"kv_dtype must be a string such as \"q8_0\" or None, got {type(kv_dtype).__name__}")
+    return _native.kv_dtype_name(kv_dtype)
 
 
 def load(

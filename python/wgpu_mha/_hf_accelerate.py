@@ -23,7 +23,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _native
-from ._hf import HfAttention, load
+from ._hf import HfAttention, kv_dtype_name, load
 
 log = logging.getLogger("wgpu_mha.transformers")
 
@@ -53,7 +53,7 @@ def _dynamic_layer(cache: Any, layer_idx: int):
     return layer
 
 
-def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, name: str):
+def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, name: str, kv_dtype: Optional[str]):
     import torch
 
     class WgpuAttention(torch_nn.Module):
@@ -68,10 +68,12 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
             self._cache = None  # device KvCache of the generation in progress
             self._len = 0
             self._history = None  # host copies to refill a grown cache: (x, positions)
+            self.kv_dtype = kv_dtype  # the device caches' element type (None: the module's own)
             self.replaced = type(original).__name__
 
         def extra_repr(self) -> str:
-            return f"{name!r} on wgpu (was {self.replaced})"
+            kv = "" if self.kv_dtype is None else f", {self.kv_dtype} KV cache"
+            return f"{name!r} on wgpu (was {self.replaced}{kv})"
 
         def forward(
             self, hidden_states, key_value_states=None, attention_mask=None, cache=None, past_key_values=None, **kwargs
@@ -152,7 +154,7 @@ def _make_module(torch_nn, original: Any, attn: HfAttention, shared: _Shared, na
             cap = 64
             while cap < need:
                 cap *= 2
-            fresh = self.wgpu.kv_cache(b, cap)
+            fresh = self.wgpu.kv_cache(b, cap, self.kv_dtype)
             if self._len:  # refill from the host copies: the same keys and values, recomputed
                 hx, hp = self._history
                 fresh.step(hx, attention_mask=None if mask2d is None else mask2d[:, : self._len], position_ids=hp)
@@ -244,13 +246,25 @@ def _hook(stack: Any, shared: _Shared, layers: set) -> None:
     stack.register_forward_hook(release, always_call=True)
 
 
-def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]:
+def _check_kv_dtype(attn: HfAttention, name: str, kv_dtype: str) -> None:
+    """Makes a one-token cache of ``kv_dtype`` for the causal module ``name``, so that a type
+    it cannot hold (a head size that is not whole blocks) is refused now, by name, rather
+    than at the first generate()."""
+    try:
+        attn.kv_cache(1, 1, kv_dtype)
+    except ValueError as e:
+        raise ValueError(f"wgpu_mha.accelerate: `{name}` cannot keep a {kv_dtype} KV cache: {e}") from e
+
+
+def accelerate(model: Any, device: Optional[_native.Device] = None, kv_dtype: Optional[str] = None) -> List[str]:
     """Replaces each attention module of ``model`` that :func:`wgpu_mha.load` reads by a
     device-resident one and returns their names; logs (logger ``wgpu_mha.transformers``) each
-    attention module left alone and why. See the module's docstring."""
+    attention module left alone and why. ``kv_dtype``: the element type of the causal modules'
+    device caches (None: each module's own). See the module's docstring."""
     import torch
     from safetensors.torch import save_file
 
+    kv_dtype = kv_dtype_name(kv_dtype)  # a bad name is refused before any work
     if model.training:
         raise ValueError("wgpu_mha.accelerate: the model is in training mode; call model.eval() first")
     cfg = getattr(model, "config", None)
@@ -259,6 +273,7 @@ def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]
     meta = {"hf_config": json.dumps(cfg.to_dict(), default=str)}
     stacks = {}  # id(stack) -> (stack, _Shared, causal layer indices)
     replaced = []
+    plan = []  # (name, module, attn, at, beside): replaced only once every module is checked
     with tempfile.TemporaryDirectory(prefix="wgpu_mha_") as tmp:
         for name, module in list(_candidates(model)):
             if getattr(module, "has_relative_attention_bias", None) is not None:
@@ -284,16 +299,20 @@ def accelerate(model: Any, device: Optional[_native.Device] = None) -> List[str]
                 continue
             finally:
                 os.unlink(path)
-            stack = _stack_of(model, name)
-            _, shared, layers = stacks.setdefault(id(stack), (stack, _Shared(), set()))
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, _make_module(torch.nn, module, attn, shared, at))
-            if beside:
-                parent.output = _add_norm(torch.nn, beside[1])
-            replaced.append(at)
-            if attn.is_causal and not attn.is_cross_attention:
-                layers.add(module.layer_idx)
+            if kv_dtype is not None and attn.is_causal and not attn.is_cross_attention:
+                _check_kv_dtype(attn, at, kv_dtype)
+            plan.append((name, module, attn, at, beside))
+    for name, module, attn, at, beside in plan:
+        stack = _stack_of(model, name)
+        _, shared, layers = stacks.setdefault(id(stack), (stack, _Shared(), set()))
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, _make_module(torch.nn, module, attn, shared, at, kv_dtype))
+        if beside:
+            parent.output = _add_norm(torch.nn, beside[1])
+        replaced.append(at)
+        if attn.is_causal and not attn.is_cross_attention:
+            layers.add(module.layer_idx)
     for stack, shared, layers in stacks.values():
         _hook(stack, shared, layers)
     log.info("wgpu_mha.accelerate: %d attention modules on wgpu: %s", len(replaced), ", ".join(replaced))

@@ -212,13 +212,19 @@ def register(device: Optional[_native.Device] = None) -> str:
     return NAME
 
 
-def accelerate(model: Any, device: Optional[_native.Device] = None):
+def accelerate(model: Any, device: Optional[_native.Device] = None, kv_dtype: Optional[str] = None):
     """Replaces each attention module of ``model`` that :func:`wgpu_mha.load` reads by a
     device-resident one (weights uploaded once; a causal self-attention keeps its keys and values
     in a device KvCache across ``generate()`` steps; encoder and cross-attention modules compute
     each call whole) and returns their names; each attention module left alone is logged
     (logger ``wgpu_mha.transformers``) with the reason. Greedy search and sampling with
     transformers' DynamicCache are followed; a cache reordered or cropped (beam search, assisted
-    decoding) or a static cache is a ValueError."""
+    decoding) or a static cache is a ValueError.
+
+    ``kv_dtype``: how those device caches store keys and values — None (the module's own type),
+    ``"f32"``, or llama.cpp's ``"q8_0"`` / ``"q4_0"`` blocks (about a quarter / a seventh of an
+    f32 cache's bytes; see :meth:`wgpu_mha.HfAttention.kv_cache`). A name that is none of
+    these, or a causal module whose head size a quantized cache cannot hold (not a multiple of
+    32), is a ValueError naming it, raised here, before any module is replaced."""
     _require()
-    return _accelerate(model, device)
+    return _accelerate(model, device, kv_dtype=kv_dtype)
