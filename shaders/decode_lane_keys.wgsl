@@ -115,9 +115,18 @@ fn dot_block(base: u32, c0: u32) {
 }
 
 // Rows 4n..4n+3 of key j's scores, scaled and masked, to workgroup memory and the lane's max.
-fn mask_scores(w: Work, n: u32, j: u32, live: bool, slot: u32) {
+fn mask_scores(w: Work, n: u32, j: u32, live: bool, slot: u32, plain_scores: bool) {
     let d = key_dots[n];
     var s = vec4<f32>(LOWEST);
+    if (plain_scores) {
+        // Uniform: no rule to apply; rows past `rows` (padding ROWS) and a key past the
+        // range stay at LOWEST.
+        let r = vec4<u32>(4u * n) + vec4<u32>(0u, 1u, 2u, 3u);
+        s = select(vec4<f32>(LOWEST), p.scale * d, vec4<bool>(live) & (r < vec4<u32>(w.rows)));
+        score_sh[slot * ROW_VECS + n] = s;
+        lane_max[n] = max(lane_max[n], s);
+        return;
+    }
     for (var e = 0u; e < 4u; e++) {
         let r = 4u * n + e;
         if (live && r < w.rows) {
@@ -229,6 +238,14 @@ fn row_base(w: Work, j: u32, rows: RowStrides) -> u32 {
 
 // 1. The scores of this lane's keys, to workgroup memory, and the lane's max per row.
 fn score_keys(w: Work) {
+    // No cap, bias or temperature, and no key of the split masked for any row (no mask, or a
+    // causal one whose first query sees the split's last key — every key of a decode step's
+    // split but the step's own): the scores are the scaled dot products. Uniform. apply_mask
+    // for every row and key cost lavapipe most of the step (d32: 112 ms of it, 40 without).
+    let causal_clear = mask.kind == MASK_CAUSAL && mask.chunk == 0u
+        && i32(w.end) - 1 <= mask.causal_offset;
+    let plain = (mask.kind == MASK_NONE || causal_clear) && mask.softcap == 0.0
+        && mask.alibi_heads == 0u && mask.temp_floor_scale == 0.0;
     for (var n = 0u; n < ROW_VECS; n++) {
         lane_max[n] = vec4<f32>(LOWEST);
     }
@@ -243,8 +260,8 @@ fn score_keys(w: Work) {
         if (4u * CHUNK < DK4) { dot_block(base, 4u * CHUNK); }
         if (6u * CHUNK < DK4) { dot_block(base, 6u * CHUNK); }
         let slot = step * THREADS + w.t;
-        mask_scores(w, 0u, j, j < w.end, slot);
-        if (ROW_VECS > 1u) { mask_scores(w, 1u, j, j < w.end, slot); }
+        mask_scores(w, 0u, j, j < w.end, slot, plain);
+        if (ROW_VECS > 1u) { mask_scores(w, 1u, j, j < w.end, slot, plain); }
     }
 }
 
