@@ -144,6 +144,9 @@ pub struct DecodeResult {
     pub kv: KvDtype,
     /// Step time over the first K/V type of the run's (`--kv`), measured in turn.
     pub ratio_to_first: f64,
+    /// The output's max error against the f64 reference on the f32 keys and values, over
+    /// the largest reference value (sampled heads): what the storage type costs.
+    pub error_vs_f32: f64,
     /// Median GPU ms of one step (decode + reduce), or wall clock without timestamps.
     pub step_ms: f64,
     pub kv_gbps: f64,
@@ -161,6 +164,7 @@ impl DecodeResult {
             "variant": "decode",
             "kv": self.kv.name(),
             "ratio_to_first_kv": self.ratio_to_first,
+            "error_vs_f32": self.error_vs_f32,
             "batch": c.batch,
             "heads": c.heads,
             "kv_heads": c.kv_heads,
@@ -180,11 +184,12 @@ impl DecodeResult {
         match &self.skipped {
             Some(why) => format!("{} {}: skipped: {why}\n", self.config.name(), self.kv),
             None => format!(
-                "{} {}: step {:.3} ms ({:.2}x the first --kv's), K/V read {:.2} GB/s; read probe {:.2} GB/s ({:.2}x of the probe), host read {:.2} GB/s\n",
+                "{} {}: step {:.3} ms ({:.2}x the first --kv's; output error vs f32 K/V {:.1e}), K/V read {:.2} GB/s; read probe {:.2} GB/s ({:.2}x of the probe), host read {:.2} GB/s\n",
                 self.config.name(),
                 self.kv,
                 self.step_ms,
                 self.ratio_to_first,
+                self.error_vs_f32,
                 self.kv_gbps,
                 self.bounds.probe_gbps,
                 self.kv_gbps / self.bounds.probe_gbps,
@@ -219,6 +224,7 @@ pub fn run(
         config: *c,
         kv,
         ratio_to_first: 0.0,
+        error_vs_f32: 0.0,
         step_ms: 0.0,
         kv_gbps: 0.0,
         bounds: Bounds::default(),
@@ -253,16 +259,18 @@ pub fn run(
         };
         // Checked before it is timed: sampled heads against the f64 reference.
         job.run(None)?;
-        check_sampled_heads(c, (&stored.q, &stored.k, &stored.v), scale, &job.read()?)
+        let got = job.read()?;
+        check_sampled_heads(c, (&stored.q, &stored.k, &stored.v), scale, &got)
             .map_err(|e| Error::Misuse(format!("{dtype} K/V: {e}")))?;
-        jobs.push((dtype, job));
+        let err = error_vs_f32(c, (q.data(), k.data(), v.data()), scale, &got);
+        jobs.push((dtype, job, err));
     }
-    let Some(&(first, _)) = jobs.first() else {
+    let Some(&(first, _, _)) = jobs.first() else {
         return Ok(results);
     };
     let probe_bytes = c.kv_bytes(first);
     let probes = probe_jobs(gpu, probe_bytes)?;
-    let mut timed: Vec<&dyn Timed> = jobs.iter().map(|(_, j)| j as &dyn Timed).collect();
+    let mut timed: Vec<&dyn Timed> = jobs.iter().map(|(_, j, _)| j as &dyn Timed).collect();
     timed.extend(probes.iter().map(|(_, p)| p as &dyn Timed));
     let ms = time_in_turn(&timed)?;
     if ms.len() != timed.len() {
@@ -271,10 +279,11 @@ pub fn run(
         ));
     }
     let bounds = Bounds::measure(&probes, &ms[jobs.len()..], probe_bytes);
-    for (i, (dtype, _)) in jobs.iter().enumerate() {
+    for (i, (dtype, _, err)) in jobs.iter().enumerate() {
         results.push(DecodeResult {
             config: *c,
             kv: *dtype,
+            error_vs_f32: *err,
             ratio_to_first: ms[i] / ms[0],
             step_ms: ms[i],
             kv_gbps: c.kv_bytes(*dtype) as f64 / ms[i] / 1e6,
@@ -285,15 +294,16 @@ pub fn run(
     Ok(results)
 }
 
-/// The first, a middle and the last head of every sequence, computed in f64 from the same
-/// `q [B, H, d]`, `k`/`v [B, H_kv, ctx, d]`, against the pass's combined `[B, 1, H·d]`.
-pub fn check_sampled_heads(
+/// The f64 outputs of the first, a middle and the last head of every sequence, computed from
+/// `q [B, H, d]`, `k`/`v [B, H_kv, ctx, d]`: (where the head's row starts in the pass's
+/// combined `[B, 1, H·d]`, its d values).
+fn sampled_reference(
     c: &DecodeConfig,
     (q, k, v): (&[f32], &[f32], &[f32]),
     scale: f32,
-    got: &[f32],
-) -> Result<()> {
+) -> Vec<(usize, Vec<f64>)> {
     let (d, ctx, group) = (c.head_dim, c.context, c.heads / c.kv_heads.max(1));
+    let mut rows = Vec::new();
     for b in 0..c.batch {
         for h in [0, c.heads / 2, c.heads - 1] {
             let q = &q[(b * c.heads + h) * d..][..d];
@@ -308,24 +318,55 @@ pub fn check_sampled_heads(
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let sum: f64 = weights.iter().sum();
-            let out = &got[(b * c.heads + h) * d..][..d];
-            for (e, &o) in out.iter().enumerate() {
-                let want: f64 = (0..ctx)
-                    .map(|j| weights[j] * v[kv + j * d + e] as f64)
-                    .sum::<f64>()
-                    / sum;
-                let diff = (o as f64 - want).abs();
-                if diff.is_nan() || diff > 1e-4 * (1.0 + want.abs()) {
-                    return Err(Error::Misuse(format!(
-                        "{}: the decode pass gives {o} at batch {b}, head {h}, element {e}; the f64 \
-                         reference {want} (nothing was timed)",
-                        c.name()
-                    )));
-                }
+            let want = (0..d)
+                .map(|e| {
+                    (0..ctx)
+                        .map(|j| weights[j] * v[kv + j * d + e] as f64)
+                        .sum::<f64>()
+                        / sum
+                })
+                .collect();
+            rows.push(((b * c.heads + h) * d, want));
+        }
+    }
+    rows
+}
+
+/// The sampled heads ([`sampled_reference`]) of `got` against the f64 reference on the values
+/// the pass read, within f32 error.
+pub fn check_sampled_heads(
+    c: &DecodeConfig,
+    qkv: (&[f32], &[f32], &[f32]),
+    scale: f32,
+    got: &[f32],
+) -> Result<()> {
+    for (at, want) in sampled_reference(c, qkv, scale) {
+        for (e, (&o, &want)) in got[at..].iter().zip(&want).enumerate() {
+            let diff = (o as f64 - want).abs();
+            if diff.is_nan() || diff > 1e-4 * (1.0 + want.abs()) {
+                return Err(Error::Misuse(format!(
+                    "{}: the decode pass gives {o} at element {} of the combined heads; the f64 \
+                     reference {want} (nothing was timed)",
+                    c.name(),
+                    at + e
+                )));
             }
         }
     }
     Ok(())
+}
+
+/// max |got − reference| / max |reference| over the sampled heads, the reference on the f32
+/// keys and values: what storing them as f16 or in blocks costs the output.
+fn error_vs_f32(c: &DecodeConfig, qkv: (&[f32], &[f32], &[f32]), scale: f32, got: &[f32]) -> f64 {
+    let (mut err, mut max) = (0f64, 0f64);
+    for (at, want) in sampled_reference(c, qkv, scale) {
+        for (&o, &w) in got[at..].iter().zip(&want) {
+            err = err.max((o as f64 - w).abs());
+            max = max.max(w.abs());
+        }
+    }
+    err / max.max(f64::MIN_POSITIVE)
 }
 
 #[cfg(test)]
