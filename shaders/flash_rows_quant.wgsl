@@ -14,11 +14,9 @@ fn staged_vec4(which: u32, base: u32, d: u32, width: u32, live: bool) -> vec4<f3
         let e = base + d;
         switch which {
             case Q_ROW: {
-                for (var i = 0u; i < 4u; i++) {
-                    if (d + i < width) {
-                        v[i] = f32(q_in[e + i]);
-                    }
-                }
+                // Whole blocks: the four elements are all inside the row (no per-element test,
+                // no dynamic component index, which GL's compiler unrolls slowly).
+                v = vec4<f32>(f32(q_in[e]), f32(q_in[e + 1u]), f32(q_in[e + 2u]), f32(q_in[e + 3u]));
             }
             case K_ROW: { v = dequant4(k_in[quant_word(e)], k_in[scale_word(p.k_scales, e)], e); }
             default: { v = dequant4(v_in[quant_word(e)], v_in[scale_word(p.v_scales, e)], e); }

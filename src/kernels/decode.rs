@@ -403,6 +403,8 @@ pub fn dispatches(
         && c.v_head_dim.is_multiple_of(4)
         && [l.q, l.k, l.v].iter().all(RowStrides::vec4_aligned);
     shape.kv_bits = l.kv.dtype.quant_bits();
+    // Quantized rows have their own loads: one pipeline whatever the float alignment.
+    shape.vec4_rows &= shape.kv_bits == 0;
     let splits = shape.splits(c.lk);
     let per_split = shape.keys_per_split();
     let key = format!("decode_attention {shape:?}");
