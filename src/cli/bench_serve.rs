@@ -317,8 +317,8 @@ pub fn run(
             ("uniform_decode", dtype, describe(&uniform_seqs)),
         ];
         let built = (|| -> Result<_> {
-            let mixed = PagedBatch::new(gpu, &mixed_seqs, f16, false, 11)?;
-            let uniform = PagedBatch::new(gpu, &uniform_seqs, f16, false, 12)?;
+            let mixed = PagedBatch::new(gpu, &mixed_seqs, kv_dtype(f16), false, 11)?;
+            let uniform = PagedBatch::new(gpu, &uniform_seqs, kv_dtype(f16), false, 12)?;
             let probes = probe_jobs(gpu, mixed.kv_bytes())?;
             Ok((mixed, uniform, probes))
         })();
@@ -353,7 +353,7 @@ pub fn run(
         let seqs = vec![(ctx, 1); batch];
         let names = [("paged_vs_contiguous", "f32", describe(&seqs))];
         let built = (|| -> Result<_> {
-            let paged = PagedBatch::new(gpu, &seqs, false, false, 13)?;
+            let paged = PagedBatch::new(gpu, &seqs, wgpu_mha::KvDtype::F32, false, 13)?;
             let dims = CoreDims {
                 batch,
                 heads: HEADS,
@@ -424,7 +424,7 @@ pub fn run(
     for (f16, dtype) in [(true, "f16"), (false, "f32")] {
         let names = [("mixed_step", dtype, describe(&step_seqs))];
         let built = (|| -> Result<_> {
-            let step = PagedBatch::new(gpu, &step_seqs, f16, true, 14)?;
+            let step = PagedBatch::new(gpu, &step_seqs, kv_dtype(f16), true, 14)?;
             let mut rng = Rng(15);
             let z = HEADS * HEAD_DIM;
             // The f16 step's baseline reads f16 keys and values too (and f16 queries: the fused
@@ -516,5 +516,13 @@ mod tests {
         ] {
             assert!(ServeSize::parse(bad).is_err(), "{bad}");
         }
+    }
+}
+
+/// The float pool type of `f16`.
+fn kv_dtype(f16: bool) -> wgpu_mha::KvDtype {
+    match f16 {
+        true => wgpu_mha::KvDtype::F16,
+        false => wgpu_mha::KvDtype::F32,
     }
 }
