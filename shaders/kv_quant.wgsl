@@ -15,7 +15,12 @@ fn scale_word(scales: u32, e: u32) -> u32 {
 
 // Elements e .. e + 3 from their quant word `q` and scale word `s`, as f32.
 fn dequant4(q: u32, s: u32, e: u32) -> vec4<f32> {
-    let d = unpack2x16float(s)[(e / 32u) & 1u];
+    return dequant4_at(q, unpack2x16float(s)[(e / 32u) & 1u], e);
+}
+
+// Elements e .. e + 3 from their quant word `q` and their block's scale `d` (unpacked once
+// for many vec4s of a block), as f32.
+fn dequant4_at(q: u32, d: f32, e: u32) -> vec4<f32> {
     if (KV_BITS == 8u) {
         // Bytes as two's complement: each moved to the top, then shifted down with its sign.
         let b = bitcast<vec4<i32>>(vec4<u32>(q << 24u, q << 16u, q << 8u, q)) >> vec4<u32>(24u);

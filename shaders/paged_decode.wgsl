@@ -83,10 +83,13 @@ fn load_query(it: Item, h: u32) {
     }
 }
 
-// Vec4s c0 .. c0 + CHUNK of the key row at element `base` dotted with every head's q.
+// Vec4s c0 .. c0 + CHUNK of the key row at element `base` dotted with every head's q. A chunk
+// (16 elements from a multiple of 16) lies in one block of a quantized pool: its scale is
+// loaded once.
 fn dot_chunk(base: u32, c0: u32) {
+    let d = pool_scale(base, c0);
     for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let k = pool_vec4(base, c, true);
+        let k = pool_vec4_at(base, c, d);
         for (var h = 0u; h < HEADS; h++) {
             key_dots[h / 4u][h % 4u] += dot(qv[h * DK4 + c], k);
         }
@@ -96,8 +99,9 @@ fn dot_chunk(base: u32, c0: u32) {
 // Vec4s c0 .. c0 + CHUNK of the value row at element `base`, weighted, added to every head's
 // acc.
 fn value_chunk(base: u32, c0: u32) {
+    let d = pool_scale(base, c0);
     for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let v = pool_vec4(base, c, true);
+        let v = pool_vec4_at(base, c, d);
         for (var h = 0u; h < HEADS; h++) {
             acc[h * DK4 + c] += weights[h / 4u][h % 4u] * v;
         }

@@ -22,3 +22,16 @@ fn pool_vec4(base: u32, c: u32, live: bool) -> vec4<f32> {
     let x = dequant4(pool[quant_word(e)], pool[scale_word(pool_format.scales, e)], e);
     return select(vec4<f32>(0.0), x, live);
 }
+
+// The scale of the block holding vec4 c of the row at element `base`: what pool_vec4_at takes
+// for the vec4s of that block (a row's vec4s 8k .. 8k + 7), unpacked once for them.
+fn pool_scale(base: u32, c: u32) -> f32 {
+    let e = base + 4u * c;
+    return unpack2x16float(pool[scale_word(pool_format.scales, e)])[(e / 32u) & 1u];
+}
+
+// Vec4 c of the pool row at element `base`, of a block whose scale is `d` (pool_scale).
+fn pool_vec4_at(base: u32, c: u32, d: f32) -> vec4<f32> {
+    let e = base + 4u * c;
+    return dequant4_at(pool[quant_word(e)], d, e);
+}

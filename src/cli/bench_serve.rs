@@ -14,6 +14,12 @@
 //!   (`flash_attention`) on B1 H32 Lq 256 Lk 3,584 (the chunks' mean context) d128, no mask,
 //!   in the row's data type; `vs_flash` is their ratio.
 //!
+//! With `--config serve:kv=q8_0+q4_0` (any of f32, f16, q8_0, q4_0, `+`-separated, beside
+//! `div=`) the bench runs only `kv_decode`: the mixed decode step over pools of each listed type
+//! and of f16 (f32 where the adapter has no SHADER_F16), each checked against the f64 reference
+//! over its pool's own (dequantized) contents, then timed in turn; `vs_f16` (or `vs_f32`) is
+//! each type's step time over the float pool's.
+//!
 //! Every row carries both read bounds measured in the same run: the fastest read-probe shape
 //! over the step's K/V bytes (`probe_gbps`), timed in turn with the step, and the host's read
 //! bandwidth over as many bytes (`host_read_gbps`). Each step's output is checked (sampled
@@ -26,6 +32,7 @@ use wgpu_mha::gpu::Gpu;
 use wgpu_mha::kernels::read_probe::ProbeShape;
 use wgpu_mha::kernels::standalone::{Core, CoreDims, Job};
 use wgpu_mha::model::mask::Mask;
+use wgpu_mha::KvDtype;
 
 use super::bench::Timed;
 use super::bench_decode::{probe_jobs, Bounds};
@@ -36,33 +43,52 @@ pub(super) const KV_HEADS: usize = 8;
 pub(super) const HEAD_DIM: usize = 128;
 pub(super) const PAGE: usize = 16;
 
-/// The sizes of a serve bench: every token count (contexts, prefill rows) divided by `div`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The sizes of a serve bench: every token count (contexts, prefill rows) divided by `div`;
+/// with pool types in `kv`, only the mixed decode over pools of those types and a float one.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeSize {
     pub div: usize,
+    pub kv: Vec<KvDtype>,
 }
 
 impl Default for ServeSize {
     /// The sizes.
     fn default() -> Self {
-        ServeSize { div: 1 }
+        ServeSize {
+            div: 1,
+            kv: Vec::new(),
+        }
     }
 }
 
 impl ServeSize {
-    /// `serve:div=16` (or `serve:` for the full sizes): `div` a power of two from 1 to 256.
+    /// `serve:div=16` (or `serve:` for the full sizes): `div` a power of two from 1 to 256;
+    /// `kv=q8_0+q4_0`: pool types (f32, f16, q8_0, q4_0) whose mixed decode is timed against a
+    /// float pool's.
     pub fn parse(spec: &str) -> Result<Self> {
         let bad = |why: String| Error::Misuse(format!("serve bench spec `{spec}`: {why}"));
         let body = spec
             .strip_prefix("serve:")
-            .ok_or_else(|| bad("expected `serve:` and optionally `div=N`".into()))?;
+            .ok_or_else(|| bad("expected `serve:` and optionally `div=N`, `kv=…`".into()))?;
         let mut size = ServeSize::default();
         for pair in body.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad(format!("`{pair}` is not key=value")))?;
+            if key.trim() == "kv" {
+                for name in value.split('+') {
+                    let dtype = KvDtype::parse(name.trim()).map_err(|e| bad(e.to_string()))?;
+                    if !size.kv.contains(&dtype) {
+                        size.kv.push(dtype);
+                    }
+                }
+                if size.kv.is_empty() {
+                    return Err(bad("kv= lists no pool type".into()));
+                }
+                continue;
+            }
             if key.trim() != "div" {
-                return Err(bad(format!("unknown key `{}` (div)", key.trim())));
+                return Err(bad(format!("unknown key `{}` (div, kv)", key.trim())));
             }
             size.div = value
                 .trim()
@@ -309,6 +335,11 @@ pub fn run(
         }
     };
 
+    if !size.kv.is_empty() {
+        kv_decode(gpu, &size, &timed, &mut rows, &mut report)?;
+        return Ok(rows);
+    }
+
     // (a) + (b): the mixed and the uniform decode step, timed in turn.
     for (f16, dtype) in [(true, "f16"), (false, "f32")] {
         let (mixed_seqs, uniform_seqs) = (size.mixed_decode(), size.uniform_decode());
@@ -353,7 +384,7 @@ pub fn run(
         let seqs = vec![(ctx, 1); batch];
         let names = [("paged_vs_contiguous", "f32", describe(&seqs))];
         let built = (|| -> Result<_> {
-            let paged = PagedBatch::new(gpu, &seqs, wgpu_mha::KvDtype::F32, false, 13)?;
+            let paged = PagedBatch::new(gpu, &seqs, KvDtype::F32, false, 13)?;
             let dims = CoreDims {
                 batch,
                 heads: HEADS,
@@ -519,10 +550,69 @@ mod tests {
     }
 }
 
+/// (e) `kv=`: the mixed decode step over a pool of each type in `size.kv` and over a float
+/// pool (f16, or f32 without SHADER_F16), each checked, then all timed in turn with the read
+/// probes; each row's `vs_f16` / `vs_f32` is its time over the float pool's.
+fn kv_decode(
+    gpu: &Gpu,
+    size: &ServeSize,
+    timed: &impl Fn(&[&dyn Timed]) -> Result<Vec<f64>>,
+    rows: &mut Vec<ServeResult>,
+    report: &mut impl FnMut(&ServeResult),
+) -> Result<()> {
+    let seqs = size.mixed_decode();
+    let shape = describe(&seqs);
+    let base = kv_dtype(gpu.has_f16());
+    let mut dtypes = vec![base];
+    dtypes.extend(size.kv.iter().copied().filter(|&d| d != base));
+    let names: Vec<_> = dtypes
+        .iter()
+        .map(|d| ("kv_decode", d.name(), shape.clone()))
+        .collect();
+    let built = (|| -> Result<_> {
+        let batches = dtypes
+            .iter()
+            .map(|&d| PagedBatch::new(gpu, &seqs, d, false, 11))
+            .collect::<Result<Vec<_>>>()?;
+        let probes = probe_jobs(gpu, batches[0].kv_bytes())?;
+        Ok((batches, probes))
+    })();
+    let Some((batches, probes)) = or_skip(built, &names, rows, report)? else {
+        return Ok(());
+    };
+    for (b, d) in batches.iter().zip(&dtypes) {
+        b.check(gpu, &format!("{d} mixed decode"))?;
+    }
+    let jobs: Vec<&dyn Timed> = batches.iter().map(|b| b as &dyn Timed).collect();
+    let ms = timed(&with_probes(jobs, &probes))?;
+    let n = batches.len();
+    let bounds = Bounds::measure(&probes, &ms[n..], batches[0].kv_bytes());
+    let ratio = match base {
+        KvDtype::F16 => "vs_f16",
+        _ => "vs_f32",
+    };
+    for (i, (b, d)) in batches.iter().zip(&dtypes).enumerate() {
+        let bytes = b.kv_bytes();
+        let r = ServeResult {
+            variant: "kv_decode",
+            dtype: d.name(),
+            shape: shape.clone(),
+            step_ms: ms[i],
+            kv_gbps: bytes as f64 / ms[i] / 1e6,
+            bounds: bounds.clone(),
+            extra: vec![(ratio, ms[i] / ms[0]), ("kv_mib", bytes as f64 / 1048576.0)],
+            skipped: None,
+        };
+        report(&r);
+        rows.push(r);
+    }
+    Ok(())
+}
+
 /// The float pool type of `f16`.
-fn kv_dtype(f16: bool) -> wgpu_mha::KvDtype {
+fn kv_dtype(f16: bool) -> KvDtype {
     match f16 {
-        true => wgpu_mha::KvDtype::F16,
-        false => wgpu_mha::KvDtype::F32,
+        true => KvDtype::F16,
+        false => KvDtype::F32,
     }
 }
