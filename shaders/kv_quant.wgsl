@@ -30,3 +30,17 @@ fn dequant4_at(q: u32, d: f32, e: u32) -> vec4<f32> {
     let n = vec4<u32>(h, h >> 4u, h >> 8u, h >> 12u) & vec4<u32>(15u);
     return (vec4<f32>(n) - 8.0) * d;
 }
+
+// Elements e .. e + 3 from their quant word `q`, unscaled: the quants as f32 (q8_0's signed
+// bytes; q4_0's nibbles less 8, by flipping each nibble's top bit and shifting it down with its
+// sign), the values once multiplied by their block's scale — for passes that scale a block's
+// sums once rather than every value.
+fn quant4_raw(q: u32, e: u32) -> vec4<f32> {
+    if (KV_BITS == 8u) {
+        let b = vec4<u32>(q << 24u, q << 16u, q << 8u, q);
+        return vec4<f32>(bitcast<vec4<i32>>(b) >> vec4<u32>(24u));
+    }
+    let h = (q ^ 0x88888888u) << (16u * (1u - ((e / 4u) & 1u)));
+    let n = vec4<u32>(h << 12u, h << 8u, h << 4u, h);
+    return vec4<f32>(bitcast<vec4<i32>>(n) >> vec4<u32>(28u));
+}

@@ -84,28 +84,51 @@ fn load_query(it: Item, h: u32) {
 }
 
 // Vec4s c0 .. c0 + CHUNK of the key row at element `base` dotted with every head's q. A chunk
-// (16 elements from a multiple of 16) lies in one block of a quantized pool: its scale is
-// loaded once.
-fn dot_chunk(base: u32, c0: u32) {
-    let d = pool_scale(base, c0);
+// (16 elements from a multiple of 16) lies in one block of a quantized pool, its quants one
+// load (pool_chunk): its sums are of the raw quants, scaled once (a float pool's scale is 1).
+fn dot_chunk(base: u32, c0: u32, d: f32) {
+    var part: array<vec4<f32>, HEAD_VECS>;
+    let ch = pool_chunk(base, c0);
     for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let k = pool_vec4_at(base, c, d);
+        let k = chunk_vec4(ch, c - c0);
         for (var h = 0u; h < HEADS; h++) {
-            key_dots[h / 4u][h % 4u] += dot(qv[h * DK4 + c], k);
+            part[h / 4u][h % 4u] += dot(qv[h * DK4 + c], k);
+        }
+    }
+    for (var n = 0u; n < HEAD_VECS; n++) {
+        key_dots[n] += d * part[n];
+    }
+}
+
+// Vec4s c0 .. c0 + 2 · CHUNK of the key row (a block of 32 of a quantized pool: its scale
+// loaded once for both chunks).
+fn dot_block(base: u32, c0: u32) {
+    let d = pool_scale(base, c0);
+    dot_chunk(base, c0, d);
+    if (c0 + CHUNK < DK4) { dot_chunk(base, c0 + CHUNK, d); }
+}
+
+// Vec4s c0 .. c0 + CHUNK of the value row at element `base`, weighted, added to every head's
+// acc (the weights times the chunk's block scale `d`, once).
+fn value_chunk(base: u32, c0: u32, d: f32) {
+    var w: array<vec4<f32>, HEAD_VECS>;
+    for (var n = 0u; n < HEAD_VECS; n++) {
+        w[n] = d * weights[n];
+    }
+    let ch = pool_chunk(base, c0);
+    for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
+        let v = chunk_vec4(ch, c - c0);
+        for (var h = 0u; h < HEADS; h++) {
+            acc[h * DK4 + c] += w[h / 4u][h % 4u] * v;
         }
     }
 }
 
-// Vec4s c0 .. c0 + CHUNK of the value row at element `base`, weighted, added to every head's
-// acc.
-fn value_chunk(base: u32, c0: u32) {
+// Vec4s c0 .. c0 + 2 · CHUNK of the value row, as dot_block.
+fn value_block(base: u32, c0: u32) {
     let d = pool_scale(base, c0);
-    for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let v = pool_vec4_at(base, c, d);
-        for (var h = 0u; h < HEADS; h++) {
-            acc[h * DK4 + c] += weights[h / 4u][h % 4u] * v;
-        }
-    }
+    value_chunk(base, c0, d);
+    if (c0 + CHUNK < DK4) { value_chunk(base, c0 + CHUNK, d); }
 }
 
 // Key j's row in the pool, its first element, K (which 0) or V (1); a step past the lane's keys
@@ -146,14 +169,10 @@ fn score_keys(it: Item) {
         for (var n = 0u; n < HEAD_VECS; n++) {
             key_dots[n] = vec4<f32>(0.0);
         }
-        dot_chunk(base, 0u);
-        if (CHUNK < DK4) { dot_chunk(base, CHUNK); }
-        if (2u * CHUNK < DK4) { dot_chunk(base, 2u * CHUNK); }
-        if (3u * CHUNK < DK4) { dot_chunk(base, 3u * CHUNK); }
-        if (4u * CHUNK < DK4) { dot_chunk(base, 4u * CHUNK); }
-        if (5u * CHUNK < DK4) { dot_chunk(base, 5u * CHUNK); }
-        if (6u * CHUNK < DK4) { dot_chunk(base, 6u * CHUNK); }
-        if (7u * CHUNK < DK4) { dot_chunk(base, 7u * CHUNK); }
+        dot_block(base, 0u);
+        if (2u * CHUNK < DK4) { dot_block(base, 2u * CHUNK); }
+        if (4u * CHUNK < DK4) { dot_block(base, 4u * CHUNK); }
+        if (6u * CHUNK < DK4) { dot_block(base, 6u * CHUNK); }
         var visible = j < it.key_end;
         if (p.causal == 1u) {
             visible = visible && j <= it.pos;
@@ -175,14 +194,10 @@ fn add_values(it: Item) {
             weights[n] = exp(score_sh[(step * THREADS + it.t) * HEAD_VECS + n] - lane_max[n]);
             lane_sum[n] += weights[n];
         }
-        value_chunk(base, 0u);
-        if (CHUNK < DK4) { value_chunk(base, CHUNK); }
-        if (2u * CHUNK < DK4) { value_chunk(base, 2u * CHUNK); }
-        if (3u * CHUNK < DK4) { value_chunk(base, 3u * CHUNK); }
-        if (4u * CHUNK < DK4) { value_chunk(base, 4u * CHUNK); }
-        if (5u * CHUNK < DK4) { value_chunk(base, 5u * CHUNK); }
-        if (6u * CHUNK < DK4) { value_chunk(base, 6u * CHUNK); }
-        if (7u * CHUNK < DK4) { value_chunk(base, 7u * CHUNK); }
+        value_block(base, 0u);
+        if (2u * CHUNK < DK4) { value_block(base, 2u * CHUNK); }
+        if (4u * CHUNK < DK4) { value_block(base, 4u * CHUNK); }
+        if (6u * CHUNK < DK4) { value_block(base, 6u * CHUNK); }
     }
 }
 
