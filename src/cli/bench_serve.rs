@@ -109,7 +109,7 @@ impl ServeSize {
     }
 
     /// `(kv tokens, query rows)` of each sequence of the mixed decode step.
-    fn mixed_decode(&self) -> Vec<(usize, usize)> {
+    pub(super) fn mixed_decode(&self) -> Vec<(usize, usize)> {
         let mut seqs = vec![(self.tokens(1_024), 1); 15];
         seqs.push((self.tokens(32_768), 1));
         seqs
@@ -224,7 +224,7 @@ fn cannot_run_here(e: &Error) -> bool {
 
 /// `a` on success; on an error that says it cannot run here, `Ok(None)` after pushing skipped
 /// rows with the reason; any other error as it is.
-fn or_skip<T>(
+pub(super) fn or_skip<T>(
     r: Result<T>,
     rows: &[(&'static str, &'static str, String)],
     out: &mut Vec<ServeResult>,
@@ -290,7 +290,7 @@ fn check_flash(
 }
 
 /// `first`, then every probe job, to be timed in turn.
-fn with_probes<'a>(
+pub(super) fn with_probes<'a>(
     mut first: Vec<&'a dyn Timed>,
     probes: &'a [(ProbeShape, Job)],
 ) -> Vec<&'a dyn Timed> {
@@ -298,7 +298,7 @@ fn with_probes<'a>(
     first
 }
 
-fn describe(seqs: &[(usize, usize)]) -> String {
+pub(super) fn describe(seqs: &[(usize, usize)]) -> String {
     let mut parts: Vec<(usize, (usize, usize))> = Vec::new();
     for &s in seqs {
         match parts.last_mut() {
@@ -336,7 +336,7 @@ pub fn run(
     };
 
     if !size.kv.is_empty() {
-        kv_decode(gpu, &size, &timed, &mut rows, &mut report)?;
+        super::bench_serve_kv::kv_decode(gpu, &size, &timed, &mut rows, &mut report)?;
         return Ok(rows);
     }
 
@@ -521,13 +521,23 @@ pub fn run(
     Ok(rows)
 }
 
+/// The float pool type of `f16`.
+pub(super) fn kv_dtype(f16: bool) -> KvDtype {
+    match f16 {
+        true => KvDtype::F16,
+        false => KvDtype::F32,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::ServeSize;
+    use super::{KvDtype, ServeSize};
 
     #[test]
     fn sizes_parse_and_divide_every_token_count() {
         assert_eq!(ServeSize::parse("serve:").unwrap(), ServeSize::default());
+        let kv = ServeSize::parse("serve:div=4,kv=q8_0+Q4_0+q8_0").unwrap();
+        assert_eq!((kv.div, kv.kv), (4, vec![KvDtype::Q8_0, KvDtype::Q4_0]));
         let s = ServeSize::parse("serve:div=64").unwrap();
         assert_eq!(s.mixed_decode().iter().map(|x| x.0).sum::<usize>(), 752);
         assert_eq!(s.uniform_decode(), vec![(47, 1); 16]);
@@ -543,76 +553,11 @@ mod tests {
             "serve:div=3",
             "serve:div=512",
             "serve:x=1",
+            "serve:kv=",
+            "serve:kv=q5_1",
             "decode:",
         ] {
             assert!(ServeSize::parse(bad).is_err(), "{bad}");
         }
-    }
-}
-
-/// (e) `kv=`: the mixed decode step over a pool of each type in `size.kv` and over a float
-/// pool (f16, or f32 without SHADER_F16), each checked, then all timed in turn with the read
-/// probes; each row's `vs_f16` / `vs_f32` is its time over the float pool's.
-fn kv_decode(
-    gpu: &Gpu,
-    size: &ServeSize,
-    timed: &impl Fn(&[&dyn Timed]) -> Result<Vec<f64>>,
-    rows: &mut Vec<ServeResult>,
-    report: &mut impl FnMut(&ServeResult),
-) -> Result<()> {
-    let seqs = size.mixed_decode();
-    let shape = describe(&seqs);
-    let base = kv_dtype(gpu.has_f16());
-    let mut dtypes = vec![base];
-    dtypes.extend(size.kv.iter().copied().filter(|&d| d != base));
-    let names: Vec<_> = dtypes
-        .iter()
-        .map(|d| ("kv_decode", d.name(), shape.clone()))
-        .collect();
-    let built = (|| -> Result<_> {
-        let batches = dtypes
-            .iter()
-            .map(|&d| PagedBatch::new(gpu, &seqs, d, false, 11))
-            .collect::<Result<Vec<_>>>()?;
-        let probes = probe_jobs(gpu, batches[0].kv_bytes())?;
-        Ok((batches, probes))
-    })();
-    let Some((batches, probes)) = or_skip(built, &names, rows, report)? else {
-        return Ok(());
-    };
-    for (b, d) in batches.iter().zip(&dtypes) {
-        b.check(gpu, &format!("{d} mixed decode"))?;
-    }
-    let jobs: Vec<&dyn Timed> = batches.iter().map(|b| b as &dyn Timed).collect();
-    let ms = timed(&with_probes(jobs, &probes))?;
-    let n = batches.len();
-    let bounds = Bounds::measure(&probes, &ms[n..], batches[0].kv_bytes());
-    let ratio = match base {
-        KvDtype::F16 => "vs_f16",
-        _ => "vs_f32",
-    };
-    for (i, (b, d)) in batches.iter().zip(&dtypes).enumerate() {
-        let bytes = b.kv_bytes();
-        let r = ServeResult {
-            variant: "kv_decode",
-            dtype: d.name(),
-            shape: shape.clone(),
-            step_ms: ms[i],
-            kv_gbps: bytes as f64 / ms[i] / 1e6,
-            bounds: bounds.clone(),
-            extra: vec![(ratio, ms[i] / ms[0]), ("kv_mib", bytes as f64 / 1048576.0)],
-            skipped: None,
-        };
-        report(&r);
-        rows.push(r);
-    }
-    Ok(())
-}
-
-/// The float pool type of `f16`.
-fn kv_dtype(f16: bool) -> KvDtype {
-    match f16 {
-        true => KvDtype::F16,
-        false => KvDtype::F32,
     }
 }
