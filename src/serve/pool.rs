@@ -155,8 +155,11 @@ impl PoolConfig {
         let elements = [2, self.page_size, self.kv_heads, self.head_dim]
             .iter()
             .try_fold(self.max_pages as u64, |n, &k| n.checked_mul(k as u64));
+        // Past 2^48 elements no device holds it: report the bytes as saturated.
         let bytes = match elements {
-            Some(e) if e <= u32::MAX as u64 => self.bytes(),
+            Some(e) if e < 1 << 48 => {
+                usize::try_from(e).map_or(u64::MAX, |e| self.dtype.bytes_for(e))
+            }
             _ => u64::MAX,
         };
         let what = format!("a page pool of {} pages", self.max_pages);
