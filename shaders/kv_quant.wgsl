@@ -34,9 +34,28 @@ fn q4x4(q: u32, upper: u32) -> vec4<f32> {
 
 // Elements e .. e + 3 from their quant word `q` and scale word `s`, as f32.
 fn dequant4(q: u32, s: u32, e: u32) -> vec4<f32> {
-    let d = kv_scale(s, e);
+    return dequant4_at(q, kv_scale(s, e), e);
+}
+
+// Elements e .. e + 3 from their quant word `q` and their block's scale `d` (unpacked once
+// for many vec4s of a block), as f32.
+fn dequant4_at(q: u32, d: f32, e: u32) -> vec4<f32> {
     if (KV_BITS == 8u) {
         return q8x4(q) * d;
     }
     return q4x4(q, (e / 4u) & 1u) * d;
+}
+
+// Elements e .. e + 3 from their quant word `q`, unscaled: the quants as f32 (q8_0's signed
+// bytes; q4_0's nibbles less 8, by flipping each nibble's top bit and shifting it down with its
+// sign), the values once multiplied by their block's scale — for passes that scale a block's
+// sums once rather than every value.
+fn quant4_raw(q: u32, e: u32) -> vec4<f32> {
+    if (KV_BITS == 8u) {
+        let b = vec4<u32>(q << 24u, q << 16u, q << 8u, q);
+        return vec4<f32>(bitcast<vec4<i32>>(b) >> vec4<u32>(24u));
+    }
+    let h = (q ^ 0x88888888u) << (16u * (1u - ((e / 4u) & 1u)));
+    let n = vec4<u32>(h << 12u, h << 8u, h << 4u, h);
+    return vec4<f32>(bitcast<vec4<i32>>(n) >> vec4<u32>(28u));
 }

@@ -16,7 +16,7 @@ struct PagedAppendParams {
     v_offset: u32,     // h · head_stride (of values at v_offset + …)
     row_stride: u32,
     head_stride: u32,
-    _pad0: u32,
+    scales: u32,       // a quantized pool's scales plane (paged_append_quant.wgsl); unused here
     _pad1: u32,
 }
 

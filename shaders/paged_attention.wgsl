@@ -9,9 +9,8 @@
 // slots' accumulators in workgroup memory, a (slot, value column) pair per thread at a time.
 // Dispatch: one workgroup per item, over x then y (groups_x per row).
 // The host's prelude defines THREADS, SLOTS, KEY_TILE, DK4, DV4 and the pool's element type
-// KvElem; paged_common.wgsl is prepended.
-
-@group(0) @binding(2) var<storage, read> pool: array<KvElem>;   // [pages, 2, ...]
+// KvElem; paged_common.wgsl is prepended, then the pool's binding and its reads (pool_vec4:
+// paged_rows_scalar.wgsl, or paged_rows_quant.wgsl for a quantized pool).
 
 var<workgroup> q_tile: array<vec4<f32>, SLOTS * DK4>;
 var<workgroup> k_tile: array<vec4<f32>, KEY_TILE * DK4>;
@@ -104,31 +103,14 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             key_base[key] = pool_index(page, 0u, j & (p.page_size - 1u), kvh, 0u);
         }
         workgroupBarrier();
-        // K and V of keys tile .. tile + KEY_TILE (zero past key_end: never read past a chunk).
+        // K and V of keys tile .. tile + KEY_TILE (zero past key_end: never read past a chunk;
+        // a key past it reads the chunk's last key's row, as key_base holds).
         for (var e = t; e < KEY_TILE * DK4; e += THREADS) {
             let key = e / DK4;
             let c = e % DK4;
-            let j = tile + key;
-            var kx = vec4<f32>(0.0);
-            var vx = vec4<f32>(0.0);
-            if (j < key_end) {
-                let k_at = key_base[key] + c * 4u;
-                let v_at = k_at + v_stride;
-                if (c * 4u + 3u < p.head_dim) {
-                    kx = vec4<f32>(f32(pool[k_at]), f32(pool[k_at + 1u]), f32(pool[k_at + 2u]),
-                                   f32(pool[k_at + 3u]));
-                    vx = vec4<f32>(f32(pool[v_at]), f32(pool[v_at + 1u]), f32(pool[v_at + 2u]),
-                                   f32(pool[v_at + 3u]));
-                } else {
-                    // The head's last, partial vec4 (lanes past the head size stay 0).
-                    for (var lane = 0u; lane < 4u; lane++) {
-                        if (c * 4u + lane < p.head_dim) {
-                            kx[lane] = f32(pool[k_at + lane]);
-                            vx[lane] = f32(pool[v_at + lane]);
-                        }
-                    }
-                }
-            }
+            let live = tile + key < key_end;
+            let kx = pool_vec4(key_base[key], c, live);
+            let vx = pool_vec4(key_base[key] + v_stride, c, live);
             k_tile[e] = kx;
             v_tile[key * DV4 + c] = vx;
         }

@@ -21,9 +21,9 @@
 // vec4s (d128).
 // Dispatch: one workgroup per item, over x then y.
 // The host's prelude defines THREADS, HEADS (query heads per item, a power of two ≤ 8), DK4
-// (≤ 32), KEYS (most keys of an item: a multiple of THREADS) and the pool's element type KvElem.
-
-@group(0) @binding(2) var<storage, read> pool: array<vec4<KvElem>>;   // [pages, 2, ...]
+// (≤ 32), KEYS (most keys of an item: a multiple of THREADS) and the pool's element type KvElem;
+// the pool's binding and its reads (pool_vec4: paged_rows_vec4.wgsl, or paged_rows_quant.wgsl
+// for a quantized pool) come before this body.
 
 const CHUNK: u32 = 4u;
 const HEAD_VECS: u32 = (HEADS + 3u) / 4u;   // four heads' scalars to a vec4
@@ -83,32 +83,60 @@ fn load_query(it: Item, h: u32) {
     }
 }
 
-// Vec4s c0 .. c0 + CHUNK of the key row at vec4 `base` dotted with every head's q.
-fn dot_chunk(base: u32, c0: u32) {
+// Vec4s c0 .. c0 + CHUNK of the key row at element `base` dotted with every head's q. A chunk
+// (16 elements from a multiple of 16) lies in one block of a quantized pool, its quants one
+// load (pool_chunk): its sums are of the raw quants, scaled once (a float pool's scale is 1).
+fn dot_chunk(base: u32, c0: u32, d: f32) {
+    var part: array<vec4<f32>, HEAD_VECS>;
+    let ch = pool_chunk(base, c0);
     for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let k = vec4<f32>(pool[base + c]);
+        let k = chunk_vec4(ch, c - c0);
         for (var h = 0u; h < HEADS; h++) {
-            key_dots[h / 4u][h % 4u] += dot(qv[h * DK4 + c], k);
+            part[h / 4u][h % 4u] += dot(qv[h * DK4 + c], k);
+        }
+    }
+    for (var n = 0u; n < HEAD_VECS; n++) {
+        key_dots[n] += d * part[n];
+    }
+}
+
+// Vec4s c0 .. c0 + 2 · CHUNK of the key row (a block of 32 of a quantized pool: its scale
+// loaded once for both chunks).
+fn dot_block(base: u32, c0: u32) {
+    let d = pool_scale(base, c0);
+    dot_chunk(base, c0, d);
+    if (c0 + CHUNK < DK4) { dot_chunk(base, c0 + CHUNK, d); }
+}
+
+// Vec4s c0 .. c0 + CHUNK of the value row at element `base`, weighted, added to every head's
+// acc (the weights times the chunk's block scale `d`, once).
+fn value_chunk(base: u32, c0: u32, d: f32) {
+    var w: array<vec4<f32>, HEAD_VECS>;
+    for (var n = 0u; n < HEAD_VECS; n++) {
+        w[n] = d * weights[n];
+    }
+    let ch = pool_chunk(base, c0);
+    for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
+        let v = chunk_vec4(ch, c - c0);
+        for (var h = 0u; h < HEADS; h++) {
+            acc[h * DK4 + c] += w[h / 4u][h % 4u] * v;
         }
     }
 }
 
-// Vec4s c0 .. c0 + CHUNK of the value row at vec4 `base`, weighted, added to every head's acc.
-fn value_chunk(base: u32, c0: u32) {
-    for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let v = vec4<f32>(pool[base + c]);
-        for (var h = 0u; h < HEADS; h++) {
-            acc[h * DK4 + c] += weights[h / 4u][h % 4u] * v;
-        }
-    }
+// Vec4s c0 .. c0 + 2 · CHUNK of the value row, as dot_block.
+fn value_block(base: u32, c0: u32) {
+    let d = pool_scale(base, c0);
+    value_chunk(base, c0, d);
+    if (c0 + CHUNK < DK4) { value_chunk(base, c0 + CHUNK, d); }
 }
 
-// Key j's row in the pool, in vec4s, K (which 0) or V (1); a step past the lane's keys reads
-// the item's last key again (its score then is −inf, its weight 0).
-fn row_vec4(it: Item, j: u32, which: u32) -> u32 {
+// Key j's row in the pool, its first element, K (which 0) or V (1); a step past the lane's keys
+// reads the item's last key again (its score then is −inf, its weight 0).
+fn key_row(it: Item, j: u32, which: u32) -> u32 {
     let key = min(j, it.key_end - 1u);
     let page = plan[p.indices_at + it.page_begin + (key >> p.page_shift)];
-    return pool_index(page, which, key & (p.page_size - 1u), it.kvh, 0u) / 4u;
+    return pool_index(page, which, key & (p.page_size - 1u), it.kvh, 0u);
 }
 
 // Heads 4n..4n+3 of key j's scores, scaled, capped, masked and biased, to workgroup memory and
@@ -137,18 +165,14 @@ fn score_keys(it: Item) {
     }
     for (var step = 0u; step < it.per_lane; step++) {
         let j = it.lane_first + step;
-        let base = row_vec4(it, j, 0u);
+        let base = key_row(it, j, 0u);
         for (var n = 0u; n < HEAD_VECS; n++) {
             key_dots[n] = vec4<f32>(0.0);
         }
-        dot_chunk(base, 0u);
-        if (CHUNK < DK4) { dot_chunk(base, CHUNK); }
-        if (2u * CHUNK < DK4) { dot_chunk(base, 2u * CHUNK); }
-        if (3u * CHUNK < DK4) { dot_chunk(base, 3u * CHUNK); }
-        if (4u * CHUNK < DK4) { dot_chunk(base, 4u * CHUNK); }
-        if (5u * CHUNK < DK4) { dot_chunk(base, 5u * CHUNK); }
-        if (6u * CHUNK < DK4) { dot_chunk(base, 6u * CHUNK); }
-        if (7u * CHUNK < DK4) { dot_chunk(base, 7u * CHUNK); }
+        dot_block(base, 0u);
+        if (2u * CHUNK < DK4) { dot_block(base, 2u * CHUNK); }
+        if (4u * CHUNK < DK4) { dot_block(base, 4u * CHUNK); }
+        if (6u * CHUNK < DK4) { dot_block(base, 6u * CHUNK); }
         var visible = j < it.key_end;
         if (p.causal == 1u) {
             visible = visible && j <= it.pos;
@@ -165,19 +189,15 @@ fn score_keys(it: Item) {
 // 2. Weights against the lane's own max, their sums, and weight · V.
 fn add_values(it: Item) {
     for (var step = 0u; step < it.per_lane; step++) {
-        let base = row_vec4(it, it.lane_first + step, 1u);
+        let base = key_row(it, it.lane_first + step, 1u);
         for (var n = 0u; n < HEAD_VECS; n++) {
             weights[n] = exp(score_sh[(step * THREADS + it.t) * HEAD_VECS + n] - lane_max[n]);
             lane_sum[n] += weights[n];
         }
-        value_chunk(base, 0u);
-        if (CHUNK < DK4) { value_chunk(base, CHUNK); }
-        if (2u * CHUNK < DK4) { value_chunk(base, 2u * CHUNK); }
-        if (3u * CHUNK < DK4) { value_chunk(base, 3u * CHUNK); }
-        if (4u * CHUNK < DK4) { value_chunk(base, 4u * CHUNK); }
-        if (5u * CHUNK < DK4) { value_chunk(base, 5u * CHUNK); }
-        if (6u * CHUNK < DK4) { value_chunk(base, 6u * CHUNK); }
-        if (7u * CHUNK < DK4) { value_chunk(base, 7u * CHUNK); }
+        value_block(base, 0u);
+        if (2u * CHUNK < DK4) { value_block(base, 2u * CHUNK); }
+        if (4u * CHUNK < DK4) { value_block(base, 4u * CHUNK); }
+        if (6u * CHUNK < DK4) { value_block(base, 6u * CHUNK); }
     }
 }
 

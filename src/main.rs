@@ -70,7 +70,8 @@ enum Command {
         /// A custom shape instead of the named ones: `classic:b=1,l=128,d=512,h=8`,
         /// `per_head:b=16,l=128,e=128,qk=256,v=512,h=8` (`lq=`, `lk=` may replace `l=`), or
         /// `decode:b=1,h=32,kvh=8,d=128,ctx=4096`, or `serve:div=16` (the serve bench with every
-        /// token count divided by 16).
+        /// token count divided by 16; `serve:kv=q8_0+q4_0` times only the mixed decode over
+        /// pools of those types against an f16 pool).
         #[arg(long)]
         config: Option<String>,
         /// Timed runs per measurement after one warm-up (median reported; at least 5).
@@ -203,7 +204,7 @@ fn bench(
             (None, Some(other)) => {
                 return Err(wgpu_mha::Error::Misuse(format!(
                     "--only serve takes --config serve:div=N (every token count divided by a \
-                     power of two up to 256), not `{other}`"
+                     power of two up to 256) and kv=q8_0+q4_0 (pool types), not `{other}`"
                 )))
             }
             (None, None) => cli::bench_serve::ServeSize::default(),

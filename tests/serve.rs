@@ -11,7 +11,7 @@ use wgpu_mha::serve::{
     BatchAttention, BatchOptions, KvLayout, PageAllocator, PageTable, PagedKvPool, PlanInputs,
     PoolConfig,
 };
-use wgpu_mha::{Gpu, GpuTensor, Mask, MaskTensor, Tensor};
+use wgpu_mha::{Gpu, GpuTensor, KvDtype, Mask, MaskTensor, Tensor};
 
 /// SplitMix64: the tests' own seeded integers.
 struct Rng(u64);
@@ -65,7 +65,7 @@ impl Batch {
             for h in 0..c.kv_heads {
                 for d in 0..c.head_dim {
                     let x = self.pool[c.index(page, which, t % c.page_size, h, d)];
-                    out.push(stored(x, c.f16));
+                    out.push(stored(x, c.dtype == KvDtype::F16));
                 }
             }
         }
@@ -161,7 +161,7 @@ impl Batch {
             head_dim: self.config.head_dim,
             page_size: self.config.page_size,
             layout: self.config.layout,
-            f16: self.config.f16,
+            dtype: self.config.dtype,
             options: self.options.clone(),
         }
     }
@@ -196,12 +196,25 @@ impl Batch {
             out.iter().all(|x| x.is_finite()),
             "{label}: non-finite output"
         );
-        let tol = common::tolerance(&want).max(if self.config.f16 { 2e-5 } else { 1e-5 });
+        let tol = common::tolerance(&want).max(if self.config.dtype == KvDtype::F16 {
+            2e-5
+        } else {
+            1e-5
+        });
         common::assert_within(label, &out, &want, tol);
         if let Some(lse) = lse {
             common::assert_within(&format!("{label} lse"), &lse, &want_lse, 1e-4);
         }
         plan
+    }
+}
+
+/// The float pool type of `f16`.
+fn float_dtype(f16: bool) -> KvDtype {
+    if f16 {
+        KvDtype::F16
+    } else {
+        KvDtype::F32
     }
 }
 
@@ -278,7 +291,7 @@ fn random_batch(
         kv_heads: heads.1,
         head_dim,
         layout,
-        f16,
+        dtype: float_dtype(f16),
     };
     let total_q = *qo_indptr.last().expect("indptr") as usize;
     Batch {
@@ -336,8 +349,8 @@ fn random_batches_match_the_reference_gathering_pages() {
         b.options = random_options(&mut r, heads.0);
         let label = format!(
             "seed {seed}: {n} seqs, page {page_size}, heads {heads:?}, d {head_dim}, {layout:?}, \
-             f16 {}, {:?}",
-            b.config.f16, b.options
+             {}, {:?}",
+            b.config.dtype, b.options
         );
         let plan = b.check(&label);
         split |= plan.chunk_keys() < max_ctx;
@@ -531,7 +544,7 @@ fn appends_land_in_their_slots_and_skip_negative_ones() {
             kv_heads: 2,
             head_dim: 6,
             layout,
-            f16,
+            dtype: float_dtype(f16),
         };
         let pool = PagedKvPool::new(g, config).expect("pool");
         let slots: Vec<i64> = vec![0, 19, -1, 7, 8];
@@ -578,7 +591,7 @@ fn an_allocator_serves_a_shared_prompt_with_copy_on_write() {
         kv_heads: h_kv,
         head_dim: d,
         layout: KvLayout::Nhd,
-        f16: false,
+        dtype: KvDtype::F32,
     };
     let pool = PagedKvPool::new(g, config).expect("pool");
     let mut alloc = PageAllocator::new(config.max_pages, ps);
@@ -785,7 +798,7 @@ proptest::proptest! {
             head_dim: 4,
             page_size: 4,
             layout: KvLayout::Nhd,
-            f16: false,
+            dtype: KvDtype::F32,
             options: BatchOptions { causal: true, ..Default::default() },
         };
         match BatchAttention::plan(g, &inputs) {
@@ -1033,8 +1046,8 @@ fn decode_batches_match_the_reference() {
         b.options = random_options(&mut r, heads.0);
         let label = format!(
             "decode seed {seed}: {n} seqs, page {page_size}, heads {heads:?}, d {head_dim}, \
-             {layout:?}, f16 {}, {:?}",
-            b.config.f16, b.options
+             {layout:?}, {}, {:?}",
+            b.config.dtype, b.options
         );
         let plan = b.check(&label);
         // A CPU adapter runs the lane-keys body where it takes the heads, else the register

@@ -60,7 +60,7 @@ fn a_continuous_batch_matches_each_request_alone() {
             kv_heads: 2,
             head_dim: 8,
             layout,
-            f16: false,
+            dtype: wgpu_mha::KvDtype::F32,
         };
         let pools = [(); 2].map(|_| PagedKvPool::new(gpu(), pool_config).expect("pool"));
         let mut alloc = PageAllocator::new(pool_config.max_pages, page_size);

@@ -21,7 +21,11 @@ use wgpu_mha::kernels::paged_merge::{self, MergeParams};
 use wgpu_mha::kernels::qk_norm::{self, NormParams};
 use wgpu_mha::kernels::read_probe::{self, ProbeParams};
 use wgpu_mha::kernels::{av_combine, naive, rope, scores, softmax, GEMM_TILE};
-use wgpu_mha::KernelClass;
+use wgpu_mha::serve::PoolFormat;
+use wgpu_mha::{KernelClass, KvDtype};
+
+/// Every element type of a page pool.
+const POOL_DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0];
 
 fn parse(name: &str, source: &str) -> Result<naga::Module, String> {
     naga::front::wgsl::parse_str(source)
@@ -78,8 +82,22 @@ fn all_sources() -> Vec<(String, String)> {
             "merge_state".to_string(),
             wgpu_mha::kernels::merge_state::WGSL.to_string(),
         ),
-        ("paged_append".to_string(), paged_append::source(false)),
-        ("paged_append f16".to_string(), paged_append::source(true)),
+        (
+            "paged_append".to_string(),
+            paged_append::source(KvDtype::F32),
+        ),
+        (
+            "paged_append f16".to_string(),
+            paged_append::source(KvDtype::F16),
+        ),
+        (
+            "paged_append q8_0".to_string(),
+            paged_append::source(KvDtype::Q8_0),
+        ),
+        (
+            "paged_append q4_0".to_string(),
+            paged_append::source(KvDtype::Q4_0),
+        ),
         ("paged_merge d4 1".to_string(), paged_merge::source(1)),
         ("paged_merge d4 32".to_string(), paged_merge::source(32)),
         ("linear_naive".to_string(), naive::LINEAR_WGSL.to_string()),
@@ -127,16 +145,21 @@ fn all_sources() -> Vec<(String, String)> {
             }
         }
     }
-    // Paged attention: both adapter classes' shapes, tiles shrunk for wide heads, f16 pools.
+    // Paged attention: both adapter classes' shapes, tiles shrunk for wide heads, f16 and
+    // quantized pools (head sizes of whole blocks).
     for (threads, slots, key_tile) in [(8, 8, 16), (64, 16, 32), (64, 4, 4), (8, 1, 4)] {
         for d4 in [1, 3, 16, 32, 64] {
-            for f16 in [false, true] {
+            for dtype in POOL_DTYPES {
+                if dtype.check_head_dim("d", 4 * d4 as usize).is_err() {
+                    continue;
+                }
                 let s = PagedShape {
                     threads,
                     slots,
                     key_tile,
                     d4,
-                    f16,
+                    f16: dtype == KvDtype::F16,
+                    kv_bits: dtype.quant_bits(),
                 };
                 all.push((format!("paged {s:?}"), paged_attention::source(s)));
             }
@@ -146,11 +169,14 @@ fn all_sources() -> Vec<(String, String)> {
     // it does not take, 30, or 128 with 8 heads, go to the other bodies).
     for group in [1, 2, 3, 4, 8] {
         for head_dim in [4, 30, 64, 128] {
-            for f16 in [false, true] {
+            for dtype in POOL_DTYPES {
+                if dtype.check_head_dim("d", head_dim).is_err() {
+                    continue;
+                }
                 let shape = wgpu_mha::kernels::paged_decode::DecodeShape::within(
                     32 * 1024,
                     head_dim,
-                    f16,
+                    dtype,
                     group,
                 );
                 let takes = head_dim % 4 == 0 && group.next_power_of_two() * head_dim <= 512;
@@ -167,12 +193,15 @@ fn all_sources() -> Vec<(String, String)> {
     // The register-tiled body: lavapipe's and GL's rows, narrow, odd and wide heads.
     for rows in [1, 2, 4, 8] {
         for head_dim in [4, 30, 128, 256] {
-            for f16 in [false, true] {
+            for dtype in POOL_DTYPES {
+                if dtype.check_head_dim("d", head_dim).is_err() {
+                    continue;
+                }
                 let s = wgpu_mha::kernels::paged_prefill::PrefillShape::within(
                     32 * 1024,
                     rows,
                     head_dim,
-                    f16,
+                    dtype,
                 )
                 .expect("fits 32 KiB");
                 all.push((
@@ -566,6 +595,7 @@ fn uniform_structs_match_their_wgsl_layout() {
                 key_tile: 16,
                 d4: 16,
                 f16: false,
+                kv_bits: 0,
             }),
             host_layout!(
                 PagedParams,
@@ -618,7 +648,7 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(MergeStateParams, [rows, head_dim, groups_x, _pad]),
         ),
         (
-            paged_append::source(false),
+            paged_append::source(KvDtype::F32),
             host_layout!(
                 PagedAppendParams,
                 [
@@ -632,10 +662,41 @@ fn uniform_structs_match_their_wgsl_layout() {
                     v_offset,
                     row_stride,
                     head_stride,
-                    _pad0,
+                    scales,
                     _pad1
                 ]
             ),
+        ),
+        (
+            paged_append::source(KvDtype::Q8_0),
+            host_layout!(
+                PagedAppendParams,
+                [
+                    tokens,
+                    kv_heads,
+                    head_dim,
+                    page_size,
+                    hnd,
+                    groups_x,
+                    k_offset,
+                    v_offset,
+                    row_stride,
+                    head_stride,
+                    scales,
+                    _pad1
+                ]
+            ),
+        ),
+        (
+            paged_attention::source(PagedShape {
+                threads: 8,
+                slots: 8,
+                key_tile: 16,
+                d4: 16,
+                f16: false,
+                kv_bits: 4,
+            }),
+            host_layout!(PoolFormat, [scales, _pad0, _pad1, _pad2]),
         ),
         (
             kv_append::source(false, 0),
@@ -835,6 +896,7 @@ fn paged_attention_constants_match_the_host() {
         key_tile: 32,
         d4: 32,
         f16: false,
+        kv_bits: 0,
     };
     let m = validate("paged", &paged_attention::source(shape)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(constant(&m, "ITEM_WORDS"), ITEM_WORDS as f64);

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use wgpu_mha::serve::{
     BatchAttention, BatchOptions, KvLayout, PageTable, PagedKvPool, PlanInputs, PoolConfig,
 };
-use wgpu_mha::{Error, Gpu, GpuTensor};
+use wgpu_mha::{Error, Gpu, GpuTensor, KvDtype};
 
 use crate::arrays::{array_f32, host};
 use crate::device::Device;
@@ -38,7 +38,7 @@ fn layout_name(layout: KvLayout) -> &'static str {
     }
 }
 
-/// One layer's keys and values in pages on the device, f32 or f16.
+/// One layer's keys and values in pages on the device: f32, f16, or q8_0 / q4_0 blocks.
 #[pyclass(module = "wgpu_mha._native", name = "PagedPool", frozen)]
 pub struct PagedPool {
     gpu: Gpu,
@@ -49,9 +49,10 @@ pub struct PagedPool {
 impl PagedPool {
     /// A pool of zeros, or holding `data` (float32 or float16, in the pool's layout: `[max_pages,
     /// 2, page_size, kv_heads, head_dim]` for NHD, `[max_pages, 2, kv_heads, page_size,
-    /// head_dim]` for HND).
+    /// head_dim]` for HND), of `kv_dtype` elements ("f32", "f16", "q8_0", "q4_0"; a quantized
+    /// pool quantizes `data`).
     #[new]
-    #[pyo3(signature = (device, max_pages, page_size, kv_heads, head_dim, kv_layout, f16, data=None))]
+    #[pyo3(signature = (device, max_pages, page_size, kv_heads, head_dim, kv_layout, kv_dtype, data=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -61,7 +62,7 @@ impl PagedPool {
         kv_heads: usize,
         head_dim: usize,
         kv_layout: &str,
-        f16: bool,
+        kv_dtype: &str,
         data: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let config = PoolConfig {
@@ -70,7 +71,7 @@ impl PagedPool {
             kv_heads,
             head_dim,
             layout: layout(kv_layout)?,
-            f16,
+            dtype: KvDtype::parse(kv_dtype).map_err(to_py)?,
         };
         let data = match data {
             Some(d) if !d.is_none() => Some(host(d, "paged_kv_cache")?.to_f32()),
@@ -123,9 +124,16 @@ impl PagedPool {
     fn kv_layout(&self) -> &'static str {
         layout_name(self.pool.config().layout)
     }
+    /// "f32", "f16", "q8_0" or "q4_0".
     #[getter]
-    fn f16(&self) -> bool {
-        self.pool.config().f16
+    fn kv_dtype(&self) -> &'static str {
+        self.pool.config().dtype.name()
+    }
+
+    /// Bytes one token takes in this pool (its keys and values, the blocks' real bytes).
+    #[getter]
+    fn bytes_per_token(&self) -> u64 {
+        self.pool.config().bytes_per_token()
     }
 }
 
@@ -144,7 +152,7 @@ impl BatchPlan {
     /// The four tables are uint32 numpy arrays; `window_left` None = no window, `softcap` None
     /// = none, `scale` None = 1/√head_dim.
     #[new]
-    #[pyo3(signature = (device, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, kv_layout, f16, causal, window_left=None, softcap=None, scale=None))]
+    #[pyo3(signature = (device, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, kv_layout, kv_dtype, causal, window_left=None, softcap=None, scale=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -158,7 +166,7 @@ impl BatchPlan {
         head_dim: usize,
         page_size: usize,
         kv_layout: &str,
-        f16: bool,
+        kv_dtype: &str,
         causal: bool,
         window_left: Option<usize>,
         softcap: Option<f32>,
@@ -171,6 +179,7 @@ impl BatchPlan {
             kv_last_page_len: host_vec::<u32>(kv_last_page_len, "kv_last_page_len")?,
         };
         let layout = layout(kv_layout)?;
+        let dtype = KvDtype::parse(kv_dtype).map_err(to_py)?;
         let gpu = device.gpu.clone();
         let plan = guard(py, || {
             BatchAttention::plan(
@@ -183,7 +192,7 @@ impl BatchPlan {
                     head_dim,
                     page_size,
                     layout,
-                    f16,
+                    dtype,
                     options: BatchOptions {
                         causal,
                         window_left,

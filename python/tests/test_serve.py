@@ -2,7 +2,7 @@
 float64 numpy reference that gathers each sequence's keys and values from its pages and runs
 plain attention: pages shuffled and shared between sequences, NHD and HND, page sizes 1 and 16,
 GQA, causal (bottom-right), window_left, softcap, sm_scale, lse; appends; torch in and out;
-float16 pools; and every bad index refused by name."""
+float16 and q8_0 / q4_0 pools; and every bad index refused by name."""
 
 import numpy as np
 import pytest
@@ -212,6 +212,32 @@ def test_float16_pool():
     np.testing.assert_allclose(w.run(q, pool), want, atol=TOL)
     with pytest.raises(ValueError, match="kv_data_type is float16"):
         w.run(q, wgpu_mha.PagedKVCache.from_array(pool.astype(np.float32)))
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_quantized_pool(kv):
+    rng = np.random.default_rng(21)
+    h, hkv, d, ps = 4, 2, 32, 16
+    t = batch(rng, ps, [40, 9], [4, 1], 6)
+    pool = rng.standard_normal(pool_shape("NHD", 6, ps, hkv, d)).astype(np.float32)
+    cache = wgpu_mha.PagedKVCache.from_array(pool, dtype=kv)
+    assert cache.kv_dtype == kv and cache.dtype == np.float32
+    assert cache.bytes_per_token == 2 * hkv * d // 32 * (34 if kv == "q8_0" else 18)
+    # Read back dequantized: each value within half its block's step (q4_0 at the clamp: a step).
+    stored = cache.to_numpy()
+    step = np.abs(pool).reshape(-1, 32).max(-1, keepdims=True) / (127 if kv == "q8_0" else 8)
+    err = np.abs(stored - pool).reshape(-1, 32)
+    assert (err <= step * (0.5 if kv == "q8_0" else 1.0) * 1.01).all()
+    # The attention is exact over what the cache holds.
+    q = rng.standard_normal((5, h, d)).astype(np.float32)
+    w = wgpu_mha.BatchAttention()
+    plan(w, t, h, hkv, d, ps, kv_data_type=kv)
+    np.testing.assert_allclose(w.run(q, cache), reference(q, stored, "NHD", t, ps)[0], atol=TOL)
+    with pytest.raises(ValueError, match="kv_data_type is float32"):
+        plan(w, t, h, hkv, d, ps)
+        w.run(q, cache)
+    with pytest.raises(ValueError, match="head_dim 16"):
+        wgpu_mha.PagedKVCache(6, ps, hkv, 16, dtype=kv)
 
 
 def test_merge_state_is_the_math():

@@ -28,10 +28,17 @@ def _layout(kv_layout: Any) -> str:
     return kv_layout.upper()
 
 
-def _is_f16(dtype: Any, name: str) -> bool:
-    """float16 (torch.float16, np.float16, "float16") or float32 (those, or None)."""
+_QUANTIZED = ("q8_0", "q4_0")
+
+
+def _kv_dtype(dtype: Any, name: str) -> str:
+    """The native pool type: "f16" for float16 (torch.float16, np.float16, "float16"), "f32" for
+    float32 (those, or None), or llama.cpp's blocks "q8_0" / "q4_0" (head sizes of whole blocks
+    of 32; values are quantized on append and read back dequantized, as float32)."""
     if dtype is None:
-        return False
+        return "f32"
+    if isinstance(dtype, str) and dtype.lower() in _QUANTIZED:
+        return dtype.lower()
     if type(dtype).__module__ == "torch":
         text = str(dtype).replace("torch.", "")  # a torch.dtype
     else:
@@ -40,8 +47,12 @@ def _is_f16(dtype: Any, name: str) -> bool:
         except TypeError:
             text = str(dtype)
     if text in ("float16", "float32"):
-        return text == "float16"
-    raise TypeError(f"{name} must be float32 or float16, got {dtype!r}")
+        return "f16" if text == "float16" else "f32"
+    raise TypeError(f"{name} must be float32 or float16 (or \"q8_0\", \"q4_0\"), got {dtype!r}")
+
+
+def _kv_name(kv: str) -> str:
+    return {"f32": "float32", "f16": "float16"}.get(kv, kv)
 
 
 def _indices(x: Any, name: str) -> np.ndarray:
@@ -101,11 +112,11 @@ class PagedKVCache:
     ):
         self._device = resolve(device)
         self._layout = _layout(kv_layout)
-        self._f16 = _is_f16(dtype, "dtype")
+        self._kv = _kv_dtype(dtype, "dtype")
         dims = [size(x, n) for x, n in ((max_pages, "max_pages"), (page_size, "page_size"),
                                         (num_kv_heads, "num_kv_heads"), (head_dim, "head_dim"))]
         self.max_pages, self.page_size, self.num_kv_heads, self.head_dim = dims
-        self._native = _native.PagedPool(self._device, *dims, self._layout, self._f16, _data)
+        self._native = _native.PagedPool(self._device, *dims, self._layout, self._kv, _data)
 
     @classmethod
     def from_array(
@@ -126,7 +137,19 @@ class PagedKVCache:
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(np.float16 if self._f16 else np.float32)
+        """What :meth:`to_numpy` gives: float16 for a float16 cache, else float32 (a q8_0 /
+        q4_0 cache's blocks dequantized; see :attr:`kv_dtype`)."""
+        return np.dtype(np.float16 if self._kv == "f16" else np.float32)
+
+    @property
+    def kv_dtype(self) -> str:
+        """How the cache stores its values: "float32", "float16", "q8_0" or "q4_0"."""
+        return _kv_name(self._kv)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token's keys and values take (q8_0: 34 per 32 values, q4_0: 18)."""
+        return self._native.bytes_per_token
 
     @property
     def kv_layout(self) -> str:
@@ -141,7 +164,9 @@ class PagedKVCache:
         return self._native.read().astype(self.dtype, copy=False)
 
     def __repr__(self) -> str:
-        return f"wgpu_mha.PagedKVCache(shape={self.shape}, dtype={self.dtype}, kv_layout={self._layout!r})"
+        return (
+            f"wgpu_mha.PagedKVCache(shape={self.shape}, kv_dtype={self.kv_dtype}, kv_layout={self._layout!r})"
+        )
 
 
 def _slots(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, n, max_pages, page_size):
@@ -258,7 +283,7 @@ class BatchAttention:
         self._layout = _layout(kv_layout)
         self._device = resolve(device)
         self._plan = None
-        self._f16 = False
+        self._kv = "f32"
 
     @property
     def kv_layout(self) -> str:
@@ -287,7 +312,7 @@ class BatchAttention:
         its last tokens). ``window_left`` (FlashInfer's): and ``j >= i - window_left``; -1 = no
         window. ``logits_soft_cap`` ``c``: scores become ``c·tanh(s/c)`` (None or 0 = none).
         ``sm_scale``: default ``1/sqrt(head_dim)``. ``kv_data_type``: the caches' dtype,
-        float32 (default) or float16 (RuntimeError without ``SHADER_F16``).
+        float32 (default), float16 (RuntimeError without ``SHADER_F16``), "q8_0" or "q4_0".
 
         The plan always writes the log-sum-exp, so :meth:`run` returns it or not without
         planning again (``total_q × H`` floats more per layer; read back only when asked)."""
@@ -316,11 +341,11 @@ class BatchAttention:
                 (page_size, "page_size"),
             )
         ]
-        f16 = _is_f16(kv_data_type, "kv_data_type")
+        kv = _kv_dtype(kv_data_type, "kv_data_type")
         self._plan = _native.BatchPlan(
-            self._device, *tables, *dims, self._layout, f16, bool(causal), None if window < 0 else window, cap, scale
+            self._device, *tables, *dims, self._layout, kv, bool(causal), None if window < 0 else window, cap, scale
         )
-        self._f16 = f16
+        self._kv = kv
         self._dims = dims
 
     def run(self, q: Any, paged_kv_cache: Any, return_lse: bool = False):
@@ -335,13 +360,13 @@ class BatchAttention:
         qa, kind = float_input(q, "q")
         qa = np.ascontiguousarray(qa, dtype=np.float32)
         _, hkv, d, ps = self._dims
-        want_dtype = "float16" if self._f16 else "float32"
+        want_dtype = _kv_name(self._kv)
         if isinstance(paged_kv_cache, PagedKVCache):
             c = paged_kv_cache
             if c.kv_layout != self._layout:
                 raise ValueError(f"the cache is {c.kv_layout}, but this BatchAttention is {self._layout}")
-            if c._f16 != self._f16:
-                raise ValueError(f"the cache is {c.dtype}, but the plan's kv_data_type is {want_dtype}")
+            if c._kv != self._kv:
+                raise ValueError(f"the cache is {c.kv_dtype}, but the plan's kv_data_type is {want_dtype}")
             if c.device is not self._device:
                 raise ValueError("the cache lives on another wgpu_mha.Device than this BatchAttention")
             pool = c._native
@@ -353,8 +378,8 @@ class BatchAttention:
                     f"paged_kv_cache of shape {a.shape} is not the planned {self._layout} pool "
                     f"(page_size {ps}, num_kv_heads {hkv}, head_dim {d})"
                 )
-            a = a if (self._f16 and a.dtype == np.float16) else a.astype(np.float32, copy=False)
-            pool = _native.PagedPool(self._device, *dims, self._layout, self._f16, np.ascontiguousarray(a))
+            a = a if (self._kv == "f16" and a.dtype == np.float16) else a.astype(np.float32, copy=False)
+            pool = _native.PagedPool(self._device, *dims, self._layout, self._kv, np.ascontiguousarray(a))
         out, lse = self._plan.run(qa, pool, bool(return_lse))
         out = kind.back(out)
         if not return_lse:

@@ -14,6 +14,12 @@
 //!   (`flash_attention`) on B1 H32 Lq 256 Lk 3,584 (the chunks' mean context) d128, no mask,
 //!   in the row's data type; `vs_flash` is their ratio.
 //!
+//! With `--config serve:kv=q8_0+q4_0` (any of f32, f16, q8_0, q4_0, `+`-separated, beside
+//! `div=`) the bench runs only `kv_decode`: the mixed decode step over pools of each listed type
+//! and of f16 (f32 where the adapter has no SHADER_F16), each checked against the f64 reference
+//! over its pool's own (dequantized) contents, then timed in turn; `vs_f16` (or `vs_f32`) is
+//! each type's step time over the float pool's.
+//!
 //! Every row carries both read bounds measured in the same run: the fastest read-probe shape
 //! over the step's K/V bytes (`probe_gbps`), timed in turn with the step, and the host's read
 //! bandwidth over as many bytes (`host_read_gbps`). Each step's output is checked (sampled
@@ -26,6 +32,7 @@ use wgpu_mha::gpu::Gpu;
 use wgpu_mha::kernels::read_probe::ProbeShape;
 use wgpu_mha::kernels::standalone::{Core, CoreDims, Job};
 use wgpu_mha::model::mask::Mask;
+use wgpu_mha::KvDtype;
 
 use super::bench::Timed;
 use super::bench_decode::{probe_jobs, Bounds};
@@ -36,33 +43,52 @@ pub(super) const KV_HEADS: usize = 8;
 pub(super) const HEAD_DIM: usize = 128;
 pub(super) const PAGE: usize = 16;
 
-/// The sizes of a serve bench: every token count (contexts, prefill rows) divided by `div`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The sizes of a serve bench: every token count (contexts, prefill rows) divided by `div`;
+/// with pool types in `kv`, only the mixed decode over pools of those types and a float one.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeSize {
     pub div: usize,
+    pub kv: Vec<KvDtype>,
 }
 
 impl Default for ServeSize {
     /// The sizes.
     fn default() -> Self {
-        ServeSize { div: 1 }
+        ServeSize {
+            div: 1,
+            kv: Vec::new(),
+        }
     }
 }
 
 impl ServeSize {
-    /// `serve:div=16` (or `serve:` for the full sizes): `div` a power of two from 1 to 256.
+    /// `serve:div=16` (or `serve:` for the full sizes): `div` a power of two from 1 to 256;
+    /// `kv=q8_0+q4_0`: pool types (f32, f16, q8_0, q4_0) whose mixed decode is timed against a
+    /// float pool's.
     pub fn parse(spec: &str) -> Result<Self> {
         let bad = |why: String| Error::Misuse(format!("serve bench spec `{spec}`: {why}"));
         let body = spec
             .strip_prefix("serve:")
-            .ok_or_else(|| bad("expected `serve:` and optionally `div=N`".into()))?;
+            .ok_or_else(|| bad("expected `serve:` and optionally `div=N`, `kv=…`".into()))?;
         let mut size = ServeSize::default();
         for pair in body.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad(format!("`{pair}` is not key=value")))?;
+            if key.trim() == "kv" {
+                for name in value.split('+') {
+                    let dtype = KvDtype::parse(name.trim()).map_err(|e| bad(e.to_string()))?;
+                    if !size.kv.contains(&dtype) {
+                        size.kv.push(dtype);
+                    }
+                }
+                if size.kv.is_empty() {
+                    return Err(bad("kv= lists no pool type".into()));
+                }
+                continue;
+            }
             if key.trim() != "div" {
-                return Err(bad(format!("unknown key `{}` (div)", key.trim())));
+                return Err(bad(format!("unknown key `{}` (div, kv)", key.trim())));
             }
             size.div = value
                 .trim()
@@ -83,7 +109,7 @@ impl ServeSize {
     }
 
     /// `(kv tokens, query rows)` of each sequence of the mixed decode step.
-    fn mixed_decode(&self) -> Vec<(usize, usize)> {
+    pub(super) fn mixed_decode(&self) -> Vec<(usize, usize)> {
         let mut seqs = vec![(self.tokens(1_024), 1); 15];
         seqs.push((self.tokens(32_768), 1));
         seqs
@@ -198,7 +224,7 @@ fn cannot_run_here(e: &Error) -> bool {
 
 /// `a` on success; on an error that says it cannot run here, `Ok(None)` after pushing skipped
 /// rows with the reason; any other error as it is.
-fn or_skip<T>(
+pub(super) fn or_skip<T>(
     r: Result<T>,
     rows: &[(&'static str, &'static str, String)],
     out: &mut Vec<ServeResult>,
@@ -264,7 +290,7 @@ fn check_flash(
 }
 
 /// `first`, then every probe job, to be timed in turn.
-fn with_probes<'a>(
+pub(super) fn with_probes<'a>(
     mut first: Vec<&'a dyn Timed>,
     probes: &'a [(ProbeShape, Job)],
 ) -> Vec<&'a dyn Timed> {
@@ -272,7 +298,7 @@ fn with_probes<'a>(
     first
 }
 
-fn describe(seqs: &[(usize, usize)]) -> String {
+pub(super) fn describe(seqs: &[(usize, usize)]) -> String {
     let mut parts: Vec<(usize, (usize, usize))> = Vec::new();
     for &s in seqs {
         match parts.last_mut() {
@@ -309,6 +335,11 @@ pub fn run(
         }
     };
 
+    if !size.kv.is_empty() {
+        super::bench_serve_kv::kv_decode(gpu, &size, &timed, &mut rows, &mut report)?;
+        return Ok(rows);
+    }
+
     // (a) + (b): the mixed and the uniform decode step, timed in turn.
     for (f16, dtype) in [(true, "f16"), (false, "f32")] {
         let (mixed_seqs, uniform_seqs) = (size.mixed_decode(), size.uniform_decode());
@@ -317,8 +348,8 @@ pub fn run(
             ("uniform_decode", dtype, describe(&uniform_seqs)),
         ];
         let built = (|| -> Result<_> {
-            let mixed = PagedBatch::new(gpu, &mixed_seqs, f16, false, 11)?;
-            let uniform = PagedBatch::new(gpu, &uniform_seqs, f16, false, 12)?;
+            let mixed = PagedBatch::new(gpu, &mixed_seqs, kv_dtype(f16), false, 11)?;
+            let uniform = PagedBatch::new(gpu, &uniform_seqs, kv_dtype(f16), false, 12)?;
             let probes = probe_jobs(gpu, mixed.kv_bytes())?;
             Ok((mixed, uniform, probes))
         })();
@@ -353,7 +384,7 @@ pub fn run(
         let seqs = vec![(ctx, 1); batch];
         let names = [("paged_vs_contiguous", "f32", describe(&seqs))];
         let built = (|| -> Result<_> {
-            let paged = PagedBatch::new(gpu, &seqs, false, false, 13)?;
+            let paged = PagedBatch::new(gpu, &seqs, KvDtype::F32, false, 13)?;
             let dims = CoreDims {
                 batch,
                 heads: HEADS,
@@ -424,7 +455,7 @@ pub fn run(
     for (f16, dtype) in [(true, "f16"), (false, "f32")] {
         let names = [("mixed_step", dtype, describe(&step_seqs))];
         let built = (|| -> Result<_> {
-            let step = PagedBatch::new(gpu, &step_seqs, f16, true, 14)?;
+            let step = PagedBatch::new(gpu, &step_seqs, kv_dtype(f16), true, 14)?;
             let mut rng = Rng(15);
             let z = HEADS * HEAD_DIM;
             // The f16 step's baseline reads f16 keys and values too (and f16 queries: the fused
@@ -490,13 +521,23 @@ pub fn run(
     Ok(rows)
 }
 
+/// The float pool type of `f16`.
+pub(super) fn kv_dtype(f16: bool) -> KvDtype {
+    match f16 {
+        true => KvDtype::F16,
+        false => KvDtype::F32,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::ServeSize;
+    use super::{KvDtype, ServeSize};
 
     #[test]
     fn sizes_parse_and_divide_every_token_count() {
         assert_eq!(ServeSize::parse("serve:").unwrap(), ServeSize::default());
+        let kv = ServeSize::parse("serve:div=4,kv=q8_0+Q4_0+q8_0").unwrap();
+        assert_eq!((kv.div, kv.kv), (4, vec![KvDtype::Q8_0, KvDtype::Q4_0]));
         let s = ServeSize::parse("serve:div=64").unwrap();
         assert_eq!(s.mixed_decode().iter().map(|x| x.0).sum::<usize>(), 752);
         assert_eq!(s.uniform_decode(), vec![(47, 1); 16]);
@@ -512,6 +553,8 @@ mod tests {
             "serve:div=3",
             "serve:div=512",
             "serve:x=1",
+            "serve:kv=",
+            "serve:kv=q5_1",
             "decode:",
         ] {
             assert!(ServeSize::parse(bad).is_err(), "{bad}");

@@ -6,6 +6,7 @@ pub mod bench_config;
 pub mod bench_decode;
 pub mod bench_sdpa;
 pub mod bench_serve;
+mod bench_serve_kv;
 pub mod hf;
 pub mod interop;
 pub mod progress;

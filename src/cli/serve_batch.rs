@@ -4,6 +4,7 @@
 use wgpu_mha::error::{Error, Result};
 use wgpu_mha::gpu::timer::PassTimer;
 use wgpu_mha::gpu::Gpu;
+use wgpu_mha::kv_dtype::{self, KvDtype};
 use wgpu_mha::model::tensor::Tensor;
 use wgpu_mha::serve::{
     BatchAttention, BatchOptions, KvLayout, PageTable, PagedKvPool, PlanInputs, PoolConfig,
@@ -67,7 +68,7 @@ impl PagedBatch {
     pub(super) fn new(
         gpu: &Gpu,
         seqs: &[(usize, usize)],
-        f16: bool,
+        dtype: KvDtype,
         causal: bool,
         seed: u64,
     ) -> Result<Self> {
@@ -78,7 +79,7 @@ impl PagedBatch {
             kv_heads: KV_HEADS,
             head_dim: HEAD_DIM,
             layout: KvLayout::Nhd,
-            f16,
+            dtype,
         };
         config.check(gpu)?;
         let mut rng = Rng(seed);
@@ -113,12 +114,17 @@ impl PagedBatch {
                 head_dim: HEAD_DIM,
                 page_size: PAGE,
                 layout: KvLayout::Nhd,
-                f16,
+                dtype,
                 options,
             },
         )?;
-        let host_pool = rng.floats(config.elements());
+        let mut host_pool = rng.floats(config.elements());
         let pool = PagedKvPool::upload(gpu, config, &host_pool)?;
+        if dtype.quantized() {
+            // The check reads the pool as stored: its blocks dequantized.
+            let words = kv_dtype::quantize(dtype, &host_pool)?;
+            host_pool = kv_dtype::dequantize(dtype, &words, host_pool.len())?;
+        }
         let q_host = rng.floats(total_q * HEADS * HEAD_DIM);
         let q = GpuTensor::upload(
             gpu,
@@ -138,11 +144,11 @@ impl PagedBatch {
         })
     }
 
-    /// K/V bytes one step reads (each sequence's keys and values once).
+    /// K/V bytes one step reads (each sequence's keys and values once, in the pool's blocks).
     pub(super) fn kv_bytes(&self) -> u64 {
         let c = self.pool.config();
         let tokens: usize = self.seqs.iter().map(|s| s.0).sum();
-        (2 * tokens * KV_HEADS * HEAD_DIM * c.element_bytes()) as u64
+        tokens as u64 * c.bytes_per_token()
     }
 
     /// Multiply-adds of `q·kᵀ` and `p·v`, ×2: 4 · H · D per visible key of each row.
@@ -164,7 +170,7 @@ impl PagedBatch {
         let c = self.pool.config();
         let page = self.table.pages(s)[j / PAGE] as usize;
         let x = self.host_pool[c.index(page, which, j % PAGE, kvh, d)];
-        if c.f16 {
+        if c.dtype == KvDtype::F16 {
             half::f16::from_f32(x).to_f64()
         } else {
             x as f64
@@ -192,7 +198,7 @@ impl PagedBatch {
     pub(super) fn check(&self, gpu: &Gpu, what: &str) -> Result<Vec<f32>> {
         self.run(None)?;
         let got = self.out.read(gpu)?.into_data();
-        let f16 = self.pool.config().f16;
+        let f16 = self.pool.config().dtype == KvDtype::F16;
         let tolerance = if f16 { 2e-3 } else { 1e-4 };
         let scale = 1.0 / (HEAD_DIM as f64).sqrt();
         let n = self.seqs.len();

@@ -1,12 +1,16 @@
 //! `paged_append`: new keys and values `[total_new, H_kv, D]` into their slots of a page pool
-//! (see `shaders/paged_append.wgsl`), in one dispatch for K and V together.
+//! (see `shaders/paged_append.wgsl`), in one dispatch for K and V together; into a quantized
+//! pool (`shaders/paged_append_quant.wgsl`) a block of 32 values per invocation.
 
 use crate::error::Result;
 use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 use crate::kernels::source::Prelude;
+use crate::kv_dtype::{KvDtype, BLOCK};
 
 pub const WGSL: &str = include_str!("../../shaders/paged_append.wgsl");
+/// Into a quantized pool: one invocation per block of 32 values of a (token, KV head).
+pub const QUANT_WGSL: &str = include_str!("../../shaders/paged_append_quant.wgsl");
 
 /// Invocations per workgroup.
 const WORKGROUP: usize = 64;
@@ -25,13 +29,19 @@ pub struct PagedAppendParams {
     pub v_offset: u32,
     pub row_stride: u32,
     pub head_stride: u32,
-    pub _pad0: u32,
+    /// A quantized pool's scales plane, in words (`paged_append_quant.wgsl`).
+    pub scales: u32,
     pub _pad1: u32,
 }
 
-/// The full source for a pool of f16 (`f16`) or f32 elements.
-pub fn source(f16: bool) -> String {
-    Prelude::new().elem("KvElem", f16).source(&[WGSL])
+/// The full source for a pool of `dtype` elements.
+pub fn source(dtype: KvDtype) -> String {
+    match dtype.quant_bits() {
+        0 => Prelude::new()
+            .elem("KvElem", dtype == KvDtype::F16)
+            .source(&[WGSL]),
+        bits => Prelude::new().u32("KV_BITS", bits).source(&[QUANT_WGSL]),
+    }
 }
 
 const SLOTS: &[Slot] = &[
@@ -54,20 +64,23 @@ pub struct AppendBindings<'a> {
 /// The one dispatch of an append (its parameters' `groups_x` is filled in here).
 pub fn dispatch(
     gpu: &Gpu,
-    f16: bool,
+    dtype: KvDtype,
     mut params: PagedAppendParams,
     b: &AppendBindings,
 ) -> Result<Dispatch> {
-    let label = if f16 {
-        "paged_append f16"
-    } else {
-        "paged_append"
+    let label = match dtype {
+        KvDtype::F32 => "paged_append",
+        KvDtype::F16 => "paged_append f16",
+        KvDtype::Q8_0 => "paged_append q8_0",
+        KvDtype::Q4_0 => "paged_append q4_0",
     };
     let pass = gpu.compile(label, &PassSpec::main("paged_append", SLOTS), || {
-        source(f16)
+        source(dtype)
     });
     let elements = params.tokens as usize * params.kv_heads as usize * params.head_dim as usize;
-    let groups = elements.div_ceil(WORKGROUP).max(1);
+    // A quantized pool takes a block of 32 values per invocation (head sizes whole blocks).
+    let per_invocation = if dtype.quantized() { BLOCK } else { 1 };
+    let groups = (elements / per_invocation).div_ceil(WORKGROUP).max(1);
     let max = gpu.limits().max_compute_workgroups_per_dimension as usize;
     let x = groups.min(max);
     params.groups_x = x as u32;

@@ -8,10 +8,17 @@ use crate::error::{Error, Result};
 use crate::gpu::pass::{Pass, PassSpec, Slot};
 use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::source::Prelude;
+use crate::kv_dtype::KvDtype;
 
 pub const WGSL: &str = include_str!("../../shaders/paged_attention.wgsl");
 /// Parameters, bindings and pool addressing shared with `paged_decode`.
 pub const COMMON_WGSL: &str = include_str!("../../shaders/paged_common.wgsl");
+/// The pool's binding, its rows read element by element (any head size).
+pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/paged_rows_scalar.wgsl");
+/// The pool's binding, its rows read as whole vec4s (head sizes that are multiples of 4).
+pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/paged_rows_vec4.wgsl");
+/// A quantized pool's binding and its format's, its rows dequantized from q8_0 / q4_0 words.
+pub const ROWS_QUANT_WGSL: &str = include_str!("../../shaders/paged_rows_quant.wgsl");
 
 /// u32 words per work item in the plan buffer (mirrors `ITEM_WORDS`).
 pub const ITEM_WORDS: usize = 12;
@@ -69,6 +76,8 @@ pub struct PagedShape {
     /// vec4s of a head (K and V share the head size in a pool).
     pub d4: u32,
     pub f16: bool,
+    /// Bits of a quantized pool's values (8: q8_0, 4: q4_0), 0 for a float pool.
+    pub kv_bits: u32,
 }
 
 impl PagedShape {
@@ -78,7 +87,13 @@ impl PagedShape {
     /// that the threads of empty slots share the busy ones' columns instead of idling — then
     /// halving the tile and the slots until the workgroup memory fits. `Err(Unsupported)` when
     /// not even one slot and 4 keys fit.
-    pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool, busy_slots: usize) -> Result<Self> {
+    pub fn for_device(
+        gpu: &Gpu,
+        head_dim: usize,
+        dtype: KvDtype,
+        busy_slots: usize,
+    ) -> Result<Self> {
+        let (f16, kv_bits) = (dtype == KvDtype::F16, dtype.quant_bits());
         let (threads, most_slots, mut key_tile) = match gpu.kernel_class() {
             KernelClass::Gpu => (64, 16, 32),
             KernelClass::Cpu => (8, 8, 16),
@@ -93,6 +108,7 @@ impl PagedShape {
                 key_tile,
                 d4,
                 f16,
+                kv_bits,
             };
             if shape.workgroup_bytes() <= limit {
                 return Ok(shape);
@@ -147,19 +163,35 @@ impl PagedShape {
     }
 }
 
-/// The full source: the shape's constants, the pool's element type, then the body.
+/// The full source: the shape's constants, the pool's element type, the pool's reads
+/// (element by element, or dequantized), then the body.
 pub fn source(shape: PagedShape) -> String {
-    Prelude::new()
+    let prelude = Prelude::new()
         .u32("THREADS", shape.threads)
         .u32("SLOTS", shape.slots)
         .u32("KEY_TILE", shape.key_tile)
         .u32("DK4", shape.d4)
-        .u32("DV4", shape.d4)
-        .elem("KvElem", shape.f16)
-        .source(&[COMMON_WGSL, WGSL])
+        .u32("DV4", shape.d4);
+    let (kv_quant, rows) = pool_reads(shape.kv_bits, ROWS_SCALAR_WGSL);
+    kv_prelude(prelude, shape.f16, shape.kv_bits).source(&[COMMON_WGSL, kv_quant, rows, WGSL])
 }
 
-/// The binding slots of both paged passes (`paged_decode` binds as this one does).
+/// The pool's element type (`KvElem`) and quant bits (`KV_BITS`) in a paged pass's prelude.
+pub(crate) fn kv_prelude(prelude: Prelude, f16: bool, kv_bits: u32) -> Prelude {
+    prelude.u32("KV_BITS", kv_bits).elem("KvElem", f16)
+}
+
+/// The snippets that read a pool's rows: `float_rows` for a float pool; the dequantizing
+/// ones for a quantized pool (`kv_bits` 8 or 4).
+pub(crate) fn pool_reads(kv_bits: u32, float_rows: &'static str) -> (&'static str, &'static str) {
+    match kv_bits {
+        0 => ("", float_rows),
+        _ => (super::KV_QUANT_WGSL, ROWS_QUANT_WGSL),
+    }
+}
+
+/// The binding slots of the paged passes over a float pool (`paged_decode` and
+/// `paged_prefill` bind as this one does).
 pub const SLOTS: &[Slot] = &[
     Slot::Uniform(0),
     Slot::Read(1),
@@ -170,12 +202,31 @@ pub const SLOTS: &[Slot] = &[
     Slot::Write(6),
 ];
 
+/// [`SLOTS`] and, for a quantized pool, its format's uniform (binding 7).
+pub const QUANT_SLOTS: &[Slot] = &[
+    Slot::Uniform(0),
+    Slot::Read(1),
+    Slot::Read(2),
+    Slot::Read(3),
+    Slot::Write(4),
+    Slot::Write(5),
+    Slot::Write(6),
+    Slot::Uniform(7),
+];
+
+/// The slots of a paged pass over a pool of `kv_bits`-bit quants (0: floats).
+pub fn slots(kv_bits: u32) -> &'static [Slot] {
+    match kv_bits {
+        0 => SLOTS,
+        _ => QUANT_SLOTS,
+    }
+}
+
 /// The compiled pass of `shape` on `gpu` (shared by every plan of that shape).
 pub fn pass(gpu: &Gpu, shape: PagedShape) -> std::sync::Arc<Pass> {
     let key = format!("paged_attention {shape:?}");
-    gpu.compile(&key, &PassSpec::main("paged_attention", SLOTS), || {
-        source(shape)
-    })
+    let spec = PassSpec::main("paged_attention", slots(shape.kv_bits));
+    gpu.compile(&key, &spec, || source(shape))
 }
 
 /// Workgroups for `items` work items, one each, over x then y.
@@ -196,22 +247,25 @@ pub struct PagedBindings<'a> {
     pub out: &'a wgpu::Buffer,
     pub lse: &'a wgpu::Buffer,
     pub scratch: &'a wgpu::Buffer,
+    /// A quantized pool's format uniform (`PoolFormat`), bound by the quantized passes only.
+    pub pool_format: &'a wgpu::Buffer,
 }
 
-/// The bind group of one run.
-pub fn bind(gpu: &Gpu, pass: &Pass, b: &PagedBindings) -> Result<wgpu::BindGroup> {
-    pass.bind(
-        gpu.device(),
-        &[
-            (0, b.params.into()),
-            (1, b.q.into()),
-            (2, b.pool.into()),
-            (3, b.plan.into()),
-            (4, b.out.into()),
-            (5, b.lse.into()),
-            (6, b.scratch.into()),
-        ],
-    )
+/// The bind group of one run (`quantized`: the pass reads a quantized pool).
+pub fn bind(gpu: &Gpu, pass: &Pass, b: &PagedBindings, quantized: bool) -> Result<wgpu::BindGroup> {
+    let mut buffers = vec![
+        (0, b.params.into()),
+        (1, b.q.into()),
+        (2, b.pool.into()),
+        (3, b.plan.into()),
+        (4, b.out.into()),
+        (5, b.lse.into()),
+        (6, b.scratch.into()),
+    ];
+    if quantized {
+        buffers.push((7, b.pool_format.into()));
+    }
+    pass.bind(gpu.device(), &buffers)
 }
 
 #[cfg(test)]
@@ -225,6 +279,7 @@ mod tests {
             key_tile,
             d4,
             f16: false,
+            kv_bits: 0,
         }
     }
 

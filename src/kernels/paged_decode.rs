@@ -4,8 +4,9 @@
 
 use crate::gpu::pass::{Pass, PassSpec};
 use crate::gpu::Gpu;
-use crate::kernels::paged_attention::{COMMON_WGSL, SLOTS};
+use crate::kernels::paged_attention::{kv_prelude, pool_reads, slots, COMMON_WGSL, ROWS_VEC4_WGSL};
 use crate::kernels::source::Prelude;
+use crate::kv_dtype::KvDtype;
 
 pub const WGSL: &str = include_str!("../../shaders/paged_decode.wgsl");
 
@@ -22,6 +23,8 @@ pub struct DecodeShape {
     /// Most keys of one item (a multiple of `threads`).
     pub keys: u32,
     pub f16: bool,
+    /// Bits of a quantized pool's values (8: q8_0, 4: q4_0), 0 for a float pool.
+    pub kv_bits: u32,
 }
 
 impl DecodeShape {
@@ -29,13 +32,13 @@ impl DecodeShape {
     /// lane-keys body does not serve it (a head size not a multiple of 4 or wider than 128, a
     /// group of more than 8 heads, more registers than the compile bound, or no run of keys
     /// fits the workgroup memory and the loop cap).
-    pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool, group: usize) -> Option<Self> {
+    pub fn for_device(gpu: &Gpu, head_dim: usize, dtype: KvDtype, group: usize) -> Option<Self> {
         let limit = gpu.limits().max_compute_workgroup_storage_size;
-        Self::within(limit, head_dim, f16, group)
+        Self::within(limit, head_dim, dtype, group)
     }
 
     /// [`for_device`](Self::for_device) for `limit` bytes of workgroup memory.
-    pub fn within(limit: u32, head_dim: usize, f16: bool, group: usize) -> Option<Self> {
+    pub fn within(limit: u32, head_dim: usize, dtype: KvDtype, group: usize) -> Option<Self> {
         // Whole vec4 rows, eight unrolled chunks of 4 vec4s at most, and as many q and
         // accumulator vec4s as the contiguous cache's lane-keys pass holds (its cold compile
         // grows with them: see `kernels::decode`).
@@ -63,7 +66,8 @@ impl DecodeShape {
             heads,
             d4,
             keys,
-            f16,
+            f16: dtype == KvDtype::F16,
+            kv_bits: dtype.quant_bits(),
         })
     }
 }
@@ -76,23 +80,23 @@ impl DecodeShape {
     }
 }
 
-/// The full source: the shape's constants, the pool's element type, the shared part, the body.
+/// The full source: the shape's constants, the pool's element type, the shared part, the
+/// pool's reads (whole vec4s, or dequantized), the body.
 pub fn source(shape: DecodeShape) -> String {
-    Prelude::new()
+    let prelude = Prelude::new()
         .u32("THREADS", shape.threads)
         .u32("HEADS", shape.heads)
         .u32("DK4", shape.d4)
-        .u32("KEYS", shape.keys)
-        .elem("KvElem", shape.f16)
-        .source(&[COMMON_WGSL, WGSL])
+        .u32("KEYS", shape.keys);
+    let (kv_quant, rows) = pool_reads(shape.kv_bits, ROWS_VEC4_WGSL);
+    kv_prelude(prelude, shape.f16, shape.kv_bits).source(&[COMMON_WGSL, kv_quant, rows, WGSL])
 }
 
 /// The compiled pass of `shape` on `gpu`, bound as [`super::paged_attention::bind`] binds.
 pub fn pass(gpu: &Gpu, shape: DecodeShape) -> std::sync::Arc<Pass> {
     let key = format!("paged_decode {shape:?}");
-    gpu.compile(&key, &PassSpec::main("paged_decode", SLOTS), || {
-        source(shape)
-    })
+    let spec = PassSpec::main("paged_decode", slots(shape.kv_bits));
+    gpu.compile(&key, &spec, || source(shape))
 }
 
 #[cfg(test)]
@@ -101,7 +105,7 @@ mod tests {
 
     #[test]
     fn memory_and_the_loop_cap_bound_an_items_keys() {
-        let s = DecodeShape::within(32 * 1024, 128, false, 4).expect("d128, 4 heads");
+        let s = DecodeShape::within(32 * 1024, 128, KvDtype::F32, 4).expect("d128, 4 heads");
         assert_eq!((s.heads, s.d4, s.threads), (4, 32, 8));
         assert!(s.keys.is_multiple_of(8) && s.keys >= 8);
         // A lane's keys stay within two thirds of llvmpipe's 65,535 loop iterations.
@@ -111,13 +115,13 @@ mod tests {
         // Groups of 3 heads take 4 slots; more than 8 heads, heads too wide or not whole
         // vec4s, or more registers than the compile bound are the tile pass's.
         assert_eq!(
-            DecodeShape::within(32 * 1024, 64, false, 3).map(|s| s.heads),
+            DecodeShape::within(32 * 1024, 64, KvDtype::F32, 3).map(|s| s.heads),
             Some(4)
         );
-        assert_eq!(DecodeShape::within(32 * 1024, 64, false, 9), None);
-        assert_eq!(DecodeShape::within(32 * 1024, 256, false, 1), None);
-        assert_eq!(DecodeShape::within(32 * 1024, 66, false, 1), None);
-        assert_eq!(DecodeShape::within(32 * 1024, 128, false, 8), None);
-        assert!(DecodeShape::within(32 * 1024, 64, false, 8).is_some());
+        assert_eq!(DecodeShape::within(32 * 1024, 64, KvDtype::F32, 9), None);
+        assert_eq!(DecodeShape::within(32 * 1024, 256, KvDtype::F32, 1), None);
+        assert_eq!(DecodeShape::within(32 * 1024, 66, KvDtype::F32, 1), None);
+        assert_eq!(DecodeShape::within(32 * 1024, 128, KvDtype::F32, 8), None);
+        assert!(DecodeShape::within(32 * 1024, 64, KvDtype::F32, 8).is_some());
     }
 }

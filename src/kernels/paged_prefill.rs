@@ -6,14 +6,12 @@
 use crate::gpu::pass::{Pass, PassSpec};
 use crate::gpu::Gpu;
 use crate::kernels::flash_attention::{self, GROUP_WGSL, KV_SHARED_WGSL};
-use crate::kernels::paged_attention::{COMMON_WGSL, SLOTS};
+use crate::kernels::paged_attention::{kv_prelude, pool_reads, slots, COMMON_WGSL};
+pub use crate::kernels::paged_attention::{ROWS_SCALAR_WGSL, ROWS_VEC4_WGSL};
 use crate::kernels::source::Prelude;
+use crate::kv_dtype::KvDtype;
 
 pub const WGSL: &str = include_str!("../../shaders/paged_prefill.wgsl");
-/// The pool's binding, its rows read as whole vec4s (head sizes that are multiples of 4).
-pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/paged_rows_vec4.wgsl");
-/// The pool's binding, its rows read element by element.
-pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/paged_rows_scalar.wgsl");
 
 /// Lanes per workgroup: one llvmpipe SIMD vector.
 const THREADS: u32 = 8;
@@ -32,6 +30,8 @@ pub struct PrefillShape {
     /// The head size (rows are read as whole vec4s when it is a multiple of 4).
     pub head_dim: u32,
     pub f16: bool,
+    /// Bits of a quantized pool's values (8: q8_0, 4: q4_0), 0 for a float pool.
+    pub kv_bits: u32,
 }
 
 impl PrefillShape {
@@ -39,15 +39,15 @@ impl PrefillShape {
     /// GL's llvmpipe, whose GLSL route compiles the unrolled body slowly; fewer for wide heads)
     /// and the largest tile of whole key groups, at most 32 keys, that fits the workgroup memory.
     /// `None` when not even a group of 8 keys fits.
-    pub fn for_device(gpu: &Gpu, head_dim: usize, f16: bool) -> Option<Self> {
+    pub fn for_device(gpu: &Gpu, head_dim: usize, dtype: KvDtype) -> Option<Self> {
         let rows = flash_attention::rows_per_thread(gpu, head_dim, head_dim);
         let limit = gpu.limits().max_compute_workgroup_storage_size;
-        Self::within(limit, rows, head_dim, f16)
+        Self::within(limit, rows, head_dim, dtype)
     }
 
     /// [`for_device`](Self::for_device) for `rows` per thread and `limit` bytes of workgroup
     /// memory.
-    pub fn within(limit: u32, rows: u32, head_dim: usize, f16: bool) -> Option<Self> {
+    pub fn within(limit: u32, rows: u32, head_dim: usize, dtype: KvDtype) -> Option<Self> {
         let d4 = u32::try_from(head_dim.div_ceil(4)).ok()?;
         // Per staged key: its K and V vec4s and where its row lies.
         let per_key = 32u32.checked_mul(d4)?.checked_add(4)?;
@@ -60,7 +60,8 @@ impl PrefillShape {
             kv_tile,
             d4,
             head_dim: head_dim as u32,
-            f16,
+            f16: dtype == KvDtype::F16,
+            kv_bits: dtype.quant_bits(),
         })
     }
 
@@ -93,27 +94,33 @@ impl PrefillShape {
 /// The full source: the shape's constants, the pool's element type, the shared parts, the body.
 pub fn source(shape: PrefillShape) -> String {
     // Every row starts on a vec4 when the head size is whole vec4s (pages hold whole rows).
-    let rows = if shape.d4 * 4 == shape.head_dim {
+    let float_rows = if shape.d4 * 4 == shape.head_dim {
         ROWS_VEC4_WGSL
     } else {
         ROWS_SCALAR_WGSL
     };
-    Prelude::new()
+    let (kv_quant, rows) = pool_reads(shape.kv_bits, float_rows);
+    let prelude = Prelude::new()
         .u32("THREADS", shape.threads)
         .u32("ROWS", shape.rows)
         .u32("KV_TILE", shape.kv_tile)
         .u32("KEY_GROUP", shape.key_group())
-        .u32("DK4", shape.d4)
-        .elem("KvElem", shape.f16)
-        .source(&[COMMON_WGSL, rows, KV_SHARED_WGSL, GROUP_WGSL, WGSL])
+        .u32("DK4", shape.d4);
+    kv_prelude(prelude, shape.f16, shape.kv_bits).source(&[
+        COMMON_WGSL,
+        kv_quant,
+        rows,
+        KV_SHARED_WGSL,
+        GROUP_WGSL,
+        WGSL,
+    ])
 }
 
 /// The compiled pass of `shape` on `gpu`, bound as [`super::paged_attention::bind`] binds.
 pub fn pass(gpu: &Gpu, shape: PrefillShape) -> std::sync::Arc<Pass> {
     let key = format!("paged_prefill {shape:?}");
-    gpu.compile(&key, &PassSpec::main("paged_prefill", SLOTS), || {
-        source(shape)
-    })
+    let spec = PassSpec::main("paged_prefill", slots(shape.kv_bits));
+    gpu.compile(&key, &spec, || source(shape))
 }
 
 #[cfg(test)]
@@ -122,15 +129,15 @@ mod tests {
 
     #[test]
     fn tiles_fit_the_workgroup_memory_and_chunks_the_loop_cap() {
-        let s = PrefillShape::within(32 * 1024, 8, 128, false).expect("d128");
+        let s = PrefillShape::within(32 * 1024, 8, 128, KvDtype::F32).expect("d128");
         // 32 keys of K and V at d128 fill 32 KiB exactly, leaving no room for their row words.
         assert_eq!((s.kv_tile, s.key_group(), s.slots()), (16, 16, 64));
-        let s = PrefillShape::within(32 * 1024, 8, 256, true).expect("d256");
+        let s = PrefillShape::within(32 * 1024, 8, 256, KvDtype::F16).expect("d256");
         assert_eq!(s.kv_tile, 8);
         assert!(s.max_chunk_keys().is_multiple_of(8));
-        assert_eq!(PrefillShape::within(1024, 8, 256, false), None);
-        assert_eq!(PrefillShape::within(32 * 1024, 3, 64, false), None);
-        let chunk = PrefillShape::within(32 * 1024, 8, 128, false)
+        assert_eq!(PrefillShape::within(1024, 8, 256, KvDtype::F32), None);
+        assert_eq!(PrefillShape::within(32 * 1024, 3, 64, KvDtype::F32), None);
+        let chunk = PrefillShape::within(32 * 1024, 8, 128, KvDtype::F32)
             .expect("d128")
             .max_chunk_keys();
         assert!((256..=4096).contains(&chunk), "{chunk}");

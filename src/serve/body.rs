@@ -11,6 +11,7 @@ use crate::gpu::{Gpu, KernelClass};
 use crate::kernels::paged_attention::{self as tiles, PagedShape};
 use crate::kernels::paged_decode::{self, DecodeShape};
 use crate::kernels::paged_prefill::{self, PrefillShape};
+use crate::kv_dtype::KvDtype;
 use crate::serve::work_list::Split;
 
 /// A paged pass and its shape.
@@ -41,7 +42,7 @@ impl Bodies {
         gpu: &Gpu,
         tiles: PagedShape,
         head_dim: usize,
-        f16: bool,
+        dtype: KvDtype,
         group: usize,
     ) -> Self {
         if gpu.kernel_class() == KernelClass::Gpu {
@@ -53,9 +54,9 @@ impl Bodies {
         let gl = gpu.info().backend == wgpu::Backend::Gl;
         let decode = match gl {
             true => None,
-            false => DecodeShape::for_device(gpu, head_dim, f16, group).map(Body::LaneKeys),
+            false => DecodeShape::for_device(gpu, head_dim, dtype, group).map(Body::LaneKeys),
         };
-        let rows = PrefillShape::for_device(gpu, head_dim, f16)
+        let rows = PrefillShape::for_device(gpu, head_dim, dtype)
             .map_or(Body::Tiles(tiles), Body::RegisterTiled);
         Bodies { decode, rows }
     }
@@ -83,6 +84,16 @@ impl Body {
                 max_chunk: s.max_chunk_keys(software) as usize,
             },
         }
+    }
+
+    /// Whether the body reads a quantized pool (and binds its format: see [`tiles::bind`]).
+    pub(super) fn quantized(&self) -> bool {
+        let bits = match *self {
+            Body::LaneKeys(s) => s.kv_bits,
+            Body::RegisterTiled(s) => s.kv_bits,
+            Body::Tiles(s) => s.kv_bits,
+        };
+        bits > 0
     }
 
     /// The compiled pass (all three bind as [`tiles::bind`] binds).

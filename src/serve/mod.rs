@@ -23,6 +23,6 @@ pub use body::Body;
 pub use merge::{merge_states, record_merge_states, State};
 pub use plan::{BatchAttention, BatchOptions, PlanInputs, QueryLayout};
 pub(crate) use pool::NewKv;
-pub use pool::{KvLayout, PagedKvPool, PoolConfig};
+pub use pool::{KvLayout, PagedKvPool, PoolConfig, PoolFormat};
 pub use step::PagedStep;
 pub use table::{check_qo_indptr, PageTable};

@@ -14,6 +14,7 @@ use crate::kernels::paged_attention::{
     ITEM_WORDS, NO_WINDOW,
 };
 use crate::kernels::paged_merge::{self, MergeParams};
+use crate::kv_dtype::KvDtype;
 use crate::serve::body::{Bodies, Body};
 use crate::serve::pool::{KvLayout, PagedKvPool};
 use crate::serve::table::{check_qo_indptr, PageTable};
@@ -67,8 +68,9 @@ pub struct PlanInputs<'a> {
     pub head_dim: usize,
     pub page_size: usize,
     pub layout: KvLayout,
-    /// f16 pool elements.
-    pub f16: bool,
+    /// The pool's element type (f32, f16 with `SHADER_F16`, q8_0 or q4_0 with a head size of
+    /// whole blocks of 32).
+    pub dtype: KvDtype,
     pub options: BatchOptions,
 }
 
@@ -101,7 +103,7 @@ pub struct BatchAttention {
     page_size: usize,
     kv_heads: usize,
     layout: KvLayout,
-    f16: bool,
+    dtype: KvDtype,
     max_page: Option<u32>,
     return_lse: bool,
     chunk_keys: usize,
@@ -117,7 +119,7 @@ impl std::fmt::Debug for BatchAttention {
             .field("head_dim", &self.head_dim)
             .field("page_size", &self.page_size)
             .field("layout", &self.layout)
-            .field("f16", &self.f16)
+            .field("dtype", &self.dtype)
             .field("shape", &self.shape)
             .field(
                 "bodies",
@@ -170,7 +172,8 @@ impl BatchAttention {
         if o.alibi_max_bias.is_some_and(|m| !m.is_finite()) {
             return Err(Error::Config("alibi_max_bias must be finite".into()));
         }
-        if inputs.f16 && !gpu.has_f16() {
+        inputs.dtype.check_head_dim("head_dim", d)?;
+        if inputs.dtype == KvDtype::F16 && !gpu.has_f16() {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
                 what: "an f16 page pool needs SHADER_F16; use f32 pages".into(),
@@ -189,9 +192,9 @@ impl BatchAttention {
         // Slots no item would fill are left out of the shape (decode batches: one row of the
         // query heads of a KV head).
         let most_rows = q_rows.iter().copied().max().unwrap_or(0);
-        let shape = PagedShape::for_device(gpu, d, inputs.f16, most_rows * (h / h_kv))?;
+        let shape = PagedShape::for_device(gpu, d, inputs.dtype, most_rows * (h / h_kv))?;
         // Decode rows in their own part where the adapter gives them their own body.
-        let bodies = Bodies::for_device(gpu, shape, d, inputs.f16, h / h_kv);
+        let bodies = Bodies::for_device(gpu, shape, d, inputs.dtype, h / h_kv);
         let mut body_list = vec![bodies.rows];
         body_list.extend(bodies.decode);
         let part_of: Vec<usize> = q_rows
@@ -331,7 +334,7 @@ impl BatchAttention {
             page_size: ps,
             kv_heads: h_kv,
             layout: inputs.layout,
-            f16: inputs.f16,
+            dtype: inputs.dtype,
             max_page: inputs.table.kv_indices.iter().copied().max(),
             return_lse: o.return_lse,
             chunk_keys: work.chunk_keys,
@@ -437,7 +440,9 @@ impl BatchAttention {
                         out,
                         lse,
                         scratch: &self.scratch,
+                        pool_format: pool.format_buffer(),
                     },
+                    part.body.quantized(),
                 )
             })
             .collect::<Result<Vec<_>>>()?;
@@ -559,21 +564,21 @@ impl BatchAttention {
     fn check_pool(&self, pool: &PagedKvPool) -> Result<()> {
         let d = self.head_dim;
         let c = pool.config();
-        if (c.page_size, c.kv_heads, c.head_dim, c.layout, c.f16)
-            != (self.page_size, self.kv_heads, d, self.layout, self.f16)
+        if (c.page_size, c.kv_heads, c.head_dim, c.layout, c.dtype)
+            != (self.page_size, self.kv_heads, d, self.layout, self.dtype)
         {
             return Err(Error::Misuse(format!(
-                "the pool (page_size {}, kv_heads {}, head_dim {}, {:?}, f16 {}) is not the one \
-                 planned for (page_size {}, kv_heads {}, head_dim {d}, {:?}, f16 {})",
+                "the pool (page_size {}, kv_heads {}, head_dim {}, {:?}, {}) is not the one \
+                 planned for (page_size {}, kv_heads {}, head_dim {d}, {:?}, {})",
                 c.page_size,
                 c.kv_heads,
                 c.head_dim,
                 c.layout,
-                c.f16,
+                c.dtype,
                 self.page_size,
                 self.kv_heads,
                 self.layout,
-                self.f16
+                self.dtype
             )));
         }
         if let Some(page) = self.max_page.filter(|&p| p as usize >= c.max_pages) {

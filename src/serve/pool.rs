@@ -1,12 +1,19 @@
 //! One layer's page pool on the device: `[max_pages, 2, page_size, H_kv, D]` (NHD, the default)
-//! or `[max_pages, 2, H_kv, page_size, D]` (HND), f32 or f16, in one storage buffer; and the
-//! ragged append of new keys and values into its pages.
+//! or `[max_pages, 2, H_kv, page_size, D]` (HND), f32, f16 or llama.cpp's q8_0 / q4_0 blocks,
+//! in one storage buffer; and the ragged append of new keys and values into its pages.
+//!
+//! A quantized pool is one quantized buffer of the pool's logical elements (see
+//! [`crate::kv_dtype`]): the quants of every page, then the scales of every page, from word
+//! [`PoolConfig::scales_word`]. That word depends on the pool's page count, which a plan does
+//! not know (a plan serves any pool of its shape), so the pool keeps it in a small uniform of
+//! its own ([`PagedKvPool::format_buffer`]) that the reading passes bind.
 
 use crate::attention::gpu_tensor::GpuTensor;
 use crate::error::{Error, Result};
 use crate::gpu::pass::Dispatch;
 use crate::gpu::Gpu;
 use crate::kernels::paged_append::{self, AppendBindings, PagedAppendParams};
+use crate::kv_dtype::{self, KvDtype};
 
 /// New keys and values (f32) in device buffers: token `t`'s head `h` at `offset + t ·
 /// row_stride + h · head_stride` (`[total_new, H_kv, D]`, or a module's head-split projection).
@@ -52,8 +59,9 @@ pub struct PoolConfig {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub layout: KvLayout,
-    /// f16 elements (needs `SHADER_F16`); f32 otherwise.
-    pub f16: bool,
+    /// The element type: f32, f16 (needs `SHADER_F16`), q8_0 or q4_0 (head sizes of whole
+    /// blocks of 32).
+    pub dtype: KvDtype,
 }
 
 impl PoolConfig {
@@ -65,7 +73,7 @@ impl PoolConfig {
             kv_heads,
             head_dim,
             layout: KvLayout::Nhd,
-            f16: false,
+            dtype: KvDtype::F32,
         }
     }
 
@@ -79,12 +87,38 @@ impl PoolConfig {
         self.max_pages * self.page_elements()
     }
 
-    /// Bytes of one element.
-    pub fn element_bytes(&self) -> usize {
-        if self.f16 {
-            2
-        } else {
-            4
+    /// Bytes of the pool's buffer (a quantized pool's two planes, whole words each).
+    pub fn bytes(&self) -> u64 {
+        self.dtype.bytes_for(self.elements())
+    }
+
+    /// Bytes one token takes in one layer's pool, its keys and values: the blocks' real bytes
+    /// (34 per 32 values in q8_0, 18 in q4_0).
+    pub fn bytes_per_token(&self) -> u64 {
+        self.dtype.bytes_per(2 * self.kv_heads * self.head_dim)
+    }
+
+    /// The word where a quantized pool's scales plane starts (0 for a float pool).
+    pub fn scales_word(&self) -> usize {
+        self.dtype.scales_word(self.elements())
+    }
+
+    /// The byte ranges `(offset, size)` of one page in the buffer: its elements for a float
+    /// pool; its quants, then its scales, for a quantized one (whole words: a page holds an
+    /// even number of blocks, as its head size is whole blocks).
+    fn page_ranges(&self, page: u64) -> Vec<(u64, u64)> {
+        let n = self.page_elements() as u64;
+        match self.dtype {
+            KvDtype::F32 | KvDtype::F16 => {
+                let size = self.dtype.bytes_per(self.page_elements());
+                vec![(page * size, size)]
+            }
+            q => {
+                let quants = n * q.quant_bits() as u64 / 8;
+                let scales = 2 * n / kv_dtype::BLOCK as u64;
+                let plane = 4 * self.scales_word() as u64;
+                vec![(page * quants, quants), (plane + page * scales, scales)]
+            }
         }
     }
 
@@ -100,8 +134,9 @@ impl PoolConfig {
     }
 
     /// `Err(Config)` naming what is wrong: a page size that is not a power of two in 1 ..= 256,
-    /// no pages, heads or head size; `Err(TooLarge)` past one storage binding or u32 indices;
-    /// `Err(Unsupported)` for f16 without `SHADER_F16`.
+    /// no pages, heads or head size, a quantized pool's head size not whole blocks of 32;
+    /// `Err(TooLarge)` past one storage binding or u32 indices; `Err(Unsupported)` for f16
+    /// without `SHADER_F16`.
     pub fn check(&self, gpu: &Gpu) -> Result<()> {
         if !self.page_size.is_power_of_two() || self.page_size > 256 {
             return Err(Error::Config(format!(
@@ -116,17 +151,27 @@ impl PoolConfig {
                 self.max_pages, self.kv_heads, self.head_dim
             )));
         }
-        let bytes = (self.elements() as u64).saturating_mul(self.element_bytes() as u64);
+        self.dtype.check_head_dim("head_dim", self.head_dim)?;
+        let elements = [2, self.page_size, self.kv_heads, self.head_dim]
+            .iter()
+            .try_fold(self.max_pages as u64, |n, &k| n.checked_mul(k as u64));
+        // Past 2^48 elements no device holds it: report the bytes as saturated.
+        let bytes = match elements {
+            Some(e) if e < 1 << 48 => {
+                usize::try_from(e).map_or(u64::MAX, |e| self.dtype.bytes_for(e))
+            }
+            _ => u64::MAX,
+        };
         let what = format!("a page pool of {} pages", self.max_pages);
         gpu.check_fits(&what, bytes)?;
-        if self.elements() > u32::MAX as usize {
+        if elements.is_none_or(|e| e > u32::MAX as u64) {
             return Err(Error::TooLarge {
                 what: format!("{what} (u32 element indices)"),
                 needed: bytes,
                 limit: u32::MAX as u64,
             });
         }
-        if self.f16 && !gpu.has_f16() {
+        if self.dtype == KvDtype::F16 && !gpu.has_f16() {
             return Err(Error::Unsupported {
                 adapter: gpu.describe(),
                 what: "an f16 page pool needs SHADER_F16; use f32 pages".into(),
@@ -141,21 +186,50 @@ impl PoolConfig {
 pub struct PagedKvPool {
     config: PoolConfig,
     buffer: wgpu::Buffer,
+    /// `PoolFormat` of `paged_rows_quant.wgsl`: where the scales plane starts (quantized
+    /// pools; the float passes do not bind it).
+    format: wgpu::Buffer,
+}
+
+/// Mirrors `PoolFormat` in `paged_rows_quant.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PoolFormat {
+    /// The word where the scales plane starts.
+    pub scales: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 impl PagedKvPool {
     /// A pool of zeros.
     pub fn new(gpu: &Gpu, config: PoolConfig) -> Result<Self> {
         config.check(gpu)?;
-        let bytes = (config.elements() * config.element_bytes()) as u64;
-        let buffer = gpu.scoped("allocating a page pool", || {
-            gpu.storage("page pool", bytes, wgpu::BufferUsages::COPY_SRC)
+        let (buffer, format) = gpu.scoped("allocating a page pool", || {
+            (
+                gpu.storage("page pool", config.bytes(), wgpu::BufferUsages::COPY_SRC),
+                Self::format_uniform(gpu, &config),
+            )
         })?;
-        Ok(PagedKvPool { config, buffer })
+        Ok(PagedKvPool {
+            config,
+            buffer,
+            format,
+        })
+    }
+
+    fn format_uniform(gpu: &Gpu, config: &PoolConfig) -> wgpu::Buffer {
+        let format = PoolFormat {
+            scales: config.scales_word() as u32,
+            ..Default::default()
+        };
+        gpu.uniform("page pool format", &format)
     }
 
     /// A pool holding `data`, the host array in the pool's layout (`[max_pages, 2, page_size,
-    /// H_kv, D]` for NHD), converted to f16 for an f16 pool.
+    /// H_kv, D]` for NHD), converted to f16 for an f16 pool, quantized (as the append would)
+    /// for a quantized one.
     pub fn upload(gpu: &Gpu, config: PoolConfig, data: &[f32]) -> Result<Self> {
         config.check(gpu)?;
         if data.len() != config.elements() {
@@ -173,16 +247,28 @@ impl PagedKvPool {
             });
         }
         // COPY_SRC as `new`'s pool has: `read` and `record_copy_pages` copy out of it.
-        let buffer = gpu.scoped("uploading a page pool", || {
+        let words = match config.dtype {
+            KvDtype::F32 | KvDtype::F16 => None,
+            q => Some(kv_dtype::quantize(q, data)?),
+        };
+        let (buffer, format) = gpu.scoped("uploading a page pool", || {
             let copy_src = wgpu::BufferUsages::COPY_SRC;
-            if config.f16 {
-                let half: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
-                gpu.upload("page pool", &half, copy_src)
-            } else {
-                gpu.upload("page pool", data, copy_src)
-            }
+            let buffer = match (config.dtype, &words) {
+                (_, Some(words)) => gpu.upload("page pool", words, copy_src),
+                (KvDtype::F16, None) => {
+                    let half: Vec<half::f16> =
+                        data.iter().map(|&v| half::f16::from_f32(v)).collect();
+                    gpu.upload("page pool", &half, copy_src)
+                }
+                _ => gpu.upload("page pool", data, copy_src),
+            };
+            (buffer, Self::format_uniform(gpu, &config))
         })?;
-        Ok(PagedKvPool { config, buffer })
+        Ok(PagedKvPool {
+            config,
+            buffer,
+            format,
+        })
     }
 
     pub fn config(&self) -> &PoolConfig {
@@ -194,24 +280,55 @@ impl PagedKvPool {
         &self.buffer
     }
 
-    /// The whole pool back on the host, as f32 (blocking).
+    /// The uniform a quantized pool's readers bind (`PoolFormat`: its scales plane).
+    pub fn format_buffer(&self) -> &wgpu::Buffer {
+        &self.format
+    }
+
+    /// The whole pool back on the host, as f32 (blocking); a quantized pool's blocks
+    /// dequantized (see [`Self::read_words`] for the words themselves).
     pub fn read(&self, gpu: &Gpu) -> Result<Vec<f32>> {
-        let bytes = (self.config.elements() * self.config.element_bytes()) as u64;
+        let c = &self.config;
+        match c.dtype {
+            KvDtype::F32 | KvDtype::F16 => {}
+            q => return kv_dtype::dequantize(q, &self.read_words(gpu)?, c.elements()),
+        }
+        let raw = self.read_raw(gpu)?;
+        Ok(if c.dtype == KvDtype::F16 {
+            bytemuck::cast_slice::<u8, half::f16>(&raw)
+                .iter()
+                .map(|h| h.to_f32())
+                .collect()
+        } else {
+            bytemuck::cast_slice::<u8, f32>(&raw).to_vec()
+        })
+    }
+
+    /// The pool's buffer as u32 words (blocking): a quantized pool's two planes (see
+    /// [`crate::kv_dtype`]), the raw bits of a float pool's elements.
+    pub fn read_words(&self, gpu: &Gpu) -> Result<Vec<u32>> {
+        let raw = self.read_raw(gpu)?;
+        Ok(raw
+            .chunks(4)
+            .map(|c| {
+                let mut w = [0u8; 4];
+                w[..c.len()].copy_from_slice(c);
+                u32::from_le_bytes(w)
+            })
+            .collect())
+    }
+
+    fn read_raw(&self, gpu: &Gpu) -> Result<Vec<u8>> {
+        let bytes = self.config.bytes();
         let staging = gpu.staging("page pool readback", bytes);
         gpu.scoped("reading a page pool", || {
             let mut encoder = gpu.encoder("page pool readback");
             encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, bytes.next_multiple_of(4));
             gpu.queue().submit([encoder.finish()]);
         })?;
-        let raw = gpu.read_bytes(&staging, bytes)?;
-        Ok(if self.config.f16 {
-            bytemuck::cast_slice::<u8, half::f16>(&raw[..bytes as usize])
-                .iter()
-                .map(|h| h.to_f32())
-                .collect()
-        } else {
-            bytemuck::cast_slice::<u8, f32>(&raw[..bytes as usize]).to_vec()
-        })
+        let mut raw = gpu.read_bytes(&staging, bytes)?;
+        raw.truncate(bytes as usize);
+        Ok(raw)
     }
 
     /// Records copies of whole pages (`(from, to)` page ids), as an allocator's copy on write
@@ -222,7 +339,6 @@ impl PagedKvPool {
         encoder: &mut wgpu::CommandEncoder,
         copies: &[(u32, u32)],
     ) -> Result<()> {
-        let page_bytes = (self.config.page_elements() * self.config.element_bytes()) as u64;
         for &(from, to) in copies {
             for page in [from, to] {
                 if page as usize >= self.config.max_pages {
@@ -236,7 +352,9 @@ impl PagedKvPool {
         if copies.is_empty() {
             return Ok(());
         }
-        // wgpu copies between two buffers only: through a staging buffer of the pages.
+        // wgpu copies between two buffers only: through a staging buffer of the pages (each
+        // page one range of a float pool, its quants and its scales of a quantized one).
+        let page_bytes: u64 = self.config.page_ranges(0).iter().map(|r| r.1).sum();
         let bytes = page_bytes * copies.len() as u64;
         let staging = gpu.scoped("copying pages", || {
             gpu.device().create_buffer(&wgpu::BufferDescriptor {
@@ -247,24 +365,18 @@ impl PagedKvPool {
             })
         })?;
         for (i, &(from, _)) in copies.iter().enumerate() {
-            let at = i as u64 * page_bytes;
-            encoder.copy_buffer_to_buffer(
-                &self.buffer,
-                from as u64 * page_bytes,
-                &staging,
-                at,
-                page_bytes,
-            );
+            let mut at = i as u64 * page_bytes;
+            for (offset, size) in self.config.page_ranges(from as u64) {
+                encoder.copy_buffer_to_buffer(&self.buffer, offset, &staging, at, size);
+                at += size;
+            }
         }
         for (i, &(_, to)) in copies.iter().enumerate() {
-            let at = i as u64 * page_bytes;
-            encoder.copy_buffer_to_buffer(
-                &staging,
-                at,
-                &self.buffer,
-                to as u64 * page_bytes,
-                page_bytes,
-            );
+            let mut at = i as u64 * page_bytes;
+            for (offset, size) in self.config.page_ranges(to as u64) {
+                encoder.copy_buffer_to_buffer(&staging, at, &self.buffer, offset, size);
+                at += size;
+            }
         }
         Ok(())
     }
@@ -348,6 +460,7 @@ impl PagedKvPool {
             v_offset: new.v_offset as u32,
             row_stride: new.row_stride as u32,
             head_stride: new.head_stride as u32,
+            scales: c.scales_word() as u32,
             ..Default::default()
         };
         let bindings = AppendBindings {
@@ -356,7 +469,7 @@ impl PagedKvPool {
             slots,
             pool: &self.buffer,
         };
-        paged_append::dispatch(gpu, c.f16, params, &bindings)
+        paged_append::dispatch(gpu, c.dtype, params, &bindings)
     }
 
     /// [`record_append`](Self::record_append), submitted.

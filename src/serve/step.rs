@@ -79,7 +79,7 @@ impl PagedStep {
                 head_dim: pool.head_dim,
                 page_size: ps,
                 layout: pool.layout,
-                f16: pool.f16,
+                dtype: pool.dtype,
                 options,
             },
         )?;
