@@ -7,7 +7,7 @@
 //! `q = min(15, floor(x / d + 8.5))` in 4 bits (`d = max / −8`, `max` the value of largest
 //! magnitude, with its sign) and reads `(q − 8)·d`. Both divide by the scale as stored (f16), not
 //! as computed, so a q8_0 value round-trips within `|d|/2`, and so does every q4_0 value but
-//! those at the clamp (`x/d ≥ 7.5`, within `|d|`). 34 and 18 bytes per block.
+//! those at the clamp (`x/d ≥ 7.5`, within `|d|` and the f16 rounding of the scale, a 2⁻⁸ part of it). 34 and 18 bytes per block.
 //!
 //! **On the device** a quantized buffer is two planes of u32 words, so that every load is an
 //! aligned word (WGSL has no 16-bit or byte loads, and a 34-byte block is not word-aligned): the
