@@ -262,13 +262,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let i0 = wid.x * BLOCK_Q;
     let i1 = min(p.lq, i0 + BLOCK_Q);
     let lane = kv_lane(lid.x);  // for group_keys and group_values
+    // The vec4s of the real head sizes (past them q, K and V are zero): a runtime trip count,
+    // which also keeps Mesa's GLSL compiler from unrolling the head-size loops at compile time
+    // (fully unrolled at d128 they took it minutes per pipeline).
+    let qk_vecs = (p.head_dim_qk + 3u) / 4u;
+    let v_vecs = (p.head_dim_v + 3u) / 4u;
 
     // Thread lid.x owns rows i0 + lid.x + THREADS·r (r < ROWS). q is held pre-scaled, so the
-    // dot products are the scaled scores.
-    var q: array<array<vec4<f32>, DK4>, ROWS>;
-    var acc: array<array<vec4<f32>, DV4>, ROWS>;
-    var row_max: array<f32, ROWS>;
-    var row_sum: array<f32, ROWS>;
+    // dot products are the scaled scores. Its rows' state (q_regs, acc, scores, row_max, row_sum,
+    // correction) is flash_group.wgsl's private arrays.
     // A sink is a key of value zero every query sees: the online softmax starts from it
     // (max = its logit, sum = exp(0) = 1) in the first key range; later ranges carry it.
     var start_max = LOWEST;
@@ -285,8 +287,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let i = i0 + lid.x + THREADS * r;
         if (i < p.lq) {
             let q_base = row_start(p.q, z / p.heads, z % p.heads, i);
-            for (var c = 0u; c < DK4; c++) {
-                q[r][c] = p.scale * staged_vec4(Q_ROW, q_base, 4u * c, p.head_dim_qk, true);
+            for (var c = 0u; c < qk_vecs; c++) {
+                q_regs[r][c] = p.scale * staged_vec4(Q_ROW, q_base, 4u * c, p.head_dim_qk, true);
             }
         }
     }
@@ -333,13 +335,13 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         // Key groups (see the header): s holds each owned row's scores of keys
         // jg .. jg + KEY_GROUP - 1, then their weights exp(s - max).
         for (var jg = 0u; jg < keys; jg += KEY_GROUP) {
-            var s: GroupScores;
-            for (var c = 0u; c < DK4; c++) {
+            scores = GroupScores();
+            for (var c = 0u; c < qk_vecs; c++) {
                 let k = group_keys(jg, c, lane);
-                add_group_dots(0u, ROWS / 4u, live_rows, &q, c, k, &s);
-                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, &q, c, k, &s);
-                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, &q, c, k, &s);
-                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, &q, c, k, &s);
+                add_group_dots(0u, ROWS / 4u, live_rows, c, k);
+                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, c, k);
+                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, k);
+                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, c, k);
             }
             // Masked only where the mask or the end of the keys can touch the group: one uniform
             // branch per group, outside the unrolled row loops (a branch per row and key quad
@@ -349,7 +351,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             if (left < KEY_GROUP || group_needs_mask(b, i0, i1, j0 + jg)) {
                 // Through a copy: this loop stays rolled (see the header). One score per
                 // iteration, so the mask rule is compiled once, not once per row and key.
-                var masked = s;
+                var masked = scores;
                 for (var e = 0u; e < ROWS * KEY_GROUP; e++) {
                     let r = e / KEY_GROUP;
                     let j = e % KEY_GROUP;
@@ -357,21 +359,20 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                     let i = min(i0 + lid.x + THREADS * r, p.lq - 1u);
                     masked[r][j / 4u][j % 4u] = masked_score(masked[r][j / 4u][j % 4u], b, h, i, j0 + jg + j, j < left);
                 }
-                s = masked;
+                scores = masked;
             }
             // Online softmax over the group: rescale what was accumulated under the old max.
-            var correction: array<f32, ROWS>;
-            group_softmax_rows(0u, ROWS / 4u, &s, &row_max, &row_sum, &correction);
-            group_softmax_rows(ROWS / 4u, ROWS / 2u, &s, &row_max, &row_sum, &correction);
-            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u, &s, &row_max, &row_sum, &correction);
-            group_softmax_rows(3u * ROWS / 4u, ROWS, &s, &row_max, &row_sum, &correction);
+            group_softmax_rows(0u, ROWS / 4u);
+            group_softmax_rows(ROWS / 4u, ROWS / 2u);
+            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u);
+            group_softmax_rows(3u * ROWS / 4u, ROWS);
             // P·V: each V vec4 feeds ROWS rows.
-            for (var c = 0u; c < DV4; c++) {
+            for (var c = 0u; c < v_vecs; c++) {
                 let v = group_values(jg, c, lane);
-                add_group_values(0u, ROWS / 4u, live_rows, &s, &correction, c, v, &acc);
-                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, &s, &correction, c, v, &acc);
-                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, &s, &correction, c, v, &acc);
-                add_group_values(3u * ROWS / 4u, ROWS, live_rows, &s, &correction, c, v, &acc);
+                add_group_values(0u, ROWS / 4u, live_rows, c, v);
+                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, c, v);
+                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, v);
+                add_group_values(3u * ROWS / 4u, ROWS, live_rows, c, v);
             }
         }
         workgroupBarrier();
@@ -414,7 +415,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             // keeps no exact exp(-inf), next to it). The softmax is then 0/0, NaN, as PyTorch's.
             let inv = select(1.0 / final_sum[r], nan(), final_sum[r] < 0.5);
             let out_base = row_start(p.o, b, h, i);
-            for (var c = 0u; c < DV4; c++) {
+            for (var c = 0u; c < v_vecs; c++) {
                 let o = poison(acc[r][c] * inv, c, poisoned);
                 for (var e = 0u; e < 4u; e++) {
                     if (4u * c + e < p.head_dim_v) {

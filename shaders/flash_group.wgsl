@@ -3,11 +3,24 @@
 // vec4s, a group of KEY_GROUP keys is scored, softmaxed online and added to them at once. The
 // row loops run in quarters so that lavapipe unrolls them (see flash_attention.wgsl's header).
 // The pass defines ROWS, KEY_GROUP, DK4 and DV4.
+//
+// A thread's row state lives in module-scope private arrays, not in the pass's locals passed
+// here by pointer: GLSL and HLSL have no pointers, so naga passes a pointer argument as an
+// `inout` copy, and at d128 every call copied the 4 × 32 vec4s of q or acc in and out (128
+// calls per key group): Mesa's GL compiler took 9.5 minutes over one flash pipeline. SPIR-V and
+// MSL keep real pointers; a private array is a local after inlining everywhere.
 
 // Each owned row's scores (then weights) of one key group: vec4s 2 and 3 only with 16 keys.
 alias GroupScores = array<array<vec4<f32>, 4>, ROWS>;
 // One head-size vec4 of each key (or value) of a group: 8..15 only with 16 keys.
 alias GroupRows = array<vec4<f32>, 16>;
+
+var<private> q_regs: array<array<vec4<f32>, DK4>, ROWS>;  // pre-scaled, so dots are scores
+var<private> acc: array<array<vec4<f32>, DV4>, ROWS>;     // P·V under the running max
+var<private> scores: GroupScores;                         // the current key group's
+var<private> row_max: array<f32, ROWS>;
+var<private> row_sum: array<f32, ROWS>;
+var<private> correction: array<f32, ROWS>;                // exp(old max − new max)
 
 // The four dot products of qc with keys j .. j + 3 of a group.
 fn quad_dots(qc: vec4<f32>, k: GroupRows, j: u32) -> vec4<f32> {
@@ -28,19 +41,17 @@ fn add_group_dots(
     first: u32,
     last: u32,
     live_rows: u32,
-    q: ptr<function, array<array<vec4<f32>, DK4>, ROWS>>,
     c: u32,
     k: GroupRows,
-    s: ptr<function, GroupScores>,
 ) {
     for (var r = first; r < last; r++) {
         if (r < live_rows) {
-            let qc = (*q)[r][c];
-            (*s)[r][0] += quad_dots(qc, k, 0u);
-            (*s)[r][1] += quad_dots(qc, k, 4u);
+            let qc = q_regs[r][c];
+            scores[r][0] += quad_dots(qc, k, 0u);
+            scores[r][1] += quad_dots(qc, k, 4u);
             if (KEY_GROUP == 16u) {
-                (*s)[r][2] += quad_dots(qc, k, 8u);
-                (*s)[r][3] += quad_dots(qc, k, 12u);
+                scores[r][2] += quad_dots(qc, k, 8u);
+                scores[r][3] += quad_dots(qc, k, 12u);
             }
         }
     }
@@ -51,28 +62,24 @@ fn add_group_dots(
 fn group_softmax_rows(
     first: u32,
     last: u32,
-    s: ptr<function, GroupScores>,
-    row_max: ptr<function, array<f32, ROWS>>,
-    row_sum: ptr<function, array<f32, ROWS>>,
-    correction: ptr<function, array<f32, ROWS>>,
 ) {
     for (var r = first; r < last; r++) {
-        var m4 = max((*s)[r][0], (*s)[r][1]);
+        var m4 = max(scores[r][0], scores[r][1]);
         if (KEY_GROUP == 16u) {
-            m4 = max(m4, max((*s)[r][2], (*s)[r][3]));
+            m4 = max(m4, max(scores[r][2], scores[r][3]));
         }
-        let m = vec4<f32>(max((*row_max)[r], max(max(m4.x, m4.y), max(m4.z, m4.w))));
-        (*correction)[r] = exp((*row_max)[r] - m.x);
-        (*s)[r][0] = exp((*s)[r][0] - m);
-        (*s)[r][1] = exp((*s)[r][1] - m);
-        var total = (*s)[r][0] + (*s)[r][1];
+        let m = vec4<f32>(max(row_max[r], max(max(m4.x, m4.y), max(m4.z, m4.w))));
+        correction[r] = exp(row_max[r] - m.x);
+        scores[r][0] = exp(scores[r][0] - m);
+        scores[r][1] = exp(scores[r][1] - m);
+        var total = scores[r][0] + scores[r][1];
         if (KEY_GROUP == 16u) {
-            (*s)[r][2] = exp((*s)[r][2] - m);
-            (*s)[r][3] = exp((*s)[r][3] - m);
-            total += (*s)[r][2] + (*s)[r][3];
+            scores[r][2] = exp(scores[r][2] - m);
+            scores[r][3] = exp(scores[r][3] - m);
+            total += scores[r][2] + scores[r][3];
         }
-        (*row_sum)[r] = (*row_sum)[r] * (*correction)[r] + dot(total, vec4<f32>(1.0));
-        (*row_max)[r] = m.x;
+        row_sum[r] = row_sum[r] * correction[r] + dot(total, vec4<f32>(1.0));
+        row_max[r] = m.x;
     }
 }
 
@@ -82,20 +89,17 @@ fn add_group_values(
     first: u32,
     last: u32,
     live_rows: u32,
-    s: ptr<function, GroupScores>,
-    correction: ptr<function, array<f32, ROWS>>,
     c: u32,
     v: GroupRows,
-    acc: ptr<function, array<array<vec4<f32>, DV4>, ROWS>>,
 ) {
     for (var r = first; r < last; r++) {
         if (r < live_rows) {
-            var o = (*acc)[r][c] * (*correction)[r];
-            o += quad_values((*s)[r][0], v, 0u) + quad_values((*s)[r][1], v, 4u);
+            var o = acc[r][c] * correction[r];
+            o += quad_values(scores[r][0], v, 0u) + quad_values(scores[r][1], v, 4u);
             if (KEY_GROUP == 16u) {
-                o += quad_values((*s)[r][2], v, 8u) + quad_values((*s)[r][3], v, 12u);
+                o += quad_values(scores[r][2], v, 8u) + quad_values(scores[r][3], v, 12u);
             }
-            (*acc)[r][c] = o;
+            acc[r][c] = o;
         }
     }
 }

@@ -63,11 +63,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let pos0 = kv_len - q_len + row0;
     let pos_last = pos0 + rows - 1u;
     let lane = kv_lane(lid.x);  // for group_keys and group_values
+    // The vec4s of the real head size (past it q, K and V are zero): a runtime trip count, which
+    // also keeps Mesa's GLSL compiler from unrolling the head-size loops (see flash_attention).
+    let head_vecs = (p.head_dim + 3u) / 4u;
 
-    var q_regs: array<array<vec4<f32>, DK4>, ROWS>;
-    var acc: array<array<vec4<f32>, DV4>, ROWS>;
-    var row_max: array<f32, ROWS>;
-    var row_sum: array<f32, ROWS>;
+    // The slots' state (q_regs, acc, scores, row_max, row_sum, correction) is flash_group.wgsl's
+    // private arrays.
     // Through copies: this loop stays rolled. A sink starts its head's softmax on the first
     // chunk (max = its logit, sum = exp(0) = 1).
     var start_max: array<f32, ROWS>;
@@ -83,7 +84,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 start_sum[r] = 1.0;
             }
             let q_at = p.q_offset + (q_begin + row0 + slot / n_heads) * p.q_row + head * p.q_head;
-            for (var c = 0u; c < DK4; c++) {
+            for (var c = 0u; c < head_vecs; c++) {
                 var x = vec4<f32>(0.0);
                 for (var e = 0u; e < 4u; e++) {
                     if (4u * c + e < p.head_dim) {
@@ -117,18 +118,18 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         workgroupBarrier();
         for (var jg = 0u; jg < keys; jg += KEY_GROUP) {
-            var sc: GroupScores;
-            for (var c = 0u; c < DK4; c++) {
+            scores = GroupScores();
+            for (var c = 0u; c < head_vecs; c++) {
                 let k = group_keys(jg, c, lane);
-                add_group_dots(0u, ROWS / 4u, live_rows, &q_regs, c, k, &sc);
-                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, &q_regs, c, k, &sc);
-                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, &q_regs, c, k, &sc);
-                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, &q_regs, c, k, &sc);
+                add_group_dots(0u, ROWS / 4u, live_rows, c, k);
+                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, c, k);
+                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, k);
+                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, c, k);
             }
             let left = keys - jg;  // keys of this group that exist (at least 1)
             if (left < KEY_GROUP || group_needs_mask(j0 + jg, pos0, pos_last)) {
                 // Through a copy: this loop stays rolled, one score per iteration.
-                var masked = sc;
+                var masked = scores;
                 for (var e = 0u; e < ROWS * KEY_GROUP; e++) {
                     let r = e / KEY_GROUP;
                     let jj = e % KEY_GROUP;
@@ -152,19 +153,18 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                     }
                     masked[r][jj / 4u][jj % 4u] = select(neg_inf(), score, visible);
                 }
-                sc = masked;
+                scores = masked;
             }
-            var correction: array<f32, ROWS>;
-            group_softmax_rows(0u, ROWS / 4u, &sc, &row_max, &row_sum, &correction);
-            group_softmax_rows(ROWS / 4u, ROWS / 2u, &sc, &row_max, &row_sum, &correction);
-            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u, &sc, &row_max, &row_sum, &correction);
-            group_softmax_rows(3u * ROWS / 4u, ROWS, &sc, &row_max, &row_sum, &correction);
-            for (var c = 0u; c < DV4; c++) {
+            group_softmax_rows(0u, ROWS / 4u);
+            group_softmax_rows(ROWS / 4u, ROWS / 2u);
+            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u);
+            group_softmax_rows(3u * ROWS / 4u, ROWS);
+            for (var c = 0u; c < head_vecs; c++) {
                 let v = group_values(jg, c, lane);
-                add_group_values(0u, ROWS / 4u, live_rows, &sc, &correction, c, v, &acc);
-                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, &sc, &correction, c, v, &acc);
-                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, &sc, &correction, c, v, &acc);
-                add_group_values(3u * ROWS / 4u, ROWS, live_rows, &sc, &correction, c, v, &acc);
+                add_group_values(0u, ROWS / 4u, live_rows, c, v);
+                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, c, v);
+                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, v);
+                add_group_values(3u * ROWS / 4u, ROWS, live_rows, c, v);
             }
         }
         workgroupBarrier();
@@ -190,7 +190,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             } else {
                 base = ((partial + slot / n_heads) * p.heads + head) * p.head_dim;
             }
-            for (var c = 0u; c < DV4; c++) {
+            for (var c = 0u; c < head_vecs; c++) {
                 let o = acc[r][c] * inv;
                 for (var e = 0u; e < 4u; e++) {
                     if (4u * c + e < p.head_dim) {
