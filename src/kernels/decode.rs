@@ -23,6 +23,8 @@ pub const PARAMS_WGSL: &str = include_str!("../../shaders/decode_params.wgsl");
 pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/decode_rows_vec4.wgsl");
 pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/decode_rows_scalar.wgsl");
 pub const ROWS_QUANT_WGSL: &str = include_str!("../../shaders/decode_rows_quant.wgsl");
+/// Float rows read in blocks of 32 as the lane-keys body reads them (after either float rows file).
+pub const ROWS_BLOCK32_WGSL: &str = include_str!("../../shaders/decode_rows_block32.wgsl");
 pub const REDUCE_WGSL: &str = include_str!("../../shaders/decode_reduce.wgsl");
 
 /// Most query rows one workgroup serves: `kv_group · Lq` (GQA group × the step's rows).
@@ -316,12 +318,18 @@ pub fn source(s: DecodeShape) -> String {
             .u32("KEYS", s.keys_per_split() as u32)
             .u32("KV_BITS", s.kv_bits)
             .elem("QkvElem", s.f16);
+        let blocks = if s.kv_bits == 0 {
+            ROWS_BLOCK32_WGSL
+        } else {
+            ""
+        };
         let parts = [
             super::ROWS_WGSL,
             super::mask::WGSL,
             PARAMS_WGSL,
             kv_quant,
             rows,
+            blocks,
             LANE_KEYS_WGSL,
         ];
         return super::mask::prelude(prelude).source(&parts);
