@@ -338,10 +338,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             scores = GroupScores();
             for (var c = 0u; c < qk_vecs; c++) {
                 let k = group_keys(jg, c, lane);
-                add_group_dots(0u, ROWS / 4u, live_rows, c, k);
-                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, c, k);
-                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, k);
-                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, c, k);
+                add_group_dots_all(live_rows, c, k);
             }
             // Masked only where the mask or the end of the keys can touch the group: one uniform
             // branch per group, outside the unrolled row loops (a branch per row and key quad
@@ -362,17 +359,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 scores = masked;
             }
             // Online softmax over the group: rescale what was accumulated under the old max.
-            group_softmax_rows(0u, ROWS / 4u);
-            group_softmax_rows(ROWS / 4u, ROWS / 2u);
-            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u);
-            group_softmax_rows(3u * ROWS / 4u, ROWS);
+            group_softmax_all();
             // P·V: each V vec4 feeds ROWS rows.
             for (var c = 0u; c < v_vecs; c++) {
                 let v = group_values(jg, c, lane);
-                add_group_values(0u, ROWS / 4u, live_rows, c, v);
-                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, c, v);
-                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, v);
-                add_group_values(3u * ROWS / 4u, ROWS, live_rows, c, v);
+                add_group_values_all(live_rows, c, v);
             }
         }
         workgroupBarrier();

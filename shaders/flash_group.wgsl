@@ -103,3 +103,26 @@ fn add_group_values(
         }
     }
 }
+
+// The whole key group's steps, each as its four row quarters (one call per quarter keeps each
+// row loop small enough for lavapipe to unroll).
+fn add_group_dots_all(live_rows: u32, c: u32, k: GroupRows) {
+    add_group_dots(0u, ROWS / 4u, live_rows, c, k);
+    add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, c, k);
+    add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, k);
+    add_group_dots(3u * ROWS / 4u, ROWS, live_rows, c, k);
+}
+
+fn group_softmax_all() {
+    group_softmax_rows(0u, ROWS / 4u);
+    group_softmax_rows(ROWS / 4u, ROWS / 2u);
+    group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u);
+    group_softmax_rows(3u * ROWS / 4u, ROWS);
+}
+
+fn add_group_values_all(live_rows: u32, c: u32, v: GroupRows) {
+    add_group_values(0u, ROWS / 4u, live_rows, c, v);
+    add_group_values(ROWS / 4u, ROWS / 2u, live_rows, c, v);
+    add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, v);
+    add_group_values(3u * ROWS / 4u, ROWS, live_rows, c, v);
+}

@@ -121,10 +121,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             scores = GroupScores();
             for (var c = 0u; c < head_vecs; c++) {
                 let k = group_keys(jg, c, lane);
-                add_group_dots(0u, ROWS / 4u, live_rows, c, k);
-                add_group_dots(ROWS / 4u, ROWS / 2u, live_rows, c, k);
-                add_group_dots(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, k);
-                add_group_dots(3u * ROWS / 4u, ROWS, live_rows, c, k);
+                add_group_dots_all(live_rows, c, k);
             }
             let left = keys - jg;  // keys of this group that exist (at least 1)
             if (left < KEY_GROUP || group_needs_mask(j0 + jg, pos0, pos_last)) {
@@ -155,16 +152,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 }
                 scores = masked;
             }
-            group_softmax_rows(0u, ROWS / 4u);
-            group_softmax_rows(ROWS / 4u, ROWS / 2u);
-            group_softmax_rows(ROWS / 2u, 3u * ROWS / 4u);
-            group_softmax_rows(3u * ROWS / 4u, ROWS);
+            group_softmax_all();
             for (var c = 0u; c < head_vecs; c++) {
                 let v = group_values(jg, c, lane);
-                add_group_values(0u, ROWS / 4u, live_rows, c, v);
-                add_group_values(ROWS / 4u, ROWS / 2u, live_rows, c, v);
-                add_group_values(ROWS / 2u, 3u * ROWS / 4u, live_rows, c, v);
-                add_group_values(3u * ROWS / 4u, ROWS, live_rows, c, v);
+                add_group_values_all(live_rows, c, v);
             }
         }
         workgroupBarrier();
