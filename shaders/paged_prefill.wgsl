@@ -17,7 +17,8 @@
 // The host's prelude (src/kernels/paged_prefill.rs) defines THREADS, ROWS, KV_TILE, KEY_GROUP,
 // DK4 (= DV4) and the pool's element type KvElem; the pool's binding and its reads (pool_vec4:
 // paged_rows_vec4.wgsl where every row starts on a vec4, else paged_rows_scalar.wgsl),
-// flash_kv_shared.wgsl (group_keys, group_values) and flash_group.wgsl are prepended.
+// flash_kv_shared.wgsl or, on a CPU adapter whose workgroup is one subgroup of 8, flash_kv_subgroup.wgsl
+// (group_keys, group_values) and flash_group.wgsl are prepended.
 
 const DV4: u32 = DK4;
 

@@ -1070,3 +1070,32 @@ fn decode_batches_match_the_reference() {
         "no decode batch ran the lane-keys body"
     );
 }
+
+/// An f16 pool whose head size is whole vec4s is read as u32 words, two per vec4
+/// (`paged_rows_half.wgsl`), by the decode and prefill bodies: against the reference at head
+/// sizes 4 and 0 mod 8, both layouts, decode rows and prefill chunks.
+#[test]
+fn f16_pools_read_as_words_match_the_reference() {
+    let g = gpu();
+    if !g.has_f16() {
+        return; // no f16 pool without SHADER_F16 (GL)
+    }
+    for (i, head_dim) in [12, 20, 64, 128].into_iter().enumerate() {
+        for layout in [KvLayout::Nhd, KvLayout::Hnd] {
+            for (rows, what) in [((1, 1), "decode"), ((30, 90), "prefill")] {
+                let b = random_batch(
+                    700 + i as u64,
+                    5,
+                    (100, 700),
+                    rows,
+                    16,
+                    (8, 2),
+                    head_dim,
+                    layout,
+                    true,
+                );
+                b.check(&format!("f16 {what}, d {head_dim}, {layout:?}"));
+            }
+        }
+    }
+}

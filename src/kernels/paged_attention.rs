@@ -17,6 +17,9 @@ pub const COMMON_WGSL: &str = include_str!("../../shaders/paged_common.wgsl");
 pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/paged_rows_scalar.wgsl");
 /// The pool's binding, its rows read as whole vec4s (head sizes that are multiples of 4).
 pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/paged_rows_vec4.wgsl");
+/// An f16 pool's binding, its rows read as whole vec4s of two u32 words each (head sizes that
+/// are multiples of 4): half the loads of `vec4<f16>` on llvmpipe.
+pub const ROWS_HALF_WGSL: &str = include_str!("../../shaders/paged_rows_half.wgsl");
 /// A quantized pool's binding and its format's, its rows dequantized from q8_0 / q4_0 words.
 pub const ROWS_QUANT_WGSL: &str = include_str!("../../shaders/paged_rows_quant.wgsl");
 
@@ -179,6 +182,14 @@ pub fn source(shape: PagedShape) -> String {
 /// The pool's element type (`KvElem`) and quant bits (`KV_BITS`) in a paged pass's prelude.
 pub(crate) fn kv_prelude(prelude: Prelude, f16: bool, kv_bits: u32) -> Prelude {
     prelude.u32("KV_BITS", kv_bits).elem("KvElem", f16)
+}
+
+/// The rows snippet of a float pool whose head size is a multiple of 4.
+pub(crate) fn vec4_rows(f16: bool) -> &'static str {
+    match f16 {
+        true => ROWS_HALF_WGSL,
+        false => ROWS_VEC4_WGSL,
+    }
 }
 
 /// The snippets that read a pool's rows: `float_rows` for a float pool; the dequantizing

@@ -4,7 +4,7 @@
 
 use crate::gpu::pass::{Pass, PassSpec};
 use crate::gpu::Gpu;
-use crate::kernels::paged_attention::{kv_prelude, pool_reads, slots, COMMON_WGSL, ROWS_VEC4_WGSL};
+use crate::kernels::paged_attention::{kv_prelude, pool_reads, slots, vec4_rows, COMMON_WGSL};
 use crate::kernels::source::Prelude;
 use crate::kv_dtype::KvDtype;
 
@@ -88,7 +88,7 @@ pub fn source(shape: DecodeShape) -> String {
         .u32("HEADS", shape.heads)
         .u32("DK4", shape.d4)
         .u32("KEYS", shape.keys);
-    let (kv_quant, rows) = pool_reads(shape.kv_bits, ROWS_VEC4_WGSL);
+    let (kv_quant, rows) = pool_reads(shape.kv_bits, vec4_rows(shape.f16));
     kv_prelude(prelude, shape.f16, shape.kv_bits).source(&[COMMON_WGSL, kv_quant, rows, WGSL])
 }
 

@@ -5,8 +5,8 @@
 
 use crate::gpu::pass::{Pass, PassSpec};
 use crate::gpu::Gpu;
-use crate::kernels::flash_attention::{self, GROUP_WGSL, KV_SHARED_WGSL};
-use crate::kernels::paged_attention::{kv_prelude, pool_reads, slots, COMMON_WGSL};
+use crate::kernels::flash_attention::{self, GROUP_WGSL, KV_SHARED_WGSL, KV_SUBGROUP_WGSL};
+use crate::kernels::paged_attention::{kv_prelude, pool_reads, slots, vec4_rows, COMMON_WGSL};
 pub use crate::kernels::paged_attention::{ROWS_SCALAR_WGSL, ROWS_VEC4_WGSL};
 use crate::kernels::source::Prelude;
 use crate::kv_dtype::KvDtype;
@@ -32,6 +32,9 @@ pub struct PrefillShape {
     pub f16: bool,
     /// Bits of a quantized pool's values (8: q8_0, 4: q4_0), 0 for a float pool.
     pub kv_bits: u32,
+    /// A key group's staged K/V vec4s are read once per subgroup and broadcast, as the fused
+    /// core's ([`flash_attention::subgroup_kv`]).
+    pub subgroup_kv: bool,
 }
 
 impl PrefillShape {
@@ -42,11 +45,15 @@ impl PrefillShape {
     pub fn for_device(gpu: &Gpu, head_dim: usize, dtype: KvDtype) -> Option<Self> {
         let rows = flash_attention::rows_per_thread(gpu, head_dim, head_dim);
         let limit = gpu.limits().max_compute_workgroup_storage_size;
-        Self::within(limit, rows, head_dim, dtype)
+        let shape = Self::within(limit, rows, head_dim, dtype)?;
+        Some(PrefillShape {
+            subgroup_kv: flash_attention::subgroup_kv(gpu, THREADS),
+            ..shape
+        })
     }
 
     /// [`for_device`](Self::for_device) for `rows` per thread and `limit` bytes of workgroup
-    /// memory.
+    /// memory, staged K/V read by every lane (no subgroup operations).
     pub fn within(limit: u32, rows: u32, head_dim: usize, dtype: KvDtype) -> Option<Self> {
         let d4 = u32::try_from(head_dim.div_ceil(4)).ok()?;
         // Per staged key: its K and V vec4s and where its row lies.
@@ -62,6 +69,7 @@ impl PrefillShape {
             head_dim: head_dim as u32,
             f16: dtype == KvDtype::F16,
             kv_bits: dtype.quant_bits(),
+            subgroup_kv: false,
         })
     }
 
@@ -95,7 +103,7 @@ impl PrefillShape {
 pub fn source(shape: PrefillShape) -> String {
     // Every row starts on a vec4 when the head size is whole vec4s (pages hold whole rows).
     let float_rows = if shape.d4 * 4 == shape.head_dim {
-        ROWS_VEC4_WGSL
+        vec4_rows(shape.f16)
     } else {
         ROWS_SCALAR_WGSL
     };
@@ -106,11 +114,16 @@ pub fn source(shape: PrefillShape) -> String {
         .u32("KV_TILE", shape.kv_tile)
         .u32("KEY_GROUP", shape.key_group())
         .u32("DK4", shape.d4);
+    let kv = if shape.subgroup_kv {
+        KV_SUBGROUP_WGSL
+    } else {
+        KV_SHARED_WGSL
+    };
     kv_prelude(prelude, shape.f16, shape.kv_bits).source(&[
         COMMON_WGSL,
         kv_quant,
         rows,
-        KV_SHARED_WGSL,
+        kv,
         GROUP_WGSL,
         WGSL,
     ])
