@@ -2,7 +2,7 @@
 //! the combined heads, then `W_o` — shared by every path (a module's chain, a KV cache's
 //! steps, a paged step).
 
-use super::workspace::{Bound, Geometry};
+use super::chain_buffers::{Bound, Geometry};
 use super::MultiHeadAttention;
 use crate::error::Result;
 use crate::gpu::pass::Dispatch;

@@ -3,8 +3,9 @@
 //! through the step's plan, then projected out — the seeds' forward, with a serving step's
 //! memory (see `crate::serve`).
 
+use super::chain_buffers::{Bound, Geometry, Placement, RopeTables};
 use super::gpu_tensor::GpuTensor;
-use super::workspace::{front, output_projection, Bound, Geometry, Placement, RopeTables};
+use super::workspace::{front, output_projection};
 use super::{MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
 use crate::kernels::mask::MaskBuffers;

@@ -1,7 +1,7 @@
 //! The passes that work row by row on the new rows of Q, K and V in place, between the
 //! projections and the attention core: OLMo's clamp, the q/k norms, RoPE.
 
-use super::workspace::{new_kv_row, Bound, Geometry, RopeTables};
+use super::chain_buffers::{new_kv_row, Bound, Geometry, RopeTables};
 use super::MultiHeadAttention;
 use crate::error::Result;
 use crate::gpu::pass::Dispatch;

@@ -15,9 +15,9 @@ use crate::error::{Error, Result};
 use crate::model::mask::Mask;
 use crate::sdpa::{DeviceTensor, Elem, Layout};
 
+use super::chain_buffers::{ChainIo, Placement};
 use super::gpu_tensor::GpuTensor;
 use super::plan::Sharing;
-use super::workspace::{ChainIo, Placement};
 use super::{AttentionPath, ForwardOptions, MultiHeadAttention};
 
 /// What [`MultiHeadAttention::record_forward`] returns: the output went to the caller's `out`.

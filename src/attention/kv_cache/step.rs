@@ -9,9 +9,10 @@
 //! [`forward_step_gpu_into`]: MultiHeadAttention::forward_step_gpu_into
 
 use super::KvCache;
+use crate::attention::chain_buffers::{Bound, Geometry, Placement, RopeTables};
 use crate::attention::gpu_tensor::GpuTensor;
 use crate::attention::run::Source;
-use crate::attention::workspace::{dispatches, Bound, Geometry, Placement, RopeTables};
+use crate::attention::workspace::dispatches;
 use crate::attention::MultiHeadAttention;
 use crate::error::{Error, Result};
 use crate::gpu::pass::Dispatch;
