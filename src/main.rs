@@ -43,7 +43,7 @@ enum Command {
     Check(cli::interop::CheckArgs),
     /// Run a case file, weights + inputs, or a Hugging Face module (--hf), and write the output
     /// tensor `out` to safetensors.
-    Run(cli::interop::RunArgs),
+    Run(cli::run_args::RunArgs),
     /// List the attention modules of a Hugging Face checkpoint (or any safetensors file): family,
     /// prefix, sizes, heads, position scheme, and whether it runs.
     Inspect(cli::hf::InspectArgs),

@@ -13,7 +13,7 @@ use wgpu_mha::{
     Error, ForwardOptions, Gpu, GpuOptions, MultiHeadAttention, SafetensorsFile, Tensor,
 };
 
-use crate::cli::interop::RunArgs;
+use crate::cli::run_args::RunArgs;
 use crate::cli::torch_layout::InputLayout;
 
 #[derive(Debug, Args)]

@@ -10,6 +10,7 @@ mod bench_serve_kv;
 pub mod hf;
 pub mod interop;
 pub mod progress;
+pub mod run_args;
 mod serve_batch;
 pub mod soak;
 pub mod torch_layout;
