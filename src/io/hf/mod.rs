@@ -8,6 +8,7 @@ pub mod case;
 pub mod config;
 pub mod decoder;
 pub mod families;
+mod family;
 mod mla;
 mod model_table;
 pub mod model_types;

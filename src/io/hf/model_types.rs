@@ -1,7 +1,7 @@
 //! The model types each family of tensor names runs as, and the look-alikes it refuses:
 //! the allow-lists behind [`super::families::Family::model_type`].
 
-use super::families::Family;
+use super::family::Family;
 pub use super::model_table::MODEL_TYPES;
 pub(super) use super::model_table::{GPT2, REFUSED_TYPES};
 use crate::model::qk_norm::{NormKind, NormScope};
