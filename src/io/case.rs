@@ -16,8 +16,6 @@
 //! `max|engine − out_f64| ≤ max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` when the
 //! file has no `err_f32_vs_f64`.
 
-use std::path::Path;
-
 use crate::attention::{ForwardOptions, ForwardOutput, MultiHeadAttention};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -37,7 +35,7 @@ pub enum CaseVariant {
     /// `variant = "perhead"`: seed 001, inputs `x_q, x_k_v`, mask `attn_mask` (true = masked).
     PerHead,
     /// `variant = "hf"`: a Hugging Face attention module as saved, inputs `hidden_states` (and
-    /// `key_value_states`), mask from `causal` and `attention_mask` (see [`crate::io::hf::case`]).
+    /// `key_value_states`), mask from `causal` and `attention_mask` (see `io::hf::case`).
     Hf,
 }
 
@@ -102,144 +100,119 @@ impl CaseResult {
     }
 }
 
-impl Case {
-    /// Reads a case file; every problem (unreadable, corrupt, inconsistent) is an `Err`.
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        Self::from_safetensors(&SafetensorsFile::open(path)?)
+/// Reads a seed case (`variant` classic or per-head) from an opened safetensors file; what
+/// `Case::from_safetensors` (in `io::case_file`) runs for those variants.
+pub(crate) fn seed_case(file: &SafetensorsFile, variant: CaseVariant) -> Result<Case> {
+    let bad_meta = |problem: String| Error::file(file.name(), problem);
+    let config = config_from_metadata(file, variant)?;
+    let add_zero_attn = add_zero_attn(file)?;
+    let loaded = load_weights(file, "", Some(config.heads))?;
+    // A classic case may hold the seed's names or nn.MultiheadAttention's (same module).
+    let layout_fits = match variant {
+        CaseVariant::Classic => loaded.layout != WeightLayout::PerHead,
+        CaseVariant::PerHead | CaseVariant::Hf => loaded.layout == WeightLayout::PerHead,
+    };
+    if !layout_fits {
+        return Err(bad_meta(format!(
+            "metadata `variant` is {:?}, but the weights are in the {:?} layout",
+            variant.name(),
+            loaded.layout.name()
+        )));
     }
-
-    /// Reads a case from bytes in memory; `name` is used in messages.
-    pub fn from_bytes(name: impl Into<String>, bytes: Vec<u8>) -> Result<Self> {
-        Self::from_safetensors(&SafetensorsFile::from_bytes(name, bytes)?)
+    let l = &loaded.config;
+    let dims = |c: &AttentionConfig| {
+        (
+            c.model_dim,
+            c.key_dim,
+            c.value_dim,
+            c.heads,
+            c.qk_head_dim,
+            c.v_head_dim,
+        )
+    };
+    if dims(l) != dims(&config) {
+        return Err(bad_meta(format!(
+            "the weights' shapes give model/key/value widths {}/{}/{}, {} heads of q/k {} and v {}, \
+             but metadata `config` sizes give {}/{}/{}, {} heads of q/k {} and v {}",
+            l.model_dim, l.key_dim, l.value_dim, l.heads, l.qk_head_dim, l.v_head_dim,
+            config.model_dim, config.key_dim, config.value_dim, config.heads,
+            config.qk_head_dim, config.v_head_dim
+        )));
     }
-
-    /// Reads a case from an opened safetensors file.
-    pub fn from_safetensors(file: &SafetensorsFile) -> Result<Self> {
-        let bad_meta = |problem: String| Error::file(file.name(), problem);
-        let variant =
-            match file.metadata("variant") {
-                Some("dmodel") => CaseVariant::Classic,
-                Some("perhead") => CaseVariant::PerHead,
-                Some("hf") => return crate::io::hf::case::from_file(file),
-                Some(other) => {
-                    return Err(bad_meta(format!(
-                "metadata `variant` = {other:?}; a case file has \"dmodel\", \"perhead\" or \"hf\""
-            )))
-                }
-                None => return Err(bad_meta(
-                    "metadata `variant` is missing; is this a case file? (weight files are loaded \
-                     with `run --weights`)"
-                        .into(),
-                )),
-            };
-        let config = config_from_metadata(file, variant)?;
-        let add_zero_attn = add_zero_attn(file)?;
-        let loaded = load_weights(file, "", Some(config.heads))?;
-        // A classic case may hold the seed's names or nn.MultiheadAttention's (same module).
-        let layout_fits = match variant {
-            CaseVariant::Classic => loaded.layout != WeightLayout::PerHead,
-            CaseVariant::PerHead | CaseVariant::Hf => loaded.layout == WeightLayout::PerHead,
-        };
-        if !layout_fits {
-            return Err(bad_meta(format!(
-                "metadata `variant` is {:?}, but the weights are in the {:?} layout",
-                variant.name(),
-                loaded.layout.name()
-            )));
-        }
-        let l = &loaded.config;
-        let dims = |c: &AttentionConfig| {
-            (
-                c.model_dim,
-                c.key_dim,
-                c.value_dim,
-                c.heads,
-                c.qk_head_dim,
-                c.v_head_dim,
-            )
-        };
-        if dims(l) != dims(&config) {
-            return Err(bad_meta(format!(
-                "the weights' shapes give model/key/value widths {}/{}/{}, {} heads of q/k {} and v {}, \
-                 but metadata `config` sizes give {}/{}/{}, {} heads of q/k {} and v {}",
-                l.model_dim, l.key_dim, l.value_dim, l.heads, l.qk_head_dim, l.v_head_dim,
-                config.model_dim, config.key_dim, config.value_dim, config.heads,
-                config.qk_head_dim, config.v_head_dim
-            )));
-        }
-        // Bias on/off follows the file (the seeds always have it); `scale` replaces 1/√d_k.
-        // `bias_k`/`bias_v` came with the weights; metadata `add_zero_attn` joins them.
-        let with_zero = loaded
-            .config
-            .with_appended_keys(loaded.config.add_bias_kv, add_zero_attn);
-        let config = match file.metadata("scale") {
-            None => with_zero,
-            Some(s) => match s.trim().parse::<f32>() {
-                Ok(v) => with_zero.with_scale(v)?,
-                Err(_) => {
-                    return Err(bad_meta(format!(
-                        "metadata `scale` = {s:?} is not a number"
-                    )))
-                }
-            },
-        };
-
-        // Classic cases hold Q, K, V; per-head ones x_q, x_k_v (keys and values from one tensor).
-        let (query_name, key_name) = match variant {
-            CaseVariant::Classic => ("Q", "K"),
-            CaseVariant::PerHead | CaseVariant::Hf => ("x_q", "x_k_v"),
-        };
-        let query = file.tensor_f32(query_name)?;
-        let key = file.tensor_f32(key_name)?;
-        let value = match variant {
-            CaseVariant::Classic => Some(file.tensor_f32("V")?),
-            CaseVariant::PerHead | CaseVariant::Hf => None,
-        };
-        let value_shape = value.as_ref().unwrap_or(&key).shape();
-        config.check_inputs(query.shape(), key.shape(), value_shape)?;
-        let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
-        let mask = read_mask(
-            file,
-            AttnDims {
-                batch,
-                heads: config.heads,
-                lq,
-                lk,
-            },
-        )?;
-
-        let out_shape = vec![batch, lq, config.output_dim()];
-        let (out_f64, out_f32, err_f32_vs_f64) = read_expected(file, &out_shape)?;
-        let attn_f64 = if file.contains("attn_f64") {
-            let (shape, attn) = file.tensor_f64("attn_f64")?;
-            // nn.MultiheadAttention's weights cover the appended keys too.
-            let want = [batch, config.heads, lq, lk + config.appended_keys()];
-            if shape != want {
-                return Err(Error::shape("attn_f64", format!("{want:?}"), &shape));
+    // Bias on/off follows the file (the seeds always have it); `scale` replaces 1/√d_k.
+    // `bias_k`/`bias_v` came with the weights; metadata `add_zero_attn` joins them.
+    let with_zero = loaded
+        .config
+        .with_appended_keys(loaded.config.add_bias_kv, add_zero_attn);
+    let config = match file.metadata("scale") {
+        None => with_zero,
+        Some(s) => match s.trim().parse::<f32>() {
+            Ok(v) => with_zero.with_scale(v)?,
+            Err(_) => {
+                return Err(bad_meta(format!(
+                    "metadata `scale` = {s:?} is not a number"
+                )))
             }
-            Some(attn)
-        } else {
-            None
-        };
-        Ok(Case {
-            name: file.name().to_string(),
-            module: None,
-            variant,
-            config,
-            weights: loaded.weights,
-            query,
-            key,
-            value,
-            mask,
-            positions: None,
-            out_shape,
-            out_f64,
-            out_f32,
-            attn_f64,
-            err_f32_vs_f64,
-        })
-    }
+        },
+    };
 
+    // Classic cases hold Q, K, V; per-head ones x_q, x_k_v (keys and values from one tensor).
+    let (query_name, key_name) = match variant {
+        CaseVariant::Classic => ("Q", "K"),
+        CaseVariant::PerHead | CaseVariant::Hf => ("x_q", "x_k_v"),
+    };
+    let query = file.tensor_f32(query_name)?;
+    let key = file.tensor_f32(key_name)?;
+    let value = match variant {
+        CaseVariant::Classic => Some(file.tensor_f32("V")?),
+        CaseVariant::PerHead | CaseVariant::Hf => None,
+    };
+    let value_shape = value.as_ref().unwrap_or(&key).shape();
+    config.check_inputs(query.shape(), key.shape(), value_shape)?;
+    let (batch, lq, lk) = (query.shape()[0], query.shape()[1], key.shape()[1]);
+    let mask = read_mask(
+        file,
+        AttnDims {
+            batch,
+            heads: config.heads,
+            lq,
+            lk,
+        },
+    )?;
+
+    let out_shape = vec![batch, lq, config.output_dim()];
+    let (out_f64, out_f32, err_f32_vs_f64) = read_expected(file, &out_shape)?;
+    let attn_f64 = if file.contains("attn_f64") {
+        let (shape, attn) = file.tensor_f64("attn_f64")?;
+        // nn.MultiheadAttention's weights cover the appended keys too.
+        let want = [batch, config.heads, lq, lk + config.appended_keys()];
+        if shape != want {
+            return Err(Error::shape("attn_f64", format!("{want:?}"), &shape));
+        }
+        Some(attn)
+    } else {
+        None
+    };
+    Ok(Case {
+        name: file.name().to_string(),
+        module: None,
+        variant,
+        config,
+        weights: loaded.weights,
+        query,
+        key,
+        value,
+        mask,
+        positions: None,
+        out_shape,
+        out_f64,
+        out_f32,
+        attn_f64,
+        err_f32_vs_f64,
+    })
+}
+
+impl Case {
     /// The pass bound: `max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` without
     /// it, and never more than [`Case::bound_cap`]: a file cannot declare any answer correct.
     pub fn bound(&self) -> f64 {

@@ -5,10 +5,9 @@ use crate::error::{Error, Result};
 
 pub use super::projections::load;
 
-pub use super::model_types::{Biases, Causality, ModelType, NormTensors, QkNormRule, MODEL_TYPES};
 pub use super::family::Family;
+pub use super::model_types::{Biases, Causality, ModelType, NormTensors, QkNormRule, MODEL_TYPES};
 use super::model_types::{GPT2, REFUSED_TYPES};
-
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
 const MARKERS: [(Family, &str, Option<&str>); 15] = [
