@@ -94,7 +94,7 @@ impl KvCache {
     /// An empty cache for `batch` sequences of up to `capacity` tokens each, on the fused
     /// attention path when the module has one.
     ///
-    /// Over a [`Precision::F16`](crate::Precision::F16) module the cached keys and values are
+    /// Over a [`Precision::F16`] module the cached keys and values are
     /// f16 (scores, softmax and accumulators stay f32), and only the fused path runs.
     pub fn new(mha: &MultiHeadAttention, batch: usize, capacity: usize) -> Result<Self> {
         Self::with_path(mha, batch, capacity, AttentionPath::Auto)

@@ -29,7 +29,7 @@ pub(crate) struct StepBuffers {
     pub(crate) rope: Option<wgpu::Buffer>,
 }
 
-/// The bytes a cache holds on the device ([`KvCache::bytes`]).
+/// The bytes a cache holds on the device ([`KvCache::bytes`](crate::KvCache::bytes)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheBytes {
     /// Keys and values at the full capacity (in chunks or not).

@@ -1,13 +1,13 @@
 //! `MultiHeadAttention`: the forward of both seed modules as a chain of WGSL passes.
 //!
 //! * `mod.rs` — the public types and entry points (this file);
-//! * [`plan`] — what a call settles before the GPU: shapes, mask, path, chunk sizes, limits;
-//! * [`workspace`] — buffers per shape and the dispatch chain; `workspace::dispatches` reads
+//! * `plan` — what a call settles before the GPU: shapes, mask, path, chunk sizes, limits;
+//! * `workspace` — buffers per shape and the dispatch chain; `workspace::dispatches` reads
 //!   top to bottom like the seeds' `forward`, and the KV cache builds its steps with it too;
-//! * [`chain_buffers`] — what a chain runs over: its rows, the buffers it reads and writes;
-//! * [`run`] — one submit per chunk, host or device tensors in and out;
-//! * [`views`] — the forward on the caller's buffers (`DeviceTensor` views in and out);
-//! * [`kv_cache`], [`gpu_tensor`], [`gpu_weights`].
+//! * `chain_buffers` — what a chain runs over: its rows, the buffers it reads and writes;
+//! * `run` — one submit per chunk, host or device tensors in and out;
+//! * `views` — the forward on the caller's buffers (`DeviceTensor` views in and out);
+//! * [`kv_cache`], [`gpu_tensor`], `gpu_weights`.
 
 mod appended_kv;
 mod chain_buffers;

@@ -14,7 +14,7 @@ pub struct DeviceOptions {
     /// for a device the crate makes.
     pub kernels: Option<KernelClass>,
     /// Where compiled pipelines are kept between processes; used only when the device was
-    /// made with `PIPELINE_CACHE` (see [`pipeline_cache`]).
+    /// made with `PIPELINE_CACHE` (see `gpu::pipeline_cache`).
     pub pipeline_cache: PipelineCacheDir,
 }
 

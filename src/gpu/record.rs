@@ -31,7 +31,7 @@
 //! build everything that can fail (buffers, pipelines, bind groups) before they record the
 //! first command, inside error scopes that are popped and checked first; a caller's buffer
 //! that is only copied from (a `GpuTensor` input of the module) is tried in a scratch encoder
-//! that is finished inside such a scope and never submitted ([`Gpu::check_copy_sources`]).
+//! that is finished inside such a scope and never submitted (`Gpu::check_copy_sources`).
 //! A bad argument is then an `Err` and leaves the encoder exactly as it was. Only the small
 //! buffers of `Gpu::write_in` are made while recording; if the device runs out of memory
 //! there, the call is an `Err` too, and the encoder holds part of it: drop it.

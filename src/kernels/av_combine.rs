@@ -63,7 +63,7 @@ pub fn source() -> String {
 }
 
 /// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head); one dispatch per range of keys
-/// (see [`super::depth_split`]), each after the first adding to the output.
+/// (see `kernels::depth_split`), each after the first adding to the output.
 pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: AvBuffers) -> Result<Vec<Dispatch>> {
     let p = AvParams::new(c);
     let slots = [

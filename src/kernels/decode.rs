@@ -78,7 +78,7 @@ pub struct DecodeShape {
     pub vec4_rows: bool,
     /// Whether each lane takes whole keys of its own (`decode_lane_keys.wgsl`) rather than a
     /// share of every key's head (`decode_attention.wgsl`): CPU adapters, heads up to
-    /// [`LANE_KEYS_MAX_HEAD_DIM`]. On llvmpipe a lane-wide load costs the same whichever memory
+    /// `LANE_KEYS_MAX_HEAD_DIM`. On llvmpipe a lane-wide load costs the same whichever memory
     /// the lanes read, so sharing a key only adds the exchanges: each lane its own keys steps
     /// about 1.8× faster at d128 (`bench --only decode`). A GPU would hold far too many
     /// registers per lane (q and the accumulator of every row).
@@ -165,7 +165,7 @@ impl DecodeShape {
     }
 
     /// Keys per split: a power of two, a multiple of the tile, whose loops stay within
-    /// [`SPLIT_ITERATIONS`].
+    /// `SPLIT_ITERATIONS`.
     pub fn keys_per_split(&self) -> usize {
         if self.lane_keys {
             return self.lane_keys_per_split();
@@ -275,7 +275,7 @@ pub struct DecodeParams {
     /// The module's head sizes; the shader holds [`head_cap`] of each.
     pub head_dim_qk: u32,
     pub head_dim_v: u32,
-    /// Where a quantized K's and V's scales start, in words ([`KvFormat`]).
+    /// Where a quantized K's and V's scales start, in words (`KvFormat`).
     pub k_scales: u32,
     pub v_scales: u32,
 }

@@ -344,7 +344,7 @@ pub struct LinearBuffers<'a> {
 }
 
 /// The ready dispatches of one `linear` (several only when the scalar kernel splits a long K
-/// on a software rasteriser; see [`super::depth_split`]) and the variant they run. `request: None` picks as a forward does
+/// on a software rasteriser; see `kernels::depth_split`) and the variant they run. `request: None` picks as a forward does
 /// ([`variant`]; f16 weights always run the scalar kernel); `Some(v)` runs `v` or returns the
 /// reason it cannot ([`LinearVariant::check`]).
 pub fn dispatch(

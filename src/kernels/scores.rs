@@ -69,7 +69,7 @@ pub fn source() -> String {
 pub(crate) const SLOTS: &[Slot] = &[Uniform(0), Read(1), Read(2), Write(4), Read(6), Uniform(7)];
 
 /// 64×64 tiles of `[Lq, Lk]`, one z layer per (batch, head); one dispatch per range of the
-/// head dimension (see [`super::depth_split`]), the last one scaling and masking.
+/// head dimension (see `kernels::depth_split`), the last one scaling and masking.
 pub fn dispatches(gpu: &Gpu, c: &CoreProblem, b: ScoresBuffers) -> Result<Vec<Dispatch>> {
     let p = ScoresParams::new(c);
     let groups = [

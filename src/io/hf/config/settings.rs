@@ -37,7 +37,7 @@ impl HfConfig {
 }
 
 /// A config key that changes the attention's answer: refused when set to anything but its
-/// `neutral` values, unless the module's model type reads it ([`super::families::ModelType`]).
+/// `neutral` values, unless the module's model type reads it ([`ModelType`](crate::io::hf::families::ModelType)).
 pub struct Setting {
     pub key: &'static str,
     neutral: fn(&Value) -> bool,
