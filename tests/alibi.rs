@@ -7,11 +7,10 @@
 
 mod common;
 
-use common::{assert_close, check_against_reference, gpu, options, BOTH_PATHS};
+use common::{assert_close, check_both_paths, gpu};
 use wgpu_mha::model::config::alibi_slope;
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask,
-    MultiHeadAttention, Tensor,
+    reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention, Tensor,
 };
 
 #[test]
@@ -98,19 +97,13 @@ fn alibi_matches_the_reference_on_every_path_and_mask() {
             let q = Tensor::random([b, lq, 8 * heads], 40 + lq as u64);
             let kv = Tensor::random([b, lk, 8 * heads], 50);
             for mask in masks(b, lq, lk) {
-                for path in BOTH_PATHS {
-                    let probs = path == AttentionPath::MultiPass;
-                    let label = format!("H {heads} Lq {lq} {} {path:?}", mask.kind_name());
-                    check_against_reference(
-                        &label,
-                        config,
-                        &q,
-                        &kv,
-                        &kv,
-                        &mask,
-                        &options(path, probs),
-                    );
-                }
+                check_both_paths(
+                    &format!("H {heads} Lq {lq} {}", mask.kind_name()),
+                    config,
+                    &q,
+                    &kv,
+                    &mask,
+                );
             }
         }
         // The biases bind: without them the answer is another one.

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{assert_close, check_against_reference, gpu, module, options, BOTH_PATHS};
+use common::{
+    assert_close, check_against_reference, check_both_paths, gpu, module, options, BOTH_PATHS,
+};
 use wgpu_mha::{
     reference, AttentionConfig, Error, GpuTensor, KvCache, Mask, MultiHeadAttention, Precision,
     Tensor,
@@ -40,22 +42,16 @@ fn appended_keys_match_the_reference_on_both_paths() {
             let q = Tensor::random([2, lq, 24], 1);
             let kv = Tensor::random([2, lk, 24], 2);
             for mask in masks(lq, lk) {
-                for path in BOTH_PATHS {
-                    let label = format!(
-                        "bias_kv {bias_kv} zero_attn {zero_attn} Lq {lq} Lk {lk} {} {path:?}",
+                check_both_paths(
+                    &format!(
+                        "bias_kv {bias_kv} zero_attn {zero_attn} Lq {lq} Lk {lk} {}",
                         mask.kind_name()
-                    );
-                    let probs = path == wgpu_mha::AttentionPath::MultiPass;
-                    check_against_reference(
-                        &label,
-                        config,
-                        &q,
-                        &kv,
-                        &kv,
-                        &mask,
-                        &options(path, probs),
-                    );
-                }
+                    ),
+                    config,
+                    &q,
+                    &kv,
+                    &mask,
+                );
             }
             // Self-attention (one input buffer): the appended rows follow the projected ones.
             if lq == lk {

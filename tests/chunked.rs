@@ -7,12 +7,12 @@
 
 mod common;
 
-use common::{assert_close, check_against_reference, gpu, options, BOTH_PATHS};
+use common::{assert_close, check_both_paths, gpu, BOTH_PATHS};
 use wgpu_mha::model::config::TemperatureTuning;
 use wgpu_mha::model::mask::{AttnDims, MaskTensor};
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask,
-    MultiHeadAttention, StepOptions, Tensor,
+    reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention,
+    StepOptions, Tensor,
 };
 
 const TUNING: TemperatureTuning = TemperatureTuning {
@@ -64,19 +64,13 @@ fn chunks_and_temperature_match_the_reference_on_every_path() {
                 masks.extend([Mask::Causal, Mask::SlidingWindow(3), Mask::None]);
             }
             for mask in masks {
-                for path in BOTH_PATHS {
-                    let probs = path == AttentionPath::MultiPass;
-                    let label = format!("tuned {tuned} Lq {lq} {mask:?} {path:?}");
-                    check_against_reference(
-                        &label,
-                        config,
-                        &q,
-                        &kv,
-                        &kv,
-                        &mask,
-                        &options(path, probs),
-                    );
-                }
+                check_both_paths(
+                    &format!("tuned {tuned} Lq {lq} {mask:?}"),
+                    config,
+                    &q,
+                    &kv,
+                    &mask,
+                );
             }
         }
     }

@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{assert_close, check_against_reference, gpu, options, BOTH_PATHS};
+use common::{assert_close, check_against_reference, check_both_paths, gpu, options, BOTH_PATHS};
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask,
-    MultiHeadAttention, Tensor,
+    reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention, Tensor,
 };
 
 fn gated() -> AttentionConfig {
@@ -93,11 +92,13 @@ fn gated_outputs_match_the_reference_on_every_path() {
         let q = Tensor::random([b, lq, 32], 20 + lq as u64);
         let kv = Tensor::random([b, lk, 32], 30);
         for mask in [Mask::None, Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])] {
-            for path in BOTH_PATHS {
-                let probs = path == AttentionPath::MultiPass;
-                let label = format!("Lq {lq} {} {path:?}", mask.kind_name());
-                check_against_reference(&label, config, &q, &kv, &kv, &mask, &options(path, probs));
-            }
+            check_both_paths(
+                &format!("Lq {lq} {}", mask.kind_name()),
+                config,
+                &q,
+                &kv,
+                &mask,
+            );
         }
     }
     // The gate binds: without it the answer is another one.

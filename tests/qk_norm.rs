@@ -7,12 +7,10 @@
 
 mod common;
 
-use common::{assert_steps_match_causal_forward, check_against_reference, options, BOTH_PATHS};
+use common::{assert_steps_match_causal_forward, check_both_paths, options, BOTH_PATHS};
 use wgpu_mha::model::qk_norm::{NormKind, NormScope, QkNorm, QkNormWeights};
 use wgpu_mha::model::rope::{Rope, RopeScaling};
-use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Mask, MultiHeadAttention, Tensor,
-};
+use wgpu_mha::{reference, AttentionConfig, AttentionWeights, Mask, MultiHeadAttention, Tensor};
 
 fn norms() -> [(&'static str, QkNorm); 4] {
     let rms = QkNorm::rms_per_head(1e-6);
@@ -70,19 +68,13 @@ fn normalised_queries_and_keys_match_the_reference_on_every_path() {
             let q = Tensor::random([b, lq, 64], 20 + lq as u64);
             let kv = Tensor::random([b, lk, 64], 30);
             for mask in [Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])] {
-                for path in BOTH_PATHS {
-                    let probs = path == AttentionPath::MultiPass;
-                    let label = format!("{name} Lq {lq} {} {path:?}", mask.kind_name());
-                    check_against_reference(
-                        &label,
-                        config,
-                        &q,
-                        &kv,
-                        &kv,
-                        &mask,
-                        &options(path, probs),
-                    );
-                }
+                check_both_paths(
+                    &format!("{name} Lq {lq} {}", mask.kind_name()),
+                    config,
+                    &q,
+                    &kv,
+                    &mask,
+                );
             }
         }
         // The norm changes the answer: without it the reference differs.
@@ -193,19 +185,7 @@ fn clip_qkv_clamps_the_projections_on_every_path() {
     for lq in [9, 1] {
         let q = Tensor::random([b, lq, 64], 40 + lq as u64);
         let kv = Tensor::random([b, lk, 64], 41);
-        for path in BOTH_PATHS {
-            let label = format!("clip Lq {lq} {path:?}");
-            let probs = path == AttentionPath::MultiPass;
-            check_against_reference(
-                &label,
-                config,
-                &q,
-                &kv,
-                &kv,
-                &Mask::Causal,
-                &options(path, probs),
-            );
-        }
+        check_both_paths(&format!("clip Lq {lq}"), config, &q, &kv, &Mask::Causal);
     }
     let weights = AttentionWeights::random(&config, 6);
     let x = Tensor::random([2, 9, 64], 7);

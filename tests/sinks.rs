@@ -6,7 +6,10 @@
 
 mod common;
 
-use common::{assert_steps_match_causal_forward, check_against_reference, options, BOTH_PATHS};
+use common::{
+    assert_steps_match_causal_forward, check_against_reference, check_both_paths, options,
+    BOTH_PATHS,
+};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, Mask, MultiHeadAttention, Tensor,
 };
@@ -35,11 +38,13 @@ fn sinks_match_the_reference_on_every_path_and_mask() {
             Mask::KeyPadding(vec![lk, lk - 3]),
             Mask::block([b, 1, lq, lk], &bits).unwrap(),
         ] {
-            for path in BOTH_PATHS {
-                let probs = path == AttentionPath::MultiPass;
-                let label = format!("Lq {lq} {} {path:?}", mask.kind_name());
-                check_against_reference(&label, config, &q, &kv, &kv, &mask, &options(path, probs));
-            }
+            check_both_paths(
+                &format!("Lq {lq} {}", mask.kind_name()),
+                config,
+                &q,
+                &kv,
+                &mask,
+            );
         }
     }
     // The sinks change the answer: without them the reference differs.

@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{assert_close, check_against_reference, gpu, options, BOTH_PATHS};
+use common::{assert_close, check_both_paths, gpu};
 use wgpu_mha::{
-    reference, AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, Mask,
-    MultiHeadAttention, Tensor,
+    reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention, Tensor,
 };
 
 /// GQA with 4 query heads of 8 over 2 key/value heads, scores scaled ×3 and capped at 2.
@@ -45,11 +44,13 @@ fn capped_scores_match_the_reference_on_every_path_and_mask() {
         let q = Tensor::random([b, lq, 32], 20 + lq as u64);
         let kv = Tensor::random([b, lk, 32], 30);
         for mask in masks(b, lq, lk) {
-            for path in BOTH_PATHS {
-                let probs = path == AttentionPath::MultiPass;
-                let label = format!("Lq {lq} {} {path:?}", mask.kind_name());
-                check_against_reference(&label, config, &q, &kv, &kv, &mask, &options(path, probs));
-            }
+            check_both_paths(
+                &format!("Lq {lq} {}", mask.kind_name()),
+                config,
+                &q,
+                &kv,
+                &mask,
+            );
         }
     }
     // The cap binds: without it the answer is another one.

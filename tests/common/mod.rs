@@ -391,3 +391,19 @@ pub fn sdpa_bhld(
         .map(|p| (p.read(gpu).expect("probs").into_data(), probs));
     SdpaRun { got, want, probs }
 }
+
+/// [`check_against_reference`] with `key` = `value` = `kv` on both paths, the attention
+/// weights compared on the multi-pass one (which computes them); each label ends in its path.
+pub fn check_both_paths(
+    label: &str,
+    config: AttentionConfig,
+    query: &Tensor,
+    kv: &Tensor,
+    mask: &Mask,
+) {
+    for path in BOTH_PATHS {
+        let probs = path == AttentionPath::MultiPass;
+        let label = format!("{label} {path:?}");
+        check_against_reference(&label, config, query, kv, kv, mask, &options(path, probs));
+    }
+}
