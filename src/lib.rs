@@ -72,3 +72,30 @@ pub use sdpa::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's pages (docs/): their Rust blocks compile as doctests too.
+#[cfg(doctest)]
+pub mod guide_doctests {
+    #[doc = include_str!("../docs/README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/benchmarks.md")]
+    pub struct Benchmarks;
+    #[doc = include_str!("../docs/embedding.md")]
+    pub struct Embedding;
+    #[doc = include_str!("../docs/errors-and-limits.md")]
+    pub struct ErrorsAndLimits;
+    #[doc = include_str!("../docs/getting-started.md")]
+    pub struct GettingStarted;
+    #[doc = include_str!("../docs/how-it-runs.md")]
+    pub struct HowItRuns;
+    #[doc = include_str!("../docs/huggingface.md")]
+    pub struct Huggingface;
+    #[doc = include_str!("../docs/masks.md")]
+    pub struct Masks;
+    #[doc = include_str!("../docs/python.md")]
+    pub struct Python;
+    #[doc = include_str!("../docs/serving.md")]
+    pub struct Serving;
+    #[doc = include_str!("../docs/testing.md")]
+    pub struct Testing;
+}

@@ -1,7 +1,7 @@
 //! `wgpu-mha bench --only serve` at small sizes (`--config serve:div=64`): every row of the
 //! issue is there with its fields, finite and positive, and the read probe measured beside each
 //! row bounds the K/V rate of every kernel the row times. Bad sizes are one clear error.
-//! No speed is claimed here: the figures live in the bench's output (README "Serving").
+//! No speed is claimed here: the figures live in the bench's output (docs/benchmarks.md, "Serving").
 
 mod common;
 

@@ -2,7 +2,7 @@
 //!
 //! * **Limits as stated**: every path (decode, flash with sinks, multi-pass, and the module)
 //!   runs on a device made with `wgpu::Limits::default()`, and on one whose limits are lowered
-//!   to exactly what the README states (6 storage buffers per stage, 2 uniform buffers, 16 KiB
+//!   to exactly what docs/embedding.md states (6 storage buffers per stage, 2 uniform buffers, 16 KiB
 //!   of workgroup memory, 256 invocations) — with no wgpu error anywhere.
 //! * **An `Err` leaves the encoder as it was**: after each refused call (a buffer of another
 //!   device, a destroyed buffer, an f16 view in a buffer whose size is not a multiple of 4, a
@@ -119,7 +119,7 @@ fn every_path_runs_with_wgpus_default_limits() {
 fn every_path_runs_with_exactly_the_stated_limits() {
     let e = stated_engine();
     assert_eq!(e.device.limits().max_storage_buffers_per_shader_stage, 6);
-    run_every_path(e, "the README's limits");
+    run_every_path(e, "docs/embedding.md's limits");
 }
 
 /// A refused call into `encoder`, then the caller's copy, submitted: the call was an `Err`,

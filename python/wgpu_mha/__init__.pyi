@@ -5,7 +5,7 @@ float64 computed in float32; tensors on another device are copied to the host an
 tensors: ValueError). Results come back as the kind and dtype of the first input.
 Errors: ValueError (arguments, shapes, masks, sizes, files, configs), TypeError (types, dtypes),
 RuntimeError (no adapter, the device, an input requiring grad where there is no backward),
-FileNotFoundError (load of a missing path). README "From Python" tables every difference from
+FileNotFoundError (load of a missing path). docs/python.md ("From Python") tables every difference from
 torch.
 """
 

@@ -30,7 +30,7 @@ pub struct PathNeeds {
     pub invocations: u32,
 }
 
-/// Every path's needs (the README's table, "Use it inside your engine"):
+/// Every path's needs (the table in docs/embedding.md, "Use it inside your engine"):
 /// * projections and row passes: the GEMM (x, W, bias, y) in 16×16 workgroups of 16×16-vec4
 ///   tiles (8 KiB), RoPE, norms, cache appends;
 /// * fused decode (a few query rows): q, k, v, partials, mask words; up to 16 KiB of tiles;
@@ -201,7 +201,7 @@ mod tests {
     #[test]
     fn limits_below_what_the_passes_need_are_each_named() {
         assert!(check_limits("a", &wgpu::Limits::default()).is_ok());
-        // Exactly what the README states is enough.
+        // Exactly what docs/embedding.md states is enough.
         let exact = wgpu::Limits {
             max_storage_buffers_per_shader_stage: 6,
             max_uniform_buffers_per_shader_stage: 2,

@@ -70,7 +70,7 @@ pub fn default_engine() -> &'static Engine {
     })
 }
 
-/// The README's numbers exactly ("Use it inside your engine"), and one storage binding of
+/// docs/embedding.md's numbers exactly ("Use it inside your engine"), and one storage binding of
 /// 1 MiB so that an arena larger than a binding is cheap.
 pub fn stated_engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
@@ -81,7 +81,7 @@ pub fn stated_engine() -> &'static Engine {
         limits.max_compute_workgroup_storage_size = 16 * 1024;
         limits.max_compute_invocations_per_workgroup = 256;
         limits.max_storage_buffer_binding_size = BINDING_LIMIT;
-        engine("the README's limits", limits)
+        engine("docs/embedding.md's limits", limits)
     })
 }
 
