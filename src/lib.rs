@@ -35,6 +35,9 @@ pub mod attention;
 pub mod error;
 pub mod gpu;
 pub mod io;
+// The passes' launchers: public for the CLI's benchmarks and the tests, not an API (hidden
+// from the docs; their contract is the shaders' headers and `attention`'s use of them).
+#[doc(hidden)]
 pub mod kernels;
 pub mod kv_dtype;
 pub mod model;

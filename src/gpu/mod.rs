@@ -3,6 +3,8 @@
 
 pub mod buffers;
 mod caller_device;
+// Compiled passes and their dispatches: the kernels' machinery, public for them and the tests.
+#[doc(hidden)]
 pub mod pass;
 pub mod pipeline_cache;
 pub mod record;
