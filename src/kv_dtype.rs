@@ -25,6 +25,7 @@ pub const BLOCK: usize = 32;
 /// The element type of a KV cache or a page pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum KvDtype {
+    /// Plain f32 values (the default).
     #[default]
     F32,
     /// Needs the device's `SHADER_F16`.
@@ -49,6 +50,7 @@ impl KvDtype {
         }
     }
 
+    /// The lower-case name [`KvDtype::parse`] reads: `"f32"`, `"f16"`, `"q8_0"` or `"q4_0"`.
     pub fn name(self) -> &'static str {
         match self {
             KvDtype::F32 => "f32",

@@ -30,6 +30,31 @@
 //!
 //! Masked scores are *replaced* by −1e9 as the seeds do, so a query whose keys are all masked
 //! returns the mean of V (never NaN), on every path.
+//!
+//! ## Map of the API
+//!
+//! * **A module**: [`MultiHeadAttention`] from an [`AttentionConfig`] and [`AttentionWeights`]
+//!   (or [`Precision::F16`]); inputs are [`Tensor`]s on the host or [`GpuTensor`]s on the
+//!   device, masks a [`Mask`]; [`ForwardOptions`] picks the [`AttentionPath`] and asks for the
+//!   weights.
+//! * **A device**: [`Gpu`] (`Gpu::new`, [`GpuOptions`], or the caller's own device through
+//!   `Gpu::from_device`); [`list_adapters`]; what each path needs of the device: [`PATH_NEEDS`].
+//!   Recording into the caller's encoder: [`gpu::record`].
+//! * **The attention core on the caller's buffers**: [`scaled_dot_product_attention`] and
+//!   [`record_scaled_dot_product_attention`] over [`DeviceTensor`]s, with [`SdpaOptions`].
+//! * **Decoding**: [`KvCache`] (f32, f16 or quantized, [`KvDtype`]) stepped with
+//!   [`MultiHeadAttention::forward_step`] and [`StepOptions`].
+//! * **Serving many sequences**: [`serve`] — a paged pool ([`serve::PagedKvPool`]), FlashInfer's
+//!   CSR page tables ([`serve::PageTable`]), one plan per step reused by every layer
+//!   ([`serve::BatchAttention`]), merged partial states ([`serve::merge_states`]).
+//! * **Checkpoints and files**: Hugging Face checkpoints as saved ([`io::hf::HfCheckpoint`],
+//!   [`io::hf::HfAttention`]), PyTorch state dicts ([`LoadedWeights`]), case files ([`Case`]),
+//!   [`SafetensorsFile`].
+//! * **The f64 reference** every test compares against: [`reference`](mod@reference).
+//! * **Errors**: one value-carrying [`Error`]; bad input is an `Err` naming it before anything
+//!   is dispatched.
+
+#![warn(missing_docs)]
 
 pub mod attention;
 pub mod error;

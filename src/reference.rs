@@ -10,15 +10,20 @@ use crate::model::weights::{AttentionWeights, Linear};
 /// The reference result: output `[B, Lq, out]` and probabilities `[B, H, Lq, Lk]`, in f64.
 #[derive(Debug, Clone)]
 pub struct ReferenceOutput {
+    /// The output's shape, `[B, Lq, out]`.
     pub shape: Vec<usize>,
+    /// The output, row-major in `shape`.
     pub output: Vec<f64>,
+    /// The attention probabilities `[B, H, Lq, Lk]`, row-major (`Lk` counts appended keys).
     pub probs: Vec<f64>,
 }
 
 impl ReferenceOutput {
+    /// The output rounded to f32.
     pub fn output_f32(&self) -> Vec<f32> {
         self.output.iter().map(|&v| v as f32).collect()
     }
+    /// The largest |value| of the output (0 when empty).
     pub fn max_abs(&self) -> f64 {
         self.output.iter().fold(0.0, |m, v| m.max(v.abs()))
     }
@@ -166,21 +171,32 @@ pub fn forward_at(
 /// combined-heads layouts: q `[B, Lq, H·dk]`, k `[B, Lk, H_kv·dk]`, v `[B, Lk, H_kv·dv]`; query
 /// head `h` reads key/value head `h / (H / H_kv)`.
 pub struct Core<'a> {
+    /// Batch size `B`.
     pub batch: usize,
+    /// Query heads `H`.
     pub heads: usize,
+    /// Key/value heads `H_kv` (divides `H`).
     pub kv_heads: usize,
+    /// Queries per sequence `Lq`.
     pub lq: usize,
+    /// Keys per sequence `Lk`.
     pub lk: usize,
+    /// Per-head width of queries and keys.
     pub dk: usize,
+    /// Per-head width of values.
     pub dv: usize,
+    /// What each `q·k` is multiplied by.
     pub scale: f64,
+    /// Gemma 2's soft-cap `c`: a scaled score `s` becomes `c · tanh(s / c)`, before the mask.
     pub softcap: Option<f32>,
+    /// ALiBi's `max_bias` (see [`alibi_slope`]); `None`: no ALiBi.
     pub alibi_max_bias: Option<f32>,
     /// Llama 4's temperature tuning: the scaled score of the query at position p times its
     /// factor (an f32, as transformers computes it).
     pub temperature: Option<TemperatureTuning>,
     /// One logit per query head, in each softmax's denominator only.
     pub sinks: Option<&'a [f32]>,
+    /// The mask applied to the scores, over `[B, H, Lq, Lk]`.
     pub mask: &'a Mask,
     /// The causal diagonal through key 0 of query 0 (PyTorch's `is_causal`), instead of
     /// through key `Lk − Lq` of it.

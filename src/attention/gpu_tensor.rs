@@ -92,6 +92,7 @@ impl GpuTensor {
         })
     }
 
+    /// The dimensions, outermost first.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -99,6 +100,7 @@ impl GpuTensor {
     pub fn len(&self) -> usize {
         elements(&self.shape)
     }
+    /// Whether it has no elements (some dimension is 0).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

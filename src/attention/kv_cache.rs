@@ -75,7 +75,9 @@ pub struct KvCache {
 /// [`Layout::Bhld`] with the chunk's (or cache's) capacity as its rows per (batch, head).
 #[derive(Debug, Clone)]
 pub struct KvView<'a> {
+    /// The token positions (the same in every sequence) this view holds.
     pub tokens: std::ops::Range<usize>,
+    /// Those tokens, `[B, H_kv, tokens.len(), d]`, in the cache's element type.
     pub tensor: DeviceTensor<'a>,
 }
 
@@ -574,6 +576,7 @@ impl KvCache {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether no token is cached.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -585,6 +588,7 @@ impl KvCache {
     pub fn remaining(&self) -> usize {
         self.capacity - self.len
     }
+    /// Sequences in the cache (`B`).
     pub fn batch(&self) -> usize {
         self.batch
     }

@@ -46,6 +46,7 @@ pub struct KvCacheBytes {
 }
 
 impl KvCacheBytes {
+    /// All of it: `keys_values + step + scores`.
     pub fn total(&self) -> u64 {
         self.keys_values + self.step + self.scores
     }

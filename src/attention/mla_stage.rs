@@ -70,6 +70,8 @@ pub struct MlaStage {
 }
 
 impl MlaStage {
+    /// Uploads the pre-stage's projections (`kv_a_proj_with_mqa`, `q_a_proj`) and norm
+    /// weights to `gpu`.
     pub fn new(gpu: &Gpu, inputs: &MlaInputs) -> Self {
         let none = wgpu::BufferUsages::empty();
         MlaStage {

@@ -81,6 +81,7 @@ pub enum Precision {
 pub struct ForwardOptions {
     /// Also return the attention probabilities `[B, H, Lq, Lk]` (forces the multi-pass path).
     pub return_probs: bool,
+    /// Which attention core to run (default `Auto`).
     pub path: AttentionPath,
     /// RoPE positions of the keys, `[B, Lk]` row-major; the queries are the last `Lq` of them
     /// (self-attention: the same positions). Default `0..Lk` for every sequence. Only for a
@@ -188,9 +189,11 @@ impl MultiHeadAttention {
         })
     }
 
+    /// The sizes and options the module was built with.
     pub fn config(&self) -> &AttentionConfig {
         &self.config
     }
+    /// The GPU the module runs on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }

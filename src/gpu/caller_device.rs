@@ -23,10 +23,15 @@ pub struct DeviceOptions {
 /// invocations per workgroup. A unit test counts every pass's binding table against these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathNeeds {
+    /// The path's name, as error messages give it (`"fused flash"`).
     pub path: &'static str,
+    /// Storage buffers one pass binds (`max_storage_buffers_per_shader_stage`).
     pub storage_buffers: u32,
+    /// Uniform buffers one pass binds (`max_uniform_buffers_per_shader_stage`).
     pub uniform_buffers: u32,
+    /// Workgroup memory in bytes (`max_compute_workgroup_storage_size`).
     pub workgroup_bytes: u32,
+    /// Invocations per workgroup (`max_compute_invocations_per_workgroup`).
     pub invocations: u32,
 }
 

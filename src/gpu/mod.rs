@@ -101,16 +101,22 @@ pub struct GpuOptions {
 /// Counts of live GPU objects (see [`Gpu::live_objects`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LiveObjects {
+    /// Live buffers.
     pub buffers: isize,
+    /// Live bind groups.
     pub bind_groups: isize,
+    /// Bytes of buffer memory allocated.
     pub buffer_bytes: isize,
 }
 
 /// One line of `wgpu-mha info`.
 #[derive(Debug, Clone)]
 pub struct AdapterSummary {
+    /// The adapter's name, backend, device type and driver.
     pub info: wgpu::AdapterInfo,
+    /// Every feature the adapter offers (not only those the crate uses).
     pub features: wgpu::Features,
+    /// The adapter's own limits.
     pub limits: wgpu::Limits,
 }
 
@@ -174,10 +180,16 @@ impl Gpu {
         Self::with_options(&GpuOptions::default())
     }
 
+    /// The adapter `options` pick (see [`GpuOptions`]), blocking until the device is made.
+    /// `Err(NoAdapter)` when none matches, `Err(Misuse)` for an unknown backend or kernel
+    /// class, `Err(RequestDevice)` when the adapter refuses the device, `Err(Unsupported)`
+    /// when its limits are too low for any forward.
     pub fn with_options(options: &GpuOptions) -> Result<Self> {
         pollster::block_on(Self::new_async(options))
     }
 
+    /// [`with_options`](Self::with_options) without blocking. With no name asked for, a
+    /// discrete GPU is preferred, then integrated, virtual, other and software ones.
     pub async fn new_async(options: &GpuOptions) -> Result<Self> {
         let backend = options
             .backend
@@ -375,12 +387,15 @@ impl Gpu {
         move |reason, message| record_loss(&lost, reason, &message)
     }
 
+    /// The wgpu device the passes run on.
     pub fn device(&self) -> &wgpu::Device {
         &self.device
     }
+    /// The device's queue, which every pass is submitted to.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
     }
+    /// The adapter's name, backend and device type.
     pub fn info(&self) -> &wgpu::AdapterInfo {
         &self.info
     }
@@ -396,12 +411,15 @@ impl Gpu {
     pub fn kernel_class(&self) -> KernelClass {
         self.kernel_class
     }
+    /// Whether the device has `SHADER_F16` (f16 modules and caches need it).
     pub fn has_f16(&self) -> bool {
         self.features.contains(wgpu::Features::SHADER_F16)
     }
+    /// Whether the device has `SUBGROUP` (the subgroup kernels need it).
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)
     }
+    /// Whether the device has `TIMESTAMP_QUERY` (per-pass timings need it).
     pub fn has_timestamps(&self) -> bool {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
     }

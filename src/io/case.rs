@@ -57,8 +57,11 @@ pub struct Case {
     pub name: String,
     /// For a Hugging Face case: the module (family, prefix, how it attends).
     pub module: Option<String>,
+    /// Which seed module the case describes (metadata `variant`).
     pub variant: CaseVariant,
+    /// The module's sizes and options, from metadata `config` and the weights.
     pub config: AttentionConfig,
+    /// The module's weights, checked against `config`.
     pub weights: AttentionWeights,
     /// `Q` or `x_q`: `[B, Lq, model_dim]`.
     pub query: Tensor,
@@ -66,6 +69,7 @@ pub struct Case {
     pub key: Tensor,
     /// `V` for classic cases; `None` for per-head ones, whose values come from `key` (`x_k_v`).
     pub value: Option<Tensor>,
+    /// The attention mask the file gives (see [`crate::io::masks`]).
     pub mask: Mask,
     /// RoPE positions of the keys `[B, Lk]` (a Hugging Face case's `position_ids`), when the
     /// module has RoPE and the file gives them.

@@ -53,8 +53,11 @@ impl WeightLayout {
 /// (checked against it) and the layout they were found in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadedWeights {
+    /// The config inferred from the weights' shapes and the head count.
     pub config: AttentionConfig,
+    /// The weights, checked against `config`.
     pub weights: AttentionWeights,
+    /// The layout the weights were found in.
     pub layout: WeightLayout,
 }
 

@@ -86,7 +86,10 @@ pub struct AttentionConfig {
 /// The two numbers of Llama 4's temperature tuning (see [`AttentionConfig::temperature`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TemperatureTuning {
+    /// `floor_scale`: what `p + 1` is divided by (then floored) inside the logarithm; finite and
+    /// positive.
     pub floor_scale: f32,
+    /// `attn_scale`: what the logarithm is multiplied by.
     pub attn_scale: f32,
 }
 
@@ -212,7 +215,6 @@ impl AttentionConfig {
         self
     }
 
-    /// Rotary position embeddings (see [`Rope`]).
     /// Normalises projected queries and keys before RoPE (weights in
     /// [`crate::AttentionWeights::qk_norm`]).
     pub fn with_qk_norm(mut self, norm: QkNorm) -> Result<Self> {
@@ -251,6 +253,7 @@ impl AttentionConfig {
         self.validated()
     }
 
+    /// Rotary position embeddings (see [`Rope`]).
     pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
         self.rope = Some(rope);
         self.validated()

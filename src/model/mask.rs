@@ -23,16 +23,20 @@ pub struct MaskTensor {
 }
 
 impl MaskTensor {
+    /// A mask of `shape` over row-major `data`; `Err(DataLength)` when their sizes differ.
     pub fn new(shape: impl Into<Vec<usize>>, data: Vec<u8>) -> Result<Self> {
         let shape = crate::model::tensor::checked_shape("mask", shape.into(), data.len())?;
         Ok(MaskTensor { shape, data })
     }
+    /// [`MaskTensor::new`] from bools: `true` becomes 1, `false` 0.
     pub fn from_bools(shape: impl Into<Vec<usize>>, data: &[bool]) -> Result<Self> {
         Self::new(shape, data.iter().map(|&b| b as u8).collect())
     }
+    /// The mask's shape (rank 1 to 4, see the module's broadcasting rules).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
+    /// The bytes, row-major in `shape`; what a nonzero byte means depends on the [`Mask`].
     pub fn data(&self) -> &[u8] {
         &self.data
     }
@@ -64,7 +68,9 @@ pub enum Mask {
     /// padding read per key, so it takes O(B·Lk) memory where the materialised
     /// `[B, 1, Lq, Lk]` mask took O(B·Lq·Lk) (2.4 GB at 32k tokens).
     CausalKeep {
+        /// At most this many keys back (as [`Mask::SlidingWindow`]); `None`: plain causal.
         window: Option<usize>,
+        /// Which keys are real tokens (nonzero) or padding (zero), `[B, Lk]` or `[Lk]`.
         keep: MaskTensor,
     },
     /// Llama 4's chunked local attention: causal (bottom-right aligned, query `i` at position
@@ -72,7 +78,10 @@ pub enum Mask {
     /// (`j / chunk == p / chunk`); with `keep` (`[B, Lk]`, or `[Lk]` for a batch of one;
     /// nonzero = a real token), only those keys too. Generated in the shader.
     Chunked {
+        /// Positions per chunk (`attention_chunk_size`).
         chunk: usize,
+        /// Which keys are real tokens (nonzero) or padding (zero), `[B, Lk]` or `[Lk]`;
+        /// `None`: all are real.
         keep: Option<MaskTensor>,
     },
 }
@@ -357,9 +366,13 @@ pub(crate) fn broadcast_index(
 /// The sizes a mask is checked against: batch, heads, query and key lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnDims {
+    /// Batch size `B`.
     pub batch: usize,
+    /// Query heads `H`.
     pub heads: usize,
+    /// Queries per sequence `Lq`.
     pub lq: usize,
+    /// Keys per sequence `Lk`.
     pub lk: usize,
 }
 

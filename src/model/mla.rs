@@ -24,13 +24,19 @@ pub const MLA_NORM_EPS: f64 = 1e-6;
 /// The sizes of one MLA module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MlaDims {
+    /// `hidden_size` (E): width of the hidden states.
     pub hidden: usize,
+    /// `num_attention_heads` (H).
     pub heads: usize,
     /// `q_lora_rank` (None: a plain `q_proj`).
     pub q_lora_rank: Option<usize>,
+    /// `kv_lora_rank` (r): width of the compressed latent `c`.
     pub kv_lora_rank: usize,
+    /// `qk_nope_head_dim` (dn): per-head width of the query and key part without RoPE.
     pub qk_nope_head_dim: usize,
+    /// `qk_rope_head_dim` (dr): per-head width of the rotated part (`q_pe`, the shared `k_pe`).
     pub qk_rope_head_dim: usize,
+    /// `v_head_dim` (dv): per-head width of the values.
     pub v_head_dim: usize,
 }
 
@@ -49,6 +55,7 @@ impl MlaDims {
 /// The module's weights as saved.
 #[derive(Debug, Clone)]
 pub struct MlaWeights {
+    /// The module's sizes, which [`MlaWeights::check`] checks the tensors against.
     pub dims: MlaDims,
     /// `q_a_proj`, `q_a_layernorm.weight` (q LoRA) — or none, `q` being `q_proj`.
     pub q_a: Option<(Linear, Vec<f32>)>,
@@ -259,6 +266,7 @@ impl MlaWeights {
         Ok((config, weights))
     }
 
+    /// The pre-stage of this module (copies of `q_a`, `kv_a` and `kv_norm`).
     pub fn inputs(&self) -> MlaInputs {
         MlaInputs {
             dims: self.dims,
@@ -270,6 +278,7 @@ impl MlaWeights {
 }
 
 impl MlaInputs {
+    /// The module's sizes.
     pub fn dims(&self) -> &MlaDims {
         &self.dims
     }

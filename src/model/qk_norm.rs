@@ -26,8 +26,11 @@ pub enum NormScope {
 /// q/k normalisation settings; the weights are [`QkNormWeights`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QkNorm {
+    /// RMSNorm or LayerNorm.
     pub kind: NormKind,
+    /// Per head or over the whole projection.
     pub scope: NormScope,
+    /// Added to the mean square (or variance) before the square root.
     pub eps: f32,
     /// Added to every weight: Gemma's RMSNorm multiplies by `1 + w`.
     pub weight_offset: f32,
@@ -40,11 +43,14 @@ pub struct QkNorm {
 /// over the query heads, for k over the key/value heads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QkNormWeights {
+    /// The query norm's weight.
     pub q: Vec<f32>,
+    /// The key norm's weight.
     pub k: Vec<f32>,
     /// The norms' biases (Persimmon's `nn.LayerNorm`), each as long as its weight; empty:
     /// none.
     pub q_bias: Vec<f32>,
+    /// The key norm's bias, as long as `k`; empty: none.
     pub k_bias: Vec<f32>,
 }
 

@@ -12,14 +12,20 @@ use crate::model::tensor::Tensor;
 pub struct RelativeBias {
     /// `relative_attention_bias.weight`: `[buckets, heads]`, row-major.
     pub table: Vec<f32>,
+    /// `relative_attention_num_buckets`: rows of the table (at least 2).
     pub buckets: usize,
+    /// Attention heads: columns of the table.
     pub heads: usize,
+    /// `relative_attention_max_distance`: distances at or past it fall in the last bucket (of
+    /// their direction).
     pub max_distance: usize,
     /// Encoder (true) or decoder (false) buckets.
     pub bidirectional: bool,
 }
 
 impl RelativeBias {
+    /// A bias from its table `[buckets, heads]`; `Err(Config)` when the table is not that size
+    /// or `buckets < 2`.
     pub fn new(
         table: Vec<f32>,
         buckets: usize,

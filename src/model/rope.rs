@@ -21,6 +21,7 @@ pub struct Rope {
     /// `false`: rotate-half pairs (d, d + rotary_dims/2), as Llama and GPT-NeoX in transformers;
     /// `true`: interleaved pairs (2k, 2k + 1), as GPT-J.
     pub interleaved: bool,
+    /// How the frequencies are scaled (`rope_scaling`); [`RopeScaling::None`] for plain RoPE.
     pub scaling: RopeScaling,
 }
 
@@ -33,22 +34,37 @@ pub enum RopeScaling {
     /// `default`.
     None,
     /// `linear`: positions divided by `factor`.
-    Linear { factor: f64 },
+    Linear {
+        /// What the frequencies are divided by (the same as dividing the positions).
+        factor: f64,
+    },
     /// `llama3`: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
     Llama3 {
+        /// What the long wavelengths are divided by.
         factor: f64,
+        /// Wavelengths longer than `original_max_positions / low_freq_factor` are divided by
+        /// `factor`.
         low_freq_factor: f64,
+        /// Wavelengths shorter than `original_max_positions / high_freq_factor` are kept.
         high_freq_factor: f64,
+        /// The context length before scaling (`original_max_position_embeddings`).
         original_max_positions: f64,
     },
     /// `yarn`: frequencies blended between interpolated (÷ `factor`) and extrapolated by a
     /// linear ramp over the dimensions whose rotations in `original_max_positions` lie between
     /// `beta_slow` and `beta_fast`; cos and sin scaled by `attention_factor`.
     Yarn {
+        /// What the interpolated frequencies are divided by.
         factor: f64,
+        /// The context length before scaling (`original_max_position_embeddings`).
         original_max_positions: f64,
+        /// Where the ramp starts: dimensions that turn more than this many times in
+        /// `original_max_positions` keep their frequency.
         beta_fast: f64,
+        /// Where the ramp ends: dimensions that turn fewer than this many times in
+        /// `original_max_positions` are divided by `factor`.
         beta_slow: f64,
+        /// What cos and sin are multiplied by.
         attention_factor: f64,
         /// Correction range bounds floored/ceiled (transformers' `truncate`, default true).
         truncate: bool,
@@ -56,13 +72,22 @@ pub enum RopeScaling {
     /// `dynamic` (dynamic NTK): for a call whose `seq_len` exceeds `max_positions`
     /// (`max_position_embeddings`), θ becomes θ·(factor·seq_len/max − (factor − 1))^(d/(d−2));
     /// shorter calls keep the plain frequencies.
-    Dynamic { factor: f64, max_positions: f64 },
+    Dynamic {
+        /// The `factor` of the formula above.
+        factor: f64,
+        /// `max_position_embeddings`: calls up to this `seq_len` keep the plain frequencies.
+        max_positions: f64,
+    },
     /// `longrope` (Phi-3): frequency k divided by its short factor, or by its long one for a
     /// call whose `seq_len` exceeds `original_max_positions`; cos and sin scaled by
     /// `attention_factor`.
     LongRope {
+        /// The short and long factor of each rotating pair.
         factors: Factors,
+        /// `original_max_position_embeddings`: calls whose `seq_len` exceeds it use the long
+        /// factors.
         original_max_positions: f64,
+        /// What cos and sin are multiplied by.
         attention_factor: f64,
     },
 }
@@ -91,10 +116,12 @@ impl Factors {
         Some(Factors(leaked))
     }
 
+    /// The short factors, one per rotating pair.
     pub fn short(&self) -> &[f32] {
         &self.0[..self.0.len() / 2]
     }
 
+    /// The long factors, one per rotating pair.
     pub fn long(&self) -> &[f32] {
         &self.0[self.0.len() / 2..]
     }

@@ -42,21 +42,27 @@ impl Tensor {
         Tensor { shape, data }
     }
 
+    /// The tensor's shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
+    /// The values, row-major in `shape`.
     pub fn data(&self) -> &[f32] {
         &self.data
     }
+    /// The values, row-major in `shape`, to change in place.
     pub fn data_mut(&mut self) -> &mut [f32] {
         &mut self.data
     }
+    /// The values, row-major, without the shape.
     pub fn into_data(self) -> Vec<f32> {
         self.data
     }
+    /// The number of values (the product of `shape`).
     pub fn len(&self) -> usize {
         self.data.len()
     }
+    /// Whether the tensor holds no values (some dimension is 0).
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }

@@ -7,7 +7,9 @@ use crate::model::qk_norm::QkNormWeights;
 /// One `nn.Linear`: `y = x · Wᵀ + b`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Linear {
+    /// Width of `y`.
     pub out_features: usize,
+    /// Width of `x`.
     pub in_features: usize,
     /// `[out_features, in_features]`, row-major.
     pub weight: Vec<f32>,
@@ -398,9 +400,11 @@ impl AttentionWeights {
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// A generator whose sequence is fixed by `seed`.
     pub fn new(seed: u64) -> Self {
         SplitMix64(seed)
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;

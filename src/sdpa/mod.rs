@@ -46,6 +46,7 @@ pub struct SdpaOptions {
     /// a boolean mask averages V over every key (masked scores are −1e9, as in the seeds); a
     /// row whose additive bias is −inf everywhere is NaN, as in PyTorch.
     pub mask: Mask,
+    /// Where a causal mask's diagonal lies when `Lq ≠ Lk` (default bottom-right).
     pub causal_alignment: CausalAlignment,
     /// Multiplies `Q·Kᵀ`; `None` = `1/√D` (PyTorch's default).
     pub scale: Option<f32>,

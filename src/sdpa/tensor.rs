@@ -19,6 +19,7 @@ pub enum Layout {
 /// Element type of a device tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Elem {
+    /// 32-bit float (the default).
     #[default]
     F32,
     /// Needs the device's `SHADER_F16`; q, k and v only (the output is f32), fused path only.
@@ -55,15 +56,18 @@ impl Elem {
 /// A `[B, H, L, D]` tensor in a caller's storage buffer.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceTensor<'a> {
+    /// The storage buffer holding the elements.
     pub buffer: &'a wgpu::Buffer,
     /// `[B, H, L, D]` whatever the layout.
     pub shape: [usize; 4],
+    /// How the elements lie in the buffer.
     pub layout: Layout,
     /// Elements before element `(0, 0, 0, 0)`.
     pub offset: usize,
     /// Rows each (batch, head) — or each batch, in `Blhd` — has room for (≥ L): a KV cache slab
     /// of this capacity whose first L rows are attended. Default L.
     pub capacity: usize,
+    /// The element type (default f32).
     pub elem: Elem,
     /// A quantized tensor's scales plane: element `e`'s f16 scale is half `2·scales + e/32` of
     /// the buffer's u32 words, `e` counted from the buffer's start (offset included). Unused

@@ -16,9 +16,11 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// The sequence's page ids, in order.
     pub fn pages(&self) -> &[u32] {
         &self.pages
     }
+    /// Tokens the sequence holds.
     pub fn tokens(&self) -> usize {
         self.tokens
     }
@@ -53,12 +55,15 @@ impl PageAllocator {
         }
     }
 
+    /// Tokens per page.
     pub fn page_size(&self) -> usize {
         self.page_size
     }
+    /// Pages in all, free or held.
     pub fn max_pages(&self) -> usize {
         self.refs.len()
     }
+    /// Pages no sequence holds.
     pub fn free_pages(&self) -> usize {
         self.free.len()
     }

@@ -11,7 +11,9 @@ use crate::kernels::merge_state::{self, MergeBindings};
 /// One part's state: `out [n, H, D]` and `lse [n, H]` (f32).
 #[derive(Debug, Clone, Copy)]
 pub struct State<'a> {
+    /// The part's attention output, `[n, H, D]`.
     pub out: &'a GpuTensor,
+    /// The natural log of the part's softmax denominator, `[n, H]`.
     pub lse: &'a GpuTensor,
 }
 

@@ -62,15 +62,22 @@ pub enum QueryLayout {
 pub struct PlanInputs<'a> {
     /// Query rows per sequence as prefix sums `[n + 1]`.
     pub qo_indptr: &'a [u32],
+    /// Each sequence's pages in the pool (FlashInfer's CSR page table).
     pub table: &'a PageTable,
+    /// Query heads `H`: a positive multiple of `num_kv_heads`.
     pub num_qo_heads: usize,
+    /// Key/value heads `H_kv` of the pool.
     pub num_kv_heads: usize,
+    /// Head size `D` of queries, keys and values.
     pub head_dim: usize,
+    /// Tokens per page of the pool: a power of two from 1 to 256.
     pub page_size: usize,
+    /// The pool's page layout (NHD or HND).
     pub layout: KvLayout,
     /// The pool's element type (f32, f16 with `SHADER_F16`, q8_0 or q4_0 with a head size of
     /// whole blocks of 32).
     pub dtype: KvDtype,
+    /// Masking, scaling and output options of the attention.
     pub options: BatchOptions,
 }
 

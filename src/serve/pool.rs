@@ -53,11 +53,15 @@ impl KvLayout {
 /// The shape and element type of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolConfig {
+    /// Pages in the pool.
     pub max_pages: usize,
     /// Tokens per page: a power of two from 1 to 256.
     pub page_size: usize,
+    /// Key/value heads `H_kv`.
     pub kv_heads: usize,
+    /// Head size `D`.
     pub head_dim: usize,
+    /// Where a page keeps its tokens and heads (NHD or HND).
     pub layout: KvLayout,
     /// The element type: f32, f16 (needs `SHADER_F16`), q8_0 or q4_0 (head sizes of whole
     /// blocks of 32).
@@ -197,8 +201,11 @@ pub struct PagedKvPool {
 pub struct PoolFormat {
     /// The word where the scales plane starts.
     pub scales: u32,
+    /// Padding to 16 bytes.
     pub _pad0: u32,
+    /// Padding to 16 bytes.
     pub _pad1: u32,
+    /// Padding to 16 bytes.
     pub _pad2: u32,
 }
 
@@ -271,6 +278,7 @@ impl PagedKvPool {
         })
     }
 
+    /// The pool's shape and element type.
     pub fn config(&self) -> &PoolConfig {
         &self.config
     }

@@ -9,8 +9,11 @@ use crate::error::{Error, Result};
 /// tokens (0 when it lists no pages).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PageTable {
+    /// `[n + 1]`: sequence `s`'s pages are `kv_indices[kv_indptr[s]..kv_indptr[s + 1]]`.
     pub kv_indptr: Vec<u32>,
+    /// Page ids, each sequence's in order.
     pub kv_indices: Vec<u32>,
+    /// `[n]`: tokens in each sequence's last page, 1 ..= page_size (0 for a sequence with no pages).
     pub kv_last_page_len: Vec<u32>,
 }
 

@@ -32,7 +32,10 @@ pub struct HfConfig {
 /// T5's bucketed relative position bias settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct T5BiasSettings {
+    /// `relative_attention_num_buckets`: buckets of the bias table.
     pub buckets: usize,
+    /// `relative_attention_max_distance`: the distance the logarithmic buckets span (keys
+    /// farther away share the last bucket).
     pub max_distance: usize,
 }
 
@@ -54,6 +57,7 @@ impl HfConfig {
         Ok(HfConfig { json, source })
     }
 
+    /// Where the text came from (`DIR/config.json`, or a case file's `hf_config`).
     pub fn source(&self) -> &str {
         &self.source
     }

@@ -25,6 +25,7 @@ pub struct HfDecoder {
 /// A decoder's cache in bytes, next to an equivalent multi-head cache ([`HfDecoder::bytes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecoderCacheBytes {
+    /// What the decoder's own cache holds on the device.
     pub cache: KvCacheBytes,
     /// Bytes per token of one sequence a multi-head cache of this module would hold.
     pub mha_per_token: u64,
@@ -128,6 +129,7 @@ impl HfDecoder {
         self.cache.len()
     }
 
+    /// Whether no token has been decoded yet.
     pub fn is_empty(&self) -> bool {
         self.cache.len() == 0
     }

@@ -201,10 +201,12 @@ impl HfCheckpoint {
         }
     }
 
+    /// The path it was opened from, for messages.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The model's `config.json` (or a case file's `hf_config`), when there is one.
     pub fn config(&self) -> Option<&HfConfig> {
         self.config.as_ref()
     }
@@ -216,6 +218,7 @@ impl HfCheckpoint {
         names
     }
 
+    /// Whether some file of the checkpoint holds `tensor`.
     pub fn contains(&self, tensor: &str) -> bool {
         self.index.contains_key(tensor)
     }
@@ -530,9 +533,11 @@ impl HfCheckpoint {
 /// One attention module of a checkpoint, loaded.
 #[derive(Debug, Clone)]
 pub struct HfAttention {
+    /// The layout its tensors were found in.
     pub family: Family,
     /// `model_type` from the config, when there is one.
     pub model_type: Option<String>,
+    /// Its state-dict prefix (`model.layers.0.self_attn.`).
     pub prefix: String,
     /// Attends to another sequence (`key_value_states`).
     pub cross: bool,
@@ -544,7 +549,9 @@ pub struct HfAttention {
     /// Llama 4's chunked attention (with `causal`): query i sees keys j ≤ i in its own chunk of
     /// `chunk` positions.
     pub chunk: Option<usize>,
+    /// The module's sizes and options (heads, head sizes, scale, RoPE …).
     pub config: AttentionConfig,
+    /// The module's projections (and its norms, sinks, gate where it has them).
     pub weights: AttentionWeights,
     /// T5 self-attention's relative position bias.
     pub relative_bias: Option<RelativeBias>,

@@ -25,8 +25,11 @@ pub enum Causality {
 /// computes (checked against transformers 5.24's modeling code).
 #[derive(Debug)]
 pub struct ModelType {
+    /// The config's `model_type` (`"llama"`).
     pub name: &'static str,
+    /// The layout of its attention tensors.
     pub family: Family,
+    /// How its self-attention masks the keys a query sees.
     pub causal: Causality,
     /// Keys of the config's refused-settings table (`config::SETTINGS`) this model type reads,
     /// so they are honoured rather than refused.
@@ -52,8 +55,11 @@ impl ModelType {
 /// `rms_norm_eps`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QkNormRule {
+    /// RMSNorm or LayerNorm.
     pub kind: NormKind,
+    /// Per head or over the whole projection.
     pub scope: NormScope,
+    /// Added to every weight: 1 where the norm multiplies by `1 + w` (Gemma 3), else 0.
     pub weight_offset: f32,
     /// The config key of its epsilon, and transformers' default.
     pub eps: (&'static str, f64),
@@ -112,7 +118,9 @@ impl NormTensors {
 /// A config key's value when absent, as transformers' config class sets it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ConfigDefault {
+    /// A number (written as a JSON integer when it is a whole, non-negative one).
     Number(f64),
+    /// A boolean.
     Flag(bool),
 }
 
@@ -146,7 +154,10 @@ pub enum RopeLayers {
     /// Only the sliding-window layers, when the config sets `sliding_window`; without it,
     /// every layer (`true`: EXAONE 4) or none (`false`: Cohere 2, whose attention rotates
     /// only where its layer has a window).
-    SlidingOnly { without_window: bool },
+    SlidingOnly {
+        /// Whether every layer rotates when the config sets no `sliding_window`.
+        without_window: bool,
+    },
     /// By `no_rope_layers` (1 = RoPE, 0 = none), else all but every
     /// `no_rope_layer_interval`-th layer (default 4) rotate (SmolLM3).
     NoRopeLayers,

@@ -9,7 +9,9 @@ use super::{layer_index, HfConfig};
 /// A layer's attention kind, as `layer_types` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
+    /// `full_attention`: no sliding window.
     Full,
+    /// `sliding_attention`: the config's sliding window.
     Sliding,
 }
 

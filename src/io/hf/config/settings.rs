@@ -39,6 +39,7 @@ impl HfConfig {
 /// A config key that changes the attention's answer: refused when set to anything but its
 /// `neutral` values, unless the module's model type reads it ([`ModelType`](crate::io::hf::families::ModelType)).
 pub struct Setting {
+    /// The key, at the top level or inside `rope_parameters` / `rope_scaling`.
     pub key: &'static str,
     neutral: fn(&Value) -> bool,
     /// What the key does, for the refusal.
