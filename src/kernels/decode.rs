@@ -21,6 +21,8 @@ pub const WGSL: &str = include_str!("../../shaders/decode_attention.wgsl");
 pub const LANE_KEYS_WGSL: &str = include_str!("../../shaders/decode_lane_keys.wgsl");
 pub const PARAMS_WGSL: &str = include_str!("../../shaders/decode_params.wgsl");
 pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/decode_rows_vec4.wgsl");
+/// f16 rows as whole vec4s, each two u32 words (half the loads of `vec4<f16>` on llvmpipe).
+pub const ROWS_HALF_WGSL: &str = include_str!("../../shaders/decode_rows_half.wgsl");
 pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/decode_rows_scalar.wgsl");
 pub const ROWS_QUANT_WGSL: &str = include_str!("../../shaders/decode_rows_quant.wgsl");
 /// Float rows read in blocks of 32 as the lane-keys body reads them (after either float rows file).
@@ -300,6 +302,7 @@ pub struct ReduceParams {
 /// The full source: sizes and element type, the mask rule, the body.
 pub fn source(s: DecodeShape) -> String {
     let rows = match (s.kv_bits, s.vec4_rows) {
+        (0, true) if s.f16 => ROWS_HALF_WGSL,
         (0, true) => ROWS_VEC4_WGSL,
         (0, false) => ROWS_SCALAR_WGSL,
         _ => ROWS_QUANT_WGSL,
