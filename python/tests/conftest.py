@@ -51,6 +51,21 @@ def reference_sdpa(q, k, v, mask=None, causal=False, scale=None):
     return p @ v
 
 
+def tiny_llama_config(transformers, max_position_embeddings=64):
+    """A two-layer llama config (hidden 32, 4 heads over 2 key/value heads: GQA, RoPE), eager."""
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=max_position_embeddings,
+    )
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def torch():
     return pytest.importorskip("torch")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import wgpu_mha
-from conftest import ROOT
+from conftest import ROOT, tiny_llama_config
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
@@ -26,22 +26,12 @@ def blocks():
 
 
 def _tiny_llama(path):
-    """A two-layer llama (GQA, RoPE) saved by transformers into `path`; its config."""
+    """A two-layer llama (GQA, RoPE) saved by transformers into `path`."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-        max_position_embeddings=64,
-    )
-    transformers.LlamaModel(cfg).save_pretrained(path)
-    return cfg
+    transformers.LlamaModel(tiny_llama_config(transformers)).save_pretrained(path)
 
 
 def _prompt():
@@ -68,11 +58,7 @@ def setup_transformers(tmp):
     ids, mask = _prompt()
     import transformers
 
-    cfg = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=64, max_position_embeddings=128,
-    )
-    return {"cfg": cfg, "ids": ids, "mask": mask}
+    return {"cfg": tiny_llama_config(transformers, max_position_embeddings=128), "ids": ids, "mask": mask}
 
 
 def check_transformers(ns):

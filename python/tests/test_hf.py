@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import wgpu_mha
-from conftest import HF_FIXTURES, read_safetensors
+from conftest import HF_FIXTURES, read_safetensors, tiny_llama_config
 
 CASES = [
     "llama_self_layer1_causal_padding_gqa_llama3",  # GQA + RoPE (llama3 scaling) + padding
@@ -122,17 +122,7 @@ def test_torch_inputs_come_back_as_torch(torch):
 def test_a_tiny_llama_saved_by_transformers(torch, tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-        max_position_embeddings=64,
-    )
-    cfg._attn_implementation = "eager"
-    model = transformers.LlamaModel(cfg).eval()
+    model = transformers.LlamaModel(tiny_llama_config(transformers)).eval()
     model.save_pretrained(tmp_path)
     module = wgpu_mha.load(tmp_path, layer=1)
     assert module.num_heads == 4 and module.num_key_value_heads == 2 and module.uses_rope
