@@ -2,11 +2,10 @@
 //! a zero key for `add_zero_attn`): input-independent rows written once into a workspace's
 //! Q/K/V buffers when they are made.
 
-use super::plan::Shape;
-use super::workspace::qkv_layout;
+use super::plan::{qkv_layout, Shape};
 use super::MultiHeadAttention;
 
-/// The initial contents of the Q/K/V buffer(s) (labelled, as [`qkv_layout`](super::workspace::qkv_layout) lays them out) of
+/// The initial contents of the Q/K/V buffer(s) (labelled, as [`qkv_layout`](super::plan::qkv_layout) lays them out) of
 /// a module with appended keys: zero but for rows `Lk_in..Lk` of every (batch, head) of K and
 /// V, which hold the appended keys and values. `None` for a module without them.
 pub(super) fn appended_kv_images(

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::kernels::flash_attention::{self, carry_stride};
 use crate::kernels::mask::EncodedMask;
+use crate::kernels::QkvLayout;
 use crate::model::config::AttentionConfig;
 use crate::model::mask::{AttnDims, Mask};
 
@@ -309,6 +310,24 @@ fn chunk_sizes(whole: Shape, fits: impl Fn(Shape) -> Result<()>) -> Result<(usiz
             Err(e) if queries == 1 => return Err(e),
             Err(_) => queries = queries.div_ceil(2),
         }
+    }
+}
+
+/// Where Q, K, V of `shape` lie: packed one after the other, or each at 0 of its own buffer.
+pub(super) fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
+    let c = &mha.config;
+    let q_elems = s.batch * c.heads * s.lq * c.qk_head_dim;
+    let k_elems = s.batch * c.kv_heads * s.lk * c.qk_head_dim;
+    let (k_offset, v_offset) = match split {
+        true => (0, 0),
+        false => (q_elems, q_elems + k_elems),
+    };
+    QkvLayout {
+        q_offset: 0,
+        k_offset: k_offset as u32,
+        v_offset: v_offset as u32,
+        kv_stride: s.lk as u32,
+        kv_group: c.kv_group() as u32,
     }
 }
 

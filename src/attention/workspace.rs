@@ -16,7 +16,7 @@ use crate::kernels::{
 use super::appended_kv::appended_kv_images;
 use super::chain_buffers::{new_kv_row, Bound, ChainIo, Geometry, Placement, RopeTables};
 pub(crate) use super::output_stage::output_projection;
-use super::plan::{Shape, Sharing};
+use super::plan::{qkv_layout, Shape, Sharing};
 use super::row_passes;
 use super::{MultiHeadAttention, Precision};
 
@@ -576,24 +576,6 @@ impl Workspace {
                 .iter()
                 .map(|b| b.size())
                 .sum::<u64>()
-    }
-}
-
-/// Where Q, K, V of `shape` lie: packed one after the other, or each at 0 of its own buffer.
-pub(super) fn qkv_layout(mha: &MultiHeadAttention, s: Shape, split: bool) -> QkvLayout {
-    let c = &mha.config;
-    let q_elems = s.batch * c.heads * s.lq * c.qk_head_dim;
-    let k_elems = s.batch * c.kv_heads * s.lk * c.qk_head_dim;
-    let (k_offset, v_offset) = match split {
-        true => (0, 0),
-        false => (q_elems, q_elems + k_elems),
-    };
-    QkvLayout {
-        q_offset: 0,
-        k_offset: k_offset as u32,
-        v_offset: v_offset as u32,
-        kv_stride: s.lk as u32,
-        kv_group: c.kv_group() as u32,
     }
 }
 

@@ -36,7 +36,10 @@ use wgpu_mha::KvDtype;
 
 use super::bench::Timed;
 use super::bench_decode::{probe_jobs, Bounds};
-use super::serve_batch::{close, PagedBatch, Rng};
+mod batch;
+mod kv;
+
+use batch::{close, PagedBatch, Rng};
 
 pub(super) const HEADS: usize = 32;
 pub(super) const KV_HEADS: usize = 8;
@@ -336,7 +339,7 @@ pub fn run(
     };
 
     if !size.kv.is_empty() {
-        super::bench_serve_kv::kv_decode(gpu, &size, &timed, &mut rows, &mut report)?;
+        kv::kv_decode(gpu, &size, &timed, &mut rows, &mut report)?;
         return Ok(rows);
     }
 

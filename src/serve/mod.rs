@@ -11,6 +11,7 @@
 
 mod allocator;
 mod body;
+mod inputs;
 mod merge;
 mod plan;
 mod pool;
@@ -20,8 +21,9 @@ mod work_list;
 
 pub use allocator::{Growth, PageAllocator, Sequence};
 pub use body::Body;
+pub use inputs::{BatchOptions, PlanInputs, QueryLayout};
 pub use merge::{merge_states, record_merge_states, State};
-pub use plan::{BatchAttention, BatchOptions, PlanInputs, QueryLayout};
+pub use plan::BatchAttention;
 pub(crate) use pool::NewKv;
 pub use pool::{KvLayout, PagedKvPool, PoolConfig, PoolFormat};
 pub use step::PagedStep;

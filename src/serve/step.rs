@@ -6,7 +6,8 @@
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::model::config::AttentionConfig;
-use crate::serve::plan::{BatchAttention, BatchOptions, PlanInputs, QueryLayout};
+use crate::serve::inputs::{BatchOptions, PlanInputs, QueryLayout};
+use crate::serve::plan::BatchAttention;
 use crate::serve::pool::PoolConfig;
 use crate::serve::table::{check_qo_indptr, PageTable};
 

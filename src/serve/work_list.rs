@@ -3,7 +3,7 @@
 //! paged passes read (see `super::plan`).
 
 use crate::kernels::paged_attention::{DIRECT, ITEM_WORDS, SEQ_WORDS};
-use crate::serve::plan::PlanInputs;
+use crate::serve::inputs::PlanInputs;
 
 /// The host side of a plan: every table the shader reads, as u32 words.
 pub(super) struct WorkList {

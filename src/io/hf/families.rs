@@ -3,11 +3,10 @@
 
 use crate::error::{Error, Result};
 
-pub use super::projections::load;
-
 pub use super::family::Family;
-pub use super::model_types::{Biases, Causality, ModelType, NormTensors, QkNormRule, MODEL_TYPES};
-use super::model_types::{GPT2, REFUSED_TYPES};
+pub use super::model_table::MODEL_TYPES;
+use super::model_table::{GPT2, REFUSED_TYPES};
+pub use super::model_types::{Biases, Causality, ModelType, NormTensors, QkNormRule};
 
 /// `(family, the tensor whose name marks the module, a tensor that must sit beside it)`.
 const MARKERS: [(Family, &str, Option<&str>); 15] = [

@@ -314,7 +314,7 @@ impl HfCheckpoint {
             .transpose()?
             .flatten();
         let (mut config, mut weights) =
-            families::load(self, family, model_type.name, prefix, heads, kv_heads)?;
+            projections::load(self, family, model_type.name, prefix, heads, kv_heads)?;
         if let Some(kv) = kv_heads.filter(|&kv| kv != config.kv_heads) {
             return Err(Error::file(
                 &self.name,

@@ -2,7 +2,7 @@
 //! refuses by name with the reason. One entry per model type, with a comment saying what its
 //! attention in transformers is; the rules each entry's name selects live in `model_types.rs`.
 
-use super::families::Family;
+use super::family::Family;
 use super::model_types::{Causality, ModelType};
 
 const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType {

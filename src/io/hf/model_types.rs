@@ -2,8 +2,6 @@
 //! the allow-lists behind [`super::families::Family::model_type`].
 
 use super::family::Family;
-pub use super::model_table::MODEL_TYPES;
-pub(super) use super::model_table::{GPT2, REFUSED_TYPES};
 use crate::model::qk_norm::{NormKind, NormScope};
 
 /// How a model type's self-attention masks the keys a query sees.

@@ -5,10 +5,10 @@ use wgpu_mha::error::Result;
 use wgpu_mha::gpu::Gpu;
 use wgpu_mha::KvDtype;
 
-use super::bench::Timed;
-use super::bench_decode::{probe_jobs, Bounds};
-use super::bench_serve::{describe, kv_dtype, or_skip, with_probes, ServeResult, ServeSize};
-use super::serve_batch::PagedBatch;
+use super::batch::PagedBatch;
+use super::{describe, kv_dtype, or_skip, with_probes, ServeResult, ServeSize};
+use crate::cli::bench::Timed;
+use crate::cli::bench_decode::{probe_jobs, Bounds};
 
 /// (e) `kv=`: the mixed decode step over a pool of each type in `size.kv` and over a float
 /// pool (f16, or f32 without SHADER_F16), each checked, then all timed in turn with the read

@@ -11,8 +11,8 @@ use wgpu_mha::serve::{
 };
 use wgpu_mha::GpuTensor;
 
-use super::bench::Timed;
-use super::bench_serve::{HEADS, HEAD_DIM, KV_HEADS, PAGE};
+use super::{HEADS, HEAD_DIM, KV_HEADS, PAGE};
+use crate::cli::bench::Timed;
 
 /// SplitMix64 → uniform floats in [-1, 1).
 pub(super) struct Rng(pub(super) u64);
