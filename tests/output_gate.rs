@@ -6,7 +6,10 @@
 
 mod common;
 
-use common::{assert_close, check_against_reference, check_both_paths, gpu, options, BOTH_PATHS};
+use common::{
+    assert_close, assert_steps_match_on_both_paths, check_against_reference, check_both_paths, gpu,
+    options, BOTH_PATHS,
+};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention, Tensor,
 };
@@ -121,25 +124,8 @@ fn gated_outputs_match_the_reference_on_every_path() {
 fn a_kv_cache_decodes_gated_outputs_like_the_reference() {
     let config = gated();
     let weights = AttentionWeights::random(&config, 5);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
     let x = Tensor::random([2, 9, 32], 6);
-    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let out = config.output_dim();
-    for path in BOTH_PATHS {
-        let mut cache = KvCache::with_path(&mha, 2, 9, path).unwrap();
-        for (pos, n) in [(0, 4), (4, 1), (5, 1), (6, 3)] {
-            let rows: Vec<f32> = (0..2)
-                .flat_map(|b| x.data()[(b * 9 + pos) * 32..(b * 9 + pos + n) * 32].to_vec())
-                .collect();
-            let step = mha
-                .forward_step(&mut cache, &Tensor::new([2, n, 32], rows).unwrap())
-                .unwrap();
-            let r: Vec<f64> = (0..2)
-                .flat_map(|b| want.output[(b * 9 + pos) * out..(b * 9 + pos + n) * out].to_vec())
-                .collect();
-            assert_close(&format!("{path:?} step at {pos}"), step.data(), &r);
-        }
-    }
+    assert_steps_match_on_both_paths("gate", config, &weights, &x, &[4, 1, 1, 3]);
 }
 
 #[test]

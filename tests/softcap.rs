@@ -6,10 +6,8 @@
 
 mod common;
 
-use common::{assert_close, check_both_paths, gpu};
-use wgpu_mha::{
-    reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention, Tensor,
-};
+use common::{assert_steps_match_causal_forward, check_both_paths};
+use wgpu_mha::{reference, AttentionConfig, AttentionWeights, Error, Mask, Tensor};
 
 /// GQA with 4 query heads of 8 over 2 key/value heads, scores scaled ×3 and capped at 2.
 fn capped() -> AttentionConfig {
@@ -77,23 +75,8 @@ fn a_kv_cache_decodes_capped_scores_like_the_reference() {
         .with_softcap(1.0)
         .unwrap();
     let weights = AttentionWeights::random(&config, 5);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
     let x = Tensor::random([2, 9, 24], 6);
-    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let out = config.output_dim();
-    let mut cache = KvCache::new(&mha, 2, 9).unwrap();
-    for (pos, n) in [(0, 4), (4, 1), (5, 1), (6, 3)] {
-        let rows: Vec<f32> = (0..2)
-            .flat_map(|b| x.data()[(b * 9 + pos) * 24..(b * 9 + pos + n) * 24].to_vec())
-            .collect();
-        let step = mha
-            .forward_step(&mut cache, &Tensor::new([2, n, 24], rows).unwrap())
-            .unwrap();
-        let r: Vec<f64> = (0..2)
-            .flat_map(|b| want.output[(b * 9 + pos) * out..(b * 9 + pos + n) * out].to_vec())
-            .collect();
-        assert_close(&format!("step at {pos}"), step.data(), &r);
-    }
+    assert_steps_match_causal_forward("softcap", config, &weights, &x, &[4, 1, 1, 3]);
 }
 
 #[test]

@@ -248,6 +248,37 @@ pub fn assert_steps_match_causal_forward(
     x: &Tensor,
     steps: &[usize],
 ) {
+    steps_match_causal_forward(label, config, weights, x, steps, None);
+}
+
+/// [`assert_steps_match_causal_forward`] through a cache of each path in turn.
+pub fn assert_steps_match_on_both_paths(
+    label: &str,
+    config: AttentionConfig,
+    weights: &AttentionWeights,
+    x: &Tensor,
+    steps: &[usize],
+) {
+    for path in BOTH_PATHS {
+        steps_match_causal_forward(
+            &format!("{label} {path:?}"),
+            config,
+            weights,
+            x,
+            steps,
+            Some(path),
+        );
+    }
+}
+
+fn steps_match_causal_forward(
+    label: &str,
+    config: AttentionConfig,
+    weights: &AttentionWeights,
+    x: &Tensor,
+    steps: &[usize],
+    path: Option<AttentionPath>,
+) {
     let mha = MultiHeadAttention::new(gpu(), config, weights).expect("module");
     let [b, l, e] = x.shape()[..] else {
         panic!("{label}: x must be [B, L, E]")
@@ -255,7 +286,11 @@ pub fn assert_steps_match_causal_forward(
     assert_eq!(steps.iter().sum::<usize>(), l, "{label}: steps cover L");
     let want = reference::forward(&config, weights, x, x, x, &Mask::Causal).expect("reference");
     let out = config.output_dim();
-    let mut cache = wgpu_mha::KvCache::new(&mha, b, l).expect("cache");
+    let mut cache = match path {
+        Some(path) => wgpu_mha::KvCache::with_path(&mha, b, l, path),
+        None => wgpu_mha::KvCache::new(&mha, b, l),
+    }
+    .expect("cache");
     let mut pos = 0;
     for &n in steps {
         let rows: Vec<f32> = (0..b)
