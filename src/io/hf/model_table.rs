@@ -5,16 +5,8 @@
 use super::family::Family;
 use super::model_types::{Causality, ModelType};
 
-const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType {
-    ModelType {
-        name,
-        family,
-        causal,
-        reads: &[],
-        unscaled: false,
-    }
-}
-
+/// A model type of `family` with `causal` self-attention, scaled by 1/√d, honouring the refused
+/// settings named in `reads`.
 const fn reading(
     name: &'static str,
     family: Family,
@@ -30,10 +22,39 @@ const fn reading(
     }
 }
 
+/// One that reads none of the refused settings.
+const fn mt(name: &'static str, family: Family, causal: Causality) -> ModelType {
+    reading(name, family, causal, &[])
+}
+
+/// A causal model type of llama's family (most decoders).
+const fn llama(name: &'static str, reads: &'static [&'static str]) -> ModelType {
+    reading(name, Family::Llama, Causality::Always, reads)
+}
+
 /// Where gpt2 sits in [`MODEL_TYPES`] (the one layout taken without a `model_type`).
 pub(crate) const GPT2: usize = 0;
 
+/// Keys of the refused-settings table (`ModelType::reads`) that several model types read.
 const WINDOW: &[&str] = &["sliding_window"];
+
+/// The keys of qwen2's sliding-window rules (qwen3's and qwen2_moe's too).
+const QWEN2_WINDOWS: &[&str] = &[
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+];
+
+const WINDOWS_BY_LAYER_TYPES: &[&str] = &["sliding_window", "layer_types"];
+
+const PARTIAL_ROTARY: &[&str] = &["partial_rotary_factor"];
+
+const ATTENTION_MULTIPLIER: &[&str] = &["attention_multiplier"];
+
+const ROTARY_DIM: &[&str] = &["rotary_dim"];
+
+const CLIP_QKV: &[&str] = &["clip_qkv"];
 
 const BEIT: &[&str] = &[
     "use_relative_position_bias",
@@ -129,11 +150,13 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // GPTNeoSelfAttention: bart's names under `attn.attention.`, no q/k/v biases, causal, no
     // 1/√d scale, and layers `local` in `attention_layers` see the last `window_size` keys.
     ModelType {
-        name: "gpt_neo",
-        family: Family::Bart,
-        causal: Causality::Always,
-        reads: &["attention_types", "attention_layers"],
         unscaled: true,
+        ..reading(
+            "gpt_neo",
+            Family::Bart,
+            Causality::Always,
+            &["attention_types", "attention_layers"],
+        )
     },
     // CLIP/SigLIP: bart-like projections with biases, scale 1/√d. CLIP's text tower is causal;
     // SigLIP's is not (transformers: "SigLIP's text model does not use a causal mask").
@@ -145,7 +168,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
     mt("siglip_vision_model", Family::Bart, Causality::Never),
     // GPTJAttention: bart's names without biases, causal, interleaved RoPE (θ 10000) on the
     // first `rotary_dim` dimensions of each head.
-    reading("gptj", Family::Bart, Causality::Always, &["rotary_dim"]),
+    reading("gptj", Family::Bart, Causality::Always, ROTARY_DIM),
     mt("t5", Family::T5, Causality::InDecoderStack),
     mt("mt5", Family::T5, Causality::InDecoderStack),
     // UMT5Attention: t5's, every self-attention with its own relative bias table
@@ -155,27 +178,15 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // local_radius (blocks of local_radius + 1, t5's bias of (key − query) from block 0's
     // table); transient-global attention is refused (see HfCheckpoint::longt5_local_block).
     mt("longt5", Family::T5, Causality::InDecoderStack),
-    mt("llama", Family::Llama, Causality::Always),
-    reading("mistral", Family::Llama, Causality::Always, WINDOW),
-    reading("mixtral", Family::Llama, Causality::Always, WINDOW),
-    reading(
-        "qwen2",
-        Family::Llama,
-        Causality::Always,
-        &[
-            "sliding_window",
-            "use_sliding_window",
-            "max_window_layers",
-            "layer_types",
-        ],
-    ),
-    mt("gemma", Family::Llama, Causality::Always),
+    llama("llama", &[]),
+    llama("mistral", WINDOW),
+    llama("mixtral", WINDOW),
+    llama("qwen2", QWEN2_WINDOWS),
+    llama("gemma", &[]),
     // Gemma2Attention: llama's scaled by 1/√query_pre_attn_scalar, scores soft-capped by
     // attn_logit_softcapping, and the layers `layer_types` calls sliding windowed.
-    reading(
+    llama(
         "gemma2",
-        Family::Llama,
-        Causality::Always,
         &[
             "attn_logit_softcapping",
             "query_pre_attn_scalar",
@@ -187,120 +198,66 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // layer_types or every sliding_window_pattern-th layer full) with per-head q/k RMSNorm
     // (1 + w) and a RoPE per layer kind. `gemma3` is the multimodal parent's type, taken by a
     // text tower whose sub-config names none.
-    reading("gemma3_text", Family::Llama, Causality::Always, GEMMA3),
-    reading("gemma3", Family::Llama, Causality::Always, GEMMA3),
+    llama("gemma3_text", GEMMA3),
+    llama("gemma3", GEMMA3),
     // GptOssAttention: llama's with biases (attention_bias, default true), a learned sink
     // logit per head in every softmax's denominator, windows by layer_types (without them,
     // the even layers) and yarn RoPE.
-    reading(
-        "gpt_oss",
-        Family::Llama,
-        Causality::Always,
-        &["sliding_window", "layer_types"],
-    ),
+    llama("gpt_oss", WINDOWS_BY_LAYER_TYPES),
     // GraniteAttention: llama's, with the score scale `attention_multiplier` instead of 1/√d.
-    reading(
-        "granite",
-        Family::Llama,
-        Causality::Always,
-        &["attention_multiplier"],
-    ),
+    llama("granite", ATTENTION_MULTIPLIER),
     // Starcoder2Attention: llama's with biases (`use_bias`) and mistral's sliding window.
-    reading("starcoder2", Family::Llama, Causality::Always, WINDOW),
+    llama("starcoder2", WINDOW),
     // Qwen3Attention: llama's with per-head RMSNorm of q and k before RoPE (`q_norm`,
     // `k_norm`: [head_dim]) and qwen2's sliding-window rules.
-    reading(
-        "qwen3",
-        Family::Llama,
-        Causality::Always,
-        &[
-            "sliding_window",
-            "use_sliding_window",
-            "max_window_layers",
-            "layer_types",
-        ],
-    ),
+    llama("qwen3", QWEN2_WINDOWS),
     // OlmoAttention: llama's, the projections clamped to ±clip_qkv when it is set.
-    reading("olmo", Family::Llama, Causality::Always, &["clip_qkv"]),
+    llama("olmo", CLIP_QKV),
     // Olmo2Attention: llama's with RMSNorm over the whole q and k projections before RoPE.
-    mt("olmo2", Family::Llama, Causality::Always),
+    llama("olmo2", &[]),
     // Qwen2MoeAttention: qwen2's (q/k/v biases by qkv_bias, default true), its layers
     // sliding by layer_types, else the even layers below max_window_layers when
     // use_sliding_window (the MoE block is outside the module).
-    reading(
-        "qwen2_moe",
-        Family::Llama,
-        Causality::Always,
-        &[
-            "sliding_window",
-            "use_sliding_window",
-            "max_window_layers",
-            "layer_types",
-        ],
-    ),
+    llama("qwen2_moe", QWEN2_WINDOWS),
     // Qwen3MoeAttention: qwen3's per-head q/k RMSNorm; with use_sliding_window every layer
     // slides (its config has no layer_types nor max_window_layers: see `ignores`).
-    reading(
-        "qwen3_moe",
-        Family::Llama,
-        Causality::Always,
-        &["sliding_window", "use_sliding_window"],
-    ),
+    llama("qwen3_moe", &["sliding_window", "use_sliding_window"]),
     // OlmoeAttention: RMSNorm over the whole q and k projections, then clip_qkv (refused: the
     // loader clamps before the norms), then RoPE.
-    mt("olmoe", Family::Llama, Causality::Always),
+    llama("olmoe", &[]),
     // GraniteMoeAttention: granite's (the score scale attention_multiplier).
-    reading(
-        "granitemoe",
-        Family::Llama,
-        Causality::Always,
-        &["attention_multiplier"],
-    ),
+    llama("granitemoe", ATTENTION_MULTIPLIER),
     // HeliumAttention: llama's with interleaved RoPE (θ default 10^5), q/k/v biases by
     // attention_bias and none on o_proj.
-    mt("helium", Family::Llama, Causality::Always),
+    llama("helium", &[]),
     // ArceeAttention: llama's.
-    mt("arcee", Family::Llama, Causality::Always),
+    llama("arcee", &[]),
     // MinistralAttention: mistral's (no biases) with windows by layer_types.
-    reading(
-        "ministral",
-        Family::Llama,
-        Causality::Always,
-        &["sliding_window", "layer_types"],
-    ),
+    llama("ministral", WINDOWS_BY_LAYER_TYPES),
     // SeedOssAttention: llama's, q/k/v biases by attention_bias (default true), o_proj's by
     // attention_out_bias (default false).
-    mt("seed_oss", Family::Llama, Causality::Always),
+    llama("seed_oss", &[]),
     // Ernie4_5Attention: llama's with interleaved RoPE (θ default 5·10^5) and biases by
     // use_bias.
-    mt("ernie4_5", Family::Llama, Causality::Always),
+    llama("ernie4_5", &[]),
     // Exaone4Attention: per-head q/k RMSNorm before RoPE; sliding layers by layer_types, else
     // all but every sliding_window_pattern-th (default 4); with a sliding_window, the full
     // layers have no RoPE.
-    reading(
+    llama(
         "exaone4",
-        Family::Llama,
-        Causality::Always,
         &["sliding_window", "sliding_window_pattern", "layer_types"],
     ),
     // HunYuanDenseV1Attention: llama's with per-head q/k RMSNorm after RoPE; its "dynamic"
     // RoPE with `alpha` is a fixed θ·alpha^(d/(d−2)).
-    mt("hunyuan_v1_dense", Family::Llama, Causality::Always),
+    llama("hunyuan_v1_dense", &[]),
     // Olmo3Attention: olmo2's whole-projection q/k RMSNorm, windows by layer_types (else
     // every fourth layer full) and a RoPE per layer kind (θ default 5·10^5).
-    reading(
-        "olmo3",
-        Family::Llama,
-        Causality::Always,
-        &["sliding_window", "layer_types"],
-    ),
+    llama("olmo3", WINDOWS_BY_LAYER_TYPES),
     // Cohere2Attention: cohere's interleaved RoPE on the sliding layers only (none on the
     // full ones), windows by layer_types, else every sliding_window_pattern-th layer full
     // (default 4); no q/k norm.
-    reading(
+    llama(
         "cohere2",
-        Family::Llama,
-        Causality::Always,
         &["sliding_window", "layer_types", "sliding_window_pattern"],
     ),
     // Qwen3NextAttention (its full-attention layers; the Gated DeltaNet layers at
@@ -308,30 +265,23 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // combined heads are multiplied by sigmoid(gate) before o_proj; per-head q/k RMSNorm ×(1 + w)
     // before RoPE (rms_norm_eps default 1e-6); partial RoPE (partial_rotary_factor default
     // 0.25); biases by attention_bias; causal.
-    reading(
-        "qwen3_next",
-        Family::Llama,
-        Causality::Always,
-        &["layer_types", "partial_rotary_factor"],
-    ),
+    llama("qwen3_next", &["layer_types", "partial_rotary_factor"]),
     // BitNetAttention: llama's (θ default 5·10^5, biases by attention_bias) with
     // `attn_sub_norm`, an RMSNorm(hidden_size) of the attention output before o_proj
     // (rms_norm_eps default 1e-5). Its checkpoints' quantization_config (BitLinear) is refused
     // with every model type's (config::SETTINGS).
-    mt("bitnet", Family::Llama, Causality::Always),
+    llama("bitnet", &[]),
     // JambaAttention (its attention layers; the Mamba layers hold no q_proj): llama's
     // projections without biases and without any position embedding (NoPE), GQA, causal.
-    mt("jamba", Family::Llama, Causality::Always),
+    llama("jamba", &[]),
     // Llama4TextAttention: llama's with interleaved (complex) RoPE, no RoPE on the layers
     // `no_rope_layers` marks 0 (else every no_rope_layer_interval-th) where, with
     // attn_temperature_tuning, q is scaled by ln(1 + ⌊(p + 1)/floor_scale⌋)·attn_scale + 1 at
     // row p; a weightless RMS q/k norm after RoPE (use_qk_norm) on the RoPE layers; chunked
     // attention (attention_chunk_size) on the layers layer_types calls chunked (default: the
     // RoPE layers). θ default 5·10^5.
-    reading(
+    llama(
         "llama4_text",
-        Family::Llama,
-        Causality::Always,
         &[
             "layer_types",
             "no_rope_layers",
@@ -346,10 +296,8 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // SmolLM3Attention: llama's without RoPE on the layers `no_rope_layers` marks 0 (else
     // every no_rope_layer_interval-th), windows by layer_types (else, with use_sliding_window,
     // the NoPE layers), θ default 2·10^6.
-    reading(
+    llama(
         "smollm3",
-        Family::Llama,
-        Causality::Always,
         &[
             "sliding_window",
             "use_sliding_window",
@@ -361,38 +309,18 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // GlmAttention: llama's names, q/k/v biases by attention_bias (default true), none on
     // o_proj, and interleaved RoPE on the first partial_rotary_factor (default 0.5) of each
     // head, pairs (2k, 2k + 1) turning at θ^(−2k/rotary_dims).
-    reading(
-        "glm",
-        Family::Llama,
-        Causality::Always,
-        &["partial_rotary_factor"],
-    ),
+    llama("glm", PARTIAL_ROTARY),
     // Glm4Attention: glm's (its decoder layer's extra norms are outside the module).
-    reading(
-        "glm4",
-        Family::Llama,
-        Causality::Always,
-        &["partial_rotary_factor"],
-    ),
+    llama("glm4", PARTIAL_ROTARY),
     // NemotronAttention: llama's, biases on all four by attention_bias (default false),
     // half-split RoPE on the first partial_rotary_factor (default 0.5) of each head.
-    reading(
-        "nemotron",
-        Family::Llama,
-        Causality::Always,
-        &["partial_rotary_factor"],
-    ),
+    llama("nemotron", PARTIAL_ROTARY),
     // CohereAttention: llama's with interleaved RoPE and, with use_qk_norm, a bias-free
     // LayerNorm of each head of q and k ([heads, head_dim] weights).
-    reading("cohere", Family::Llama, Causality::Always, &["use_qk_norm"]),
+    llama("cohere", &["use_qk_norm"]),
     // StableLmAttention: llama's names, q/k/v biases by use_qkv_bias, partial RoPE (default
     // 0.25) and, with qk_layernorm, a bias-free LayerNorm per head.
-    reading(
-        "stablelm",
-        Family::Llama,
-        Causality::Always,
-        &["qk_layernorm", "partial_rotary_factor"],
-    ),
+    llama("stablelm", &["qk_layernorm", "partial_rotary_factor"]),
     reading(
         "phi3",
         Family::Phi3,
@@ -401,21 +329,11 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ),
     // PhiAttention: biased q/k/v projections and `dense`, partial RoPE (default 0.5); its
     // optional q/k LayerNorm (with biases) is refused by name (qk_layernorm).
-    reading(
-        "phi",
-        Family::Phi,
-        Causality::Always,
-        &["partial_rotary_factor"],
-    ),
+    reading("phi", Family::Phi, Causality::Always, PARTIAL_ROTARY),
     // CodeGenAttention: `qkv_proj` packed in 4 blocks (mp_num) of [q, v, k] slices of E/4
     // rows each, `out_proj`, no biases, causal, scale 1/√d, GPT-J's interleaved RoPE (θ 10000)
     // on the first `rotary_dim` dimensions of each head.
-    reading(
-        "codegen",
-        Family::CodeGen,
-        Causality::Always,
-        &["rotary_dim"],
-    ),
+    reading("codegen", Family::CodeGen, Causality::Always, ROTARY_DIM),
     // AlbertAttention: bert-like, an encoder.
     mt("albert", Family::Albert, Causality::Never),
     // GPTBigCodeAttention: a Linear c_attn, multi-query (`[E + 2d, E]`, the default) or per
@@ -462,7 +380,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
     // RoPE from rope_parameters (θ default 10000), GQA by `attn_config.kv_n_heads` (default 1),
     // q/k/v clamped by `attn_config.clip_qkv` before RoPE, causal (its own rules, see
     // config::falcon_mpt).
-    reading("dbrx", Family::Mpt, Causality::Always, &["clip_qkv"]),
+    reading("dbrx", Family::Mpt, Causality::Always, CLIP_QKV),
     // DeepseekV2Attention / DeepseekV3Attention: multi-head latent attention (q LoRA or q_proj,
     // the compressed latent and a shared RoPE key, kv_b_proj per head), causal; its sizes,
     // attention_bias, rope_interleave and yarn's mscale_all_dim are read by `HfCheckpoint::
