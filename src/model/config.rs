@@ -113,45 +113,33 @@ impl AttentionConfig {
                 "d_model {d_model} is not divisible by num_heads {num_heads}"
             )));
         }
-        AttentionConfig {
-            model_dim: d_model,
-            key_dim: d_model,
-            value_dim: d_model,
-            heads: num_heads,
-            kv_heads: num_heads,
-            qk_head_dim: d_model / num_heads,
-            v_head_dim: d_model / num_heads,
-            output_projection: true,
-            bias: true,
-            scale: None,
-            softcap: None,
-            alibi: None,
-            add_bias_kv: false,
-            add_zero_attn: false,
-            rope: None,
-            qk_norm: None,
-            sinks: false,
-            clip_qkv: None,
-            values_from_keys: false,
-            temperature: None,
-            chunked: None,
-            output_gate: false,
-            output_norm: None,
-        }
-        .validated()
+        let d_k = d_model / num_heads;
+        Self::unswitched(d_model, num_heads, d_k, d_k, true).validated()
     }
 
     /// Seed 001: `MultiHeadAttention(emb_size, q_k_size, v_size, head)`.
     pub fn per_head(emb_size: usize, q_k_size: usize, v_size: usize, head: usize) -> Result<Self> {
+        Self::unswitched(emb_size, head, q_k_size, v_size, false).validated()
+    }
+
+    /// `heads` heads of `model_dim`-wide inputs, biased, every switch off (what both seeds
+    /// share); not yet validated.
+    fn unswitched(
+        model_dim: usize,
+        heads: usize,
+        qk_head_dim: usize,
+        v_head_dim: usize,
+        output_projection: bool,
+    ) -> Self {
         AttentionConfig {
-            model_dim: emb_size,
-            key_dim: emb_size,
-            value_dim: emb_size,
-            heads: head,
-            kv_heads: head,
-            qk_head_dim: q_k_size,
-            v_head_dim: v_size,
-            output_projection: false,
+            model_dim,
+            key_dim: model_dim,
+            value_dim: model_dim,
+            heads,
+            kv_heads: heads,
+            qk_head_dim,
+            v_head_dim,
+            output_projection,
             bias: true,
             scale: None,
             softcap: None,
@@ -168,7 +156,6 @@ impl AttentionConfig {
             output_gate: false,
             output_norm: None,
         }
-        .validated()
     }
 
     /// Turns the projection biases on or off.
@@ -178,22 +165,19 @@ impl AttentionConfig {
     }
 
     /// Overrides the score scale (default `1/sqrt(qk_head_dim)`).
-    pub fn with_scale(mut self, scale: f32) -> Result<Self> {
-        self.scale = Some(scale);
-        self.validated()
+    pub fn with_scale(self, scale: f32) -> Result<Self> {
+        self.validated_with(|c| c.scale = Some(scale))
     }
 
     /// Caps every scaled score softly at ±`cap`: `cap · tanh(s / cap)`, before the mask, as
     /// Gemma 2's `attn_logit_softcapping` does. `cap` must be finite and positive.
-    pub fn with_softcap(mut self, cap: f32) -> Result<Self> {
-        self.softcap = Some(cap);
-        self.validated()
+    pub fn with_softcap(self, cap: f32) -> Result<Self> {
+        self.validated_with(|c| c.softcap = Some(cap))
     }
 
     /// Llama 4's temperature tuning (see [`AttentionConfig::temperature`]).
-    pub fn with_temperature(mut self, t: TemperatureTuning) -> Result<Self> {
-        self.temperature = Some(t);
-        self.validated()
+    pub fn with_temperature(self, t: TemperatureTuning) -> Result<Self> {
+        self.validated_with(|c| c.temperature = Some(t))
     }
 
     /// ALiBi position biases with `max_bias` (8 in BLOOM, MPT and Falcon): after the scale
@@ -202,9 +186,8 @@ impl AttentionConfig {
     /// constant per row, so this equals BLOOM's `slope · j` and MPT's `−slope · |j − i′|` on the
     /// keys a causal query sees, and keeps the biases of the keys that matter small (exact in
     /// f32 near the query, however long the context).
-    pub fn with_alibi(mut self, max_bias: f32) -> Result<Self> {
-        self.alibi = Some(max_bias);
-        self.validated()
+    pub fn with_alibi(self, max_bias: f32) -> Result<Self> {
+        self.validated_with(|c| c.alibi = Some(max_bias))
     }
 
     /// `add_bias_kv` and `add_zero_attn` as `nn.MultiheadAttention` takes them: keys (and
@@ -217,46 +200,39 @@ impl AttentionConfig {
 
     /// Normalises projected queries and keys before RoPE (weights in
     /// [`crate::AttentionWeights::qk_norm`]).
-    pub fn with_qk_norm(mut self, norm: QkNorm) -> Result<Self> {
-        self.qk_norm = Some(norm);
-        self.validated()
+    pub fn with_qk_norm(self, norm: QkNorm) -> Result<Self> {
+        self.validated_with(|c| c.qk_norm = Some(norm))
     }
 
     /// Qwen3-Next's sigmoid output gate (see [`Self::output_gate`]); needs `W_o`.
-    pub fn with_output_gate(mut self) -> Result<Self> {
-        self.output_gate = true;
-        self.validated()
+    pub fn with_output_gate(self) -> Result<Self> {
+        self.validated_with(|c| c.output_gate = true)
     }
 
     /// BitNet's RMSNorm of the combined heads before `W_o` (see [`Self::output_norm`]).
-    pub fn with_output_norm(mut self, eps: f32) -> Result<Self> {
-        self.output_norm = Some(eps);
-        self.validated()
+    pub fn with_output_norm(self, eps: f32) -> Result<Self> {
+        self.validated_with(|c| c.output_norm = Some(eps))
     }
 
     /// Clamps the projected q, k and v to `[-limit, limit]` (OLMo's `clip_qkv`).
-    pub fn with_clip_qkv(mut self, limit: f32) -> Result<Self> {
-        self.clip_qkv = Some(limit);
-        self.validated()
+    pub fn with_clip_qkv(self, limit: f32) -> Result<Self> {
+        self.validated_with(|c| c.clip_qkv = Some(limit))
     }
 
     /// A `KvCache` of this module stores the keys only and reads values from them (see
     /// [`Self::values_from_keys`]; [`crate::AttentionWeights::check`] checks the weights allow it).
-    pub fn with_values_from_keys(mut self) -> Result<Self> {
-        self.values_from_keys = true;
-        self.validated()
+    pub fn with_values_from_keys(self) -> Result<Self> {
+        self.validated_with(|c| c.values_from_keys = true)
     }
 
     /// Adds attention sinks (values in [`crate::AttentionWeights::sinks`]).
-    pub fn with_sinks(mut self) -> Result<Self> {
-        self.sinks = true;
-        self.validated()
+    pub fn with_sinks(self) -> Result<Self> {
+        self.validated_with(|c| c.sinks = true)
     }
 
     /// Rotary position embeddings (see [`Rope`]).
-    pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
-        self.rope = Some(rope);
-        self.validated()
+    pub fn with_rope(self, rope: Rope) -> Result<Self> {
+        self.validated_with(|c| c.rope = Some(rope))
     }
 
     /// How many keys the module appends after the input's: the learned `bias_k` row, then the
@@ -268,9 +244,8 @@ impl AttentionConfig {
     /// Grouped-query (`kv_heads` < `heads`, dividing it) or multi-query (`kv_heads` = 1)
     /// attention: W_k and W_v project to `kv_heads` heads, each shared by
     /// `heads / kv_heads` query heads.
-    pub fn with_kv_heads(mut self, kv_heads: usize) -> Result<Self> {
-        self.kv_heads = kv_heads;
-        self.validated()
+    pub fn with_kv_heads(self, kv_heads: usize) -> Result<Self> {
+        self.validated_with(|c| c.kv_heads = kv_heads)
     }
 
     /// Query heads per key/value head.
@@ -289,9 +264,16 @@ impl AttentionConfig {
     }
 
     /// Key and value input widths, as in `nn.MultiheadAttention(kdim=.., vdim=..)`.
-    pub fn with_kv_dims(mut self, key_dim: usize, value_dim: usize) -> Result<Self> {
-        self.key_dim = key_dim;
-        self.value_dim = value_dim;
+    pub fn with_kv_dims(self, key_dim: usize, value_dim: usize) -> Result<Self> {
+        self.validated_with(|c| {
+            c.key_dim = key_dim;
+            c.value_dim = value_dim;
+        })
+    }
+
+    /// `self` changed by `set`, then checked again: what every checked `with_*` does.
+    fn validated_with(mut self, set: impl FnOnce(&mut Self)) -> Result<Self> {
+        set(&mut self);
         self.validated()
     }
 
