@@ -48,16 +48,7 @@ impl HfConfig {
                  ALiBi is exact f32 with BLOOM's scale",
             )),
             "mpt" => {
-                let attn = match self.json.get("attn_config") {
-                    None | Some(Value::Null) => Value::Object(Default::default()),
-                    Some(v) if v.is_object() => v.clone(),
-                    Some(v) => {
-                        return Err(Error::file(
-                            &self.source,
-                            format!("config.json `attn_config` = {v} is not an object"),
-                        ))
-                    }
-                };
+                let attn = self.attn_config()?;
                 for (key, neutral, why) in MPT_REFUSED {
                     if let Some(v) = attn.get(*key).filter(|v| !neutral(v)) {
                         return Err(refuse(
@@ -78,22 +69,25 @@ impl HfConfig {
         }
     }
 
+    /// The nested `attn_config` of MPT and DBRX (an empty object when absent or null).
+    fn attn_config(&self) -> Result<Value> {
+        match self.json.get("attn_config") {
+            None | Some(Value::Null) => Ok(Value::Object(Default::default())),
+            Some(v) if v.is_object() => Ok(v.clone()),
+            Some(v) => Err(Error::file(
+                &self.source,
+                format!("config.json `attn_config` = {v} is not an object"),
+            )),
+        }
+    }
+
     /// DBRX's `attn_config`: `kv_n_heads` (default 1) becomes `num_key_value_heads` and
     /// `clip_qkv` a top-level key, as DbrxConfig sets them. DbrxAttention reads
     /// `attn_config.rope_theta` but rotates by `rope_parameters` (default θ 10000): a
     /// checkpoint whose two θ differ is refused, since the one transformers uses is not the
     /// one the model was trained with.
     fn dbrx_rules(mut self, prefix: &str) -> Result<Self> {
-        let attn = match self.json.get("attn_config") {
-            None | Some(Value::Null) => Value::Object(Default::default()),
-            Some(v) if v.is_object() => v.clone(),
-            Some(v) => {
-                return Err(Error::file(
-                    &self.source,
-                    format!("config.json `attn_config` = {v} is not an object"),
-                ))
-            }
-        };
+        let attn = self.attn_config()?;
         let rope_theta = |v: &Value| v.get("rope_theta").and_then(Value::as_f64);
         let used = self
             .json

@@ -31,6 +31,15 @@ impl HfConfig {
             p.and_then(Value::as_object)
                 .is_some_and(|o| o.values().any(Value::is_object))
         };
+        // Olmo3 and ModernBERT read only the per-kind objects of `rope_parameters`.
+        let flat_refused = |model_type: &str, class: &str| Error::UnsupportedModule {
+            module: self.source.clone(),
+            what: format!("{model_type} with one flat `rope_parameters` object"),
+            why: format!(
+                "{class} reads RoPE parameters per layer type \
+                 (`full_attention`, `sliding_attention`)"
+            ),
+        };
         if nested(params) || nested(scaling) {
             let Some(kind) = layer_kind.filter(|_| !nested(scaling)) else {
                 return Err(Error::UnsupportedModule {
@@ -56,26 +65,14 @@ impl HfConfig {
             // both kinds, `rope_scaling` for the full layers only. A flat `rope_parameters`
             // is not what it reads.
             if params.is_some() {
-                return Err(Error::UnsupportedModule {
-                    module: self.source.clone(),
-                    what: "olmo3 with one flat `rope_parameters` object".into(),
-                    why: "Olmo3Config reads RoPE parameters per layer type \
-                          (`full_attention`, `sliding_attention`)"
-                        .into(),
-                });
+                return Err(flat_refused("olmo3", "Olmo3Config"));
             }
             if layer_kind == Some(LayerKind::Sliding) {
                 scaling = None;
             }
         } else if self.model_type() == Some("modernbert") && params.is_some() {
             // ModernBertConfig keeps only its per-kind objects; flat keys are dropped.
-            return Err(Error::UnsupportedModule {
-                module: self.source.clone(),
-                what: "modernbert with one flat `rope_parameters` object".into(),
-                why: "ModernBertConfig reads RoPE parameters per layer type \
-                      (`full_attention`, `sliding_attention`)"
-                    .into(),
-            });
+            return Err(flat_refused("modernbert", "ModernBertConfig"));
         }
         let find = |key: &str| -> Result<Option<f64>> {
             for p in [params, scaling].into_iter().flatten() {
