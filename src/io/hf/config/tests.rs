@@ -3,30 +3,30 @@
 use super::*;
 use crate::model::rope::RopeScaling;
 
+/// `json` parsed as a config.json named "t".
+fn config(json: &str) -> HfConfig {
+    HfConfig::parse(json, "t").unwrap()
+}
+
 #[test]
 fn heads_follow_the_family_key_and_the_stack() {
-    let bart = HfConfig::parse(
+    let bart = config(
         r#"{"model_type": "bart", "encoder_attention_heads": 4, "decoder_attention_heads": 2}"#,
-        "t",
-    )
-    .unwrap();
+    );
     assert_eq!(bart.heads("model.encoder.layers.0.self_attn.").unwrap(), 4);
     assert_eq!(
         bart.heads("model.decoder.layers.0.encoder_attn.").unwrap(),
         2
     );
-    let gpt2 = HfConfig::parse(r#"{"n_head": 3}"#, "t").unwrap();
+    let gpt2 = config(r#"{"n_head": 3}"#);
     assert_eq!(gpt2.heads("h.0.attn.").unwrap(), 3);
-    assert!(HfConfig::parse(r#"{"n_head": 0}"#, "t")
-        .unwrap()
-        .heads("")
-        .is_err());
+    assert!(config(r#"{"n_head": 0}"#).heads("").is_err());
     assert!(HfConfig::parse("[1]", "t").is_err());
 }
 
 #[test]
 fn scale_rules_and_refused_settings() {
-    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let c = |text: &str| config(text);
     let gpt2 = &["scale_attn_weights", "scale_attn_by_inverse_layer_idx"][..];
     assert_eq!(c("{}").scale("h.0.attn.", 16, gpt2).unwrap(), None);
     let unscaled = c(r#"{"scale_attn_weights": false}"#);
@@ -113,12 +113,10 @@ fn scale_rules_and_refused_settings() {
 
 #[test]
 fn a_module_reads_its_towers_sub_config() {
-    let clip = HfConfig::parse(
+    let clip = config(
         r#"{"model_type": "clip", "text_config": {"model_type": "clip_text_model",
             "num_attention_heads": 2}, "vision_config": {"num_attention_heads": 4}}"#,
-        "t",
-    )
-    .unwrap();
+    );
     let text = clip
         .for_module("text_model.encoder.layers.0.self_attn.")
         .unwrap();
@@ -146,7 +144,7 @@ fn a_module_reads_its_towers_sub_config() {
             "{ambiguous}"
         );
     }
-    let xglm = HfConfig::parse(r#"{"model_type": "xglm", "attention_heads": 3}"#, "t").unwrap();
+    let xglm = config(r#"{"model_type": "xglm", "attention_heads": 3}"#);
     assert_eq!(
         xglm.for_module("model.layers.0.self_attn.")
             .unwrap()
@@ -158,20 +156,14 @@ fn a_module_reads_its_towers_sub_config() {
 
 #[test]
 fn rope_reads_both_spellings() {
-    let v4 = HfConfig::parse(
-        r#"{"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}}"#,
-        "t",
-    )
-    .unwrap();
-    let v5 = HfConfig::parse(
-        r#"{"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
-            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}}"#,
-        "t",
-    )
-    .unwrap();
+    let llama3 = r#""rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64"#;
+    let v4 = config(&format!(
+        r#"{{"rope_theta": 500000.0, "rope_scaling": {{{llama3}}}}}"#
+    ));
+    let v5 = config(&format!(
+        r#"{{"rope_parameters": {{"rope_theta": 500000.0, {llama3}}}}}"#
+    ));
     assert_eq!(
         v4.rope(8, 1.0, None).unwrap(),
         v5.rope(8, 1.0, None).unwrap()
@@ -179,7 +171,7 @@ fn rope_reads_both_spellings() {
     assert!(
         matches!(v4.rope(8, 1.0, None).unwrap().scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
     );
-    let neox = HfConfig::parse(r#"{"rotary_pct": 0.25, "rotary_emb_base": 1000}"#, "t").unwrap();
+    let neox = config(r#"{"rotary_pct": 0.25, "rotary_emb_base": 1000}"#);
     assert_eq!(
         (
             neox.rope(16, 1.0, None).unwrap().rotary_dims,
@@ -187,22 +179,16 @@ fn rope_reads_both_spellings() {
         ),
         (4, 1000.0)
     );
-    let proportional = HfConfig::parse(
-        r#"{"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}"#,
-        "t",
-    )
-    .unwrap();
+    let proportional = config(r#"{"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}"#);
     assert!(matches!(
         proportional.rope(8, 1.0, None),
         Err(Error::UnsupportedModule { .. })
     ));
     // dynamic: the threshold is max_position_embeddings, which it needs.
     let dynamic = |extra: &str| {
-        HfConfig::parse(
-            &format!(r#"{{"rope_scaling": {{"rope_type": "dynamic", "factor": 4.0}}{extra}}}"#),
-            "t",
-        )
-        .unwrap()
+        config(&format!(
+            r#"{{"rope_scaling": {{"rope_type": "dynamic", "factor": 4.0}}{extra}}}"#
+        ))
         .rope(8, 1.0, None)
     };
     assert!(
@@ -217,12 +203,10 @@ fn rope_reads_both_spellings() {
             max_positions: 4.0
         }
     );
-    let yarn = HfConfig::parse(
+    let yarn = config(
         r#"{"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
             "original_max_position_embeddings": 16, "truncate": false, "beta_fast": 0}}"#,
-        "t",
-    )
-    .unwrap();
+    );
     match yarn.rope(8, 1.0, None).unwrap().scaling {
         RopeScaling::Yarn {
             beta_fast,
@@ -237,19 +221,15 @@ fn rope_reads_both_spellings() {
         }
         other => panic!("{other:?}"),
     }
-    let no_original = HfConfig::parse(
-        r#"{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#,
-        "t",
-    )
-    .unwrap();
+    let no_original = config(r#"{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#);
     assert!(no_original.rope(8, 1.0, None).is_err());
-    let missing = HfConfig::parse(r#"{"rope_scaling": {"rope_type": "linear"}}"#, "t").unwrap();
+    let missing = config(r#"{"rope_scaling": {"rope_type": "linear"}}"#);
     assert!(missing.rope(8, 1.0, None).is_err());
 }
 
 #[test]
 fn layer_kinds_follow_layer_types_or_the_model_types_pattern() {
-    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let c = |text: &str| config(text);
     let reads = &["sliding_window", "layer_types", "sliding_window_pattern"][..];
     let kind = |cfg: &HfConfig, layer: usize| {
         cfg.layer_kind(&format!("model.layers.{layer}.self_attn."), reads)
@@ -283,22 +263,14 @@ fn layer_kinds_follow_layer_types_or_the_model_types_pattern() {
 #[test]
 fn longrope_reads_both_spellings_and_phi3s_names() {
     let factors = r#""short_factor": [1.0, 2.0], "long_factor": [4.0, 8.0]"#;
-    let v5 = HfConfig::parse(
-        &format!(
-            r#"{{"max_position_embeddings": 16, "rope_parameters": {{"rope_type": "longrope",
+    let v5 = config(&format!(
+        r#"{{"max_position_embeddings": 16, "rope_parameters": {{"rope_type": "longrope",
             "rope_theta": 1e4, "original_max_position_embeddings": 4, {factors}}}}}"#
-        ),
-        "t",
-    )
-    .unwrap();
-    let v4 = HfConfig::parse(
-        &format!(
-            r#"{{"model_type": "phi3", "max_position_embeddings": 16, "rope_theta": 1e4,
+    ));
+    let v4 = config(&format!(
+        r#"{{"model_type": "phi3", "max_position_embeddings": 16, "rope_theta": 1e4,
             "original_max_position_embeddings": 4, "rope_scaling": {{"type": "su", {factors}}}}}"#
-        ),
-        "t",
-    )
-    .unwrap();
+    ));
     let rope = v5.rope(4, 1.0, None).unwrap();
     assert_eq!(rope, v4.rope(4, 1.0, None).unwrap());
     let RopeScaling::LongRope {
@@ -317,11 +289,8 @@ fn longrope_reads_both_spellings_and_phi3s_names() {
     // factor 16 / 4: √(1 + ln 4 / ln 4).
     assert!((attention_factor - 2f64.sqrt()).abs() < 1e-15);
     // Phi3Config raises for other types; a factor list of the wrong length is an error.
-    let linear = HfConfig::parse(
-        r#"{"model_type": "phi3", "rope_scaling": {"type": "linear", "factor": 2.0}}"#,
-        "t",
-    )
-    .unwrap();
+    let linear =
+        config(r#"{"model_type": "phi3", "rope_scaling": {"type": "linear", "factor": 2.0}}"#);
     assert!(
         matches!(linear.rope(4, 1.0, None), Err(Error::UnsupportedModule { what, .. }) if what.contains("linear"))
     );
@@ -330,7 +299,7 @@ fn longrope_reads_both_spellings_and_phi3s_names() {
 
 #[test]
 fn round2_layer_patterns_and_rope_rules_follow_their_config_classes() {
-    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let c = |text: &str| config(text);
     let at = |layer: usize| format!("model.layers.{layer}.self_attn.");
     let kind =
         |cfg: &HfConfig, layer: usize, reads: &[&str]| cfg.layer_kind(&at(layer), reads).unwrap();
@@ -419,7 +388,7 @@ fn round2_layer_patterns_and_rope_rules_follow_their_config_classes() {
 
 #[test]
 fn smollm3_rotates_by_no_rope_layers_and_slides_its_nope_layers() {
-    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let c = |text: &str| config(text);
     let at = |layer: usize| format!("model.layers.{layer}.self_attn.");
     // No list: every no_rope_layer_interval-th layer (default 4) has no RoPE.
     let default = c(r#"{"model_type": "smollm3"}"#);
@@ -452,7 +421,7 @@ fn smollm3_rotates_by_no_rope_layers_and_slides_its_nope_layers() {
 
 #[test]
 fn modernbert_layers_alternate_with_a_two_sided_window_and_a_theta_per_kind() {
-    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let c = |text: &str| config(text);
     let at = |layer: usize| format!("layers.{layer}.attn.");
     let reads = &["layer_types"][..];
     // 4.x spelling: every global_attn_every_n_layers-th layer (default 3) global from layer
@@ -496,7 +465,7 @@ fn modernbert_layers_alternate_with_a_two_sided_window_and_a_theta_per_kind() {
 
 #[test]
 fn esm_rotates_by_its_position_embedding_type() {
-    let c = |text: &str| HfConfig::parse(text, "t").unwrap().rotary_position_type();
+    let c = |text: &str| config(text).rotary_position_type();
     assert!(!c("{}").unwrap());
     assert!(!c(r#"{"position_embedding_type": null}"#).unwrap());
     assert!(!c(r#"{"position_embedding_type": "absolute"}"#).unwrap());
@@ -509,7 +478,7 @@ fn esm_rotates_by_its_position_embedding_type() {
 
 #[test]
 fn llama4_chunks_its_rope_layers_and_tunes_its_nope_layers() {
-    let c = |text: &str| HfConfig::parse(text, "t").unwrap();
+    let c = |text: &str| config(text);
     let at = |layer: usize| format!("model.layers.{layer}.self_attn.");
     // No layer_types: the RoPE layers are chunked when attention_chunk_size is set; an empty
     // no_rope_layers is Llama4TextConfig's default (every 4th layer NoPE).
