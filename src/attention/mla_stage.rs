@@ -4,7 +4,7 @@
 //! passes: `kv_a_layernorm` of the latent into `[k_pe | c]` beside the copied RoPE key, and
 //! `q_a_layernorm` of the q latent into the first columns of a zero-padded `[.., E]` query.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::pass::Dispatch;
 use crate::gpu::Gpu;
 use crate::kernels::linear::{self, LinearBuffers, LinearElems, LinearParams, Segment};
@@ -92,15 +92,8 @@ impl MlaStage {
     /// [`MlaInputs::of`] gives them, computed on the device and read back.
     pub fn of(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let d = self.inputs.dims;
-        let s = x.shape();
-        if s.len() != 3 || s[2] != d.hidden {
-            return Err(Error::shape(
-                "hidden_states",
-                format!("[batch, L, {}]", d.hidden),
-                s,
-            ));
-        }
-        let rows = s[0] * s[1];
+        let [b, l] = d.batch_and_length(x)?;
+        let rows = b * l;
         if rows == 0 {
             return self.inputs.of(x);
         }
@@ -181,8 +174,8 @@ impl MlaStage {
         })??;
         let (query, latent) = values;
         Ok((
-            Tensor::new([s[0], s[1], e], query)?,
-            Tensor::new([s[0], s[1], w], latent)?,
+            Tensor::new([b, l, e], query)?,
+            Tensor::new([b, l, w], latent)?,
         ))
     }
 }

@@ -50,6 +50,30 @@ impl MlaDims {
     pub fn qk_head_dim(&self) -> usize {
         self.qk_nope_head_dim + self.qk_rope_head_dim
     }
+
+    /// `(H, dn, dr, dv, r)`: the sizes by the letters the docs and the products use.
+    pub(crate) fn letters(&self) -> (usize, usize, usize, usize, usize) {
+        (
+            self.heads,
+            self.qk_nope_head_dim,
+            self.qk_rope_head_dim,
+            self.v_head_dim,
+            self.kv_lora_rank,
+        )
+    }
+
+    /// `[B, L]` of hidden states `x [B, L, E]`; an error for any other shape.
+    pub(crate) fn batch_and_length(&self, x: &Tensor) -> Result<[usize; 2]> {
+        let s = x.shape();
+        if s.len() != 3 || s[2] != self.hidden {
+            return Err(Error::shape(
+                "hidden_states",
+                format!("[batch, L, {}]", self.hidden),
+                s,
+            ));
+        }
+        Ok([s[0], s[1]])
+    }
 }
 
 /// The module's weights as saved.
@@ -166,13 +190,7 @@ impl MlaWeights {
     /// `qk_head_dim^-0.5` (times yarn's mscale²); `rope`: over the first `dr` dimensions.
     pub fn absorbed(&self, scale: f64, rope: Rope) -> Result<(AttentionConfig, AttentionWeights)> {
         let d = self.dims;
-        let (h, dn, dr, dv, r) = (
-            d.heads,
-            d.qk_nope_head_dim,
-            d.qk_rope_head_dim,
-            d.v_head_dim,
-            d.kv_lora_rank,
-        );
+        let (h, dn, dr, dv, r) = d.letters();
         let w = d.latent_width();
         // The core's query input is E wide (its output is too): a q LoRA latent narrower than
         // E enters padded with zeros (`MlaInputs::of`), met here by zero columns.
@@ -288,15 +306,8 @@ impl MlaInputs {
     /// k_pe before RoPE — the core rotates it). Computed on the host, in f64 then f32.
     pub fn of(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let d = &self.dims;
-        let s = x.shape();
-        if s.len() != 3 || s[2] != d.hidden {
-            return Err(Error::shape(
-                "hidden_states",
-                format!("[batch, L, {}]", d.hidden),
-                s,
-            ));
-        }
-        let rows = s[0] * s[1];
+        let [b, l] = d.batch_and_length(x)?;
+        let rows = b * l;
         let query = match &self.q_a {
             None => x.clone(),
             Some((a, norm)) => {
@@ -306,7 +317,7 @@ impl MlaInputs {
                     out[..row.len()].copy_from_slice(row);
                     rms_norm(&mut out[..row.len()], norm);
                 }
-                Tensor::new([s[0], s[1], d.hidden], padded)?
+                Tensor::new([b, l, d.hidden], padded)?
             }
         };
         let (r, dr) = (d.kv_lora_rank, d.qk_rope_head_dim);
@@ -318,7 +329,7 @@ impl MlaInputs {
             latent.extend_from_slice(&row[r..]);
             latent.extend_from_slice(&c);
         }
-        Ok((query, Tensor::new([s[0], s[1], r + dr], latent)?))
+        Ok((query, Tensor::new([b, l, r + dr], latent)?))
     }
 }
 
@@ -373,13 +384,7 @@ mod tests {
     /// frequency: angle = position), causal softmax, o_proj.
     fn expanded(w: &MlaWeights, x: &Tensor, scale: f64) -> Vec<f64> {
         let d = w.dims;
-        let (h, dn, dr, dv, r) = (
-            d.heads,
-            d.qk_nope_head_dim,
-            d.qk_rope_head_dim,
-            d.v_head_dim,
-            d.kv_lora_rank,
-        );
+        let (h, dn, dr, dv, r) = d.letters();
         assert_eq!(dr, 2);
         let [b, l, e] = x.shape()[..] else { panic!() };
         let rotate = |v: &mut [f64], pos: usize| {
