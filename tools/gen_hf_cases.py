@@ -106,6 +106,10 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq
 LM = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
           num_attention_heads=4, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
           eos_token_id=2)
+# DeepSeek's multi-head latent attention sizes, MoE off (first_k_dense_replace = every layer).
+MLA = dict(LM, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+           v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2, num_experts_per_tok=1,
+           n_shared_experts=1, moe_intermediate_size=16, n_group=1, topk_group=1)
 
 FAMILIES = {
     "bert": (tf.BertModel, tf.BertConfig, dict(
@@ -279,27 +283,13 @@ FAMILIES = {
     # and yarn (mscale_all_dim scales the scores too); V3 with a plain q_proj and interleaved
     # RoPE; V3 with q LoRA and rotate-half RoPE (rope_interleave false).
     "deepseek_v2": (tf.DeepseekV2Model, tf.DeepseekV2Config, dict(
-        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
-        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
-        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
-        topk_group=1, attention_bias=True, max_position_embeddings=64,
+        MLA, q_lora_rank=24, attention_bias=True, max_position_embeddings=64,
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 16, "beta_fast": 32.0,
                          "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707})),
-    "deepseek_v3": (tf.DeepseekV3Model, tf.DeepseekV3Config, dict(
-        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
-        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
-        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
-        topk_group=1)),
+    "deepseek_v3": (tf.DeepseekV3Model, tf.DeepseekV3Config, dict(MLA, q_lora_rank=None)),
     "deepseek_v3_halves": (tf.DeepseekV3Model, tf.DeepseekV3Config, dict(
-        LM, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
-        qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=2,
-        num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=16, n_group=1,
-        topk_group=1, rope_interleave=False)),
-    "gpt_neo": (tf.GPTNeoModel, tf.GPTNeoConfig, dict(
-        vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-        attention_types=[[["global", "local"], 1]], window_size=3, max_position_embeddings=16,
-        initializer_range=0.2, bos_token_id=1, eos_token_id=2)),
+        MLA, q_lora_rank=24, rope_interleave=False)),
     # transformers 5.25's llama-like families with a twist (`--only round2`).
     # qwen2_moe: q/k/v biases (qkv_bias), its own default layer pattern: layer 0 slides over 3.
     "qwen2_moe": (tf.Qwen2MoeModel, tf.Qwen2MoeConfig, dict(
@@ -633,6 +623,47 @@ def ids(length, low=3):
     return torch.randint(low, 64, (B, length))
 
 
+def positions(length, *starts):
+    """position_ids [len(starts), length]: each sequence's `length` positions from its start."""
+    return torch.stack([torch.arange(start, start + length) for start in starts])
+
+
+def prepared(variant, name, lengths, keep=None):
+    """A family's model and what `save_pretrained` writes of it (kept in `keep`, if given), then,
+    seeded by the case's name, input_ids of max(lengths) tokens and their padding mask."""
+    model = build(variant)
+    config_text, state = saved(model, keep)
+    seeded(name)
+    length = max(lengths)
+    return model, config_text, state, ids(length), lengths_mask(lengths, length)
+
+
+def decoder_case(out_dir, name, family, model, config_text, state, input_ids, pad, *,
+                 position_ids=None, **kw):
+    """replay_case of a causal layer of a decoder run on the padded input_ids (and
+    position_ids, where given) without a cache."""
+    at = {} if position_ids is None else {"position_ids": position_ids}
+    replay_case(out_dir, name, family, model, config_text, state,
+                run=lambda: model(input_ids, attention_mask=pad, **at, use_cache=False),
+                causal=True, pad=pad, position_ids=position_ids, **kw)
+
+
+def tables_replay(model, position_ids):
+    """A replay passing RoPE's cos/sin: the model's own rotary embedding's for float32, float64
+    ones computed from the config (checked against them) for float64."""
+    cos64, sin64, inv64 = rope_tables(model.config, position_ids, torch.float64)
+    with torch.no_grad():
+        cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
+    assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+    assert torch.allclose(cos64.float(), cos32, rtol=0, atol=1e-5)
+
+    def replay(mod, x, kv, mask, dtype):
+        tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
+        return mod(x, position_embeddings=tables, attention_mask=mask)[0]
+
+    return replay
+
+
 def plain(mod, x, kv, mask, dtype):
     return mod(x, attention_mask=mask)[0]
 
@@ -646,11 +677,9 @@ def cross(mod, x, kv, mask, dtype):
 
 
 def bert_cases(out_dir, hf_models_dir):
-    model = build("bert")
-    config_text, state = saved(model, os.path.join(hf_models_dir, "bert"))
-    name, length = "bert_self_layer1_padding", 6
-    seeded(name)
-    input_ids, pad = ids(length), lengths_mask([6, 4], length)
+    name = "bert_self_layer1_padding"
+    model, config_text, state, input_ids, pad = prepared("bert", name, [6, 4],
+                                                         os.path.join(hf_models_dir, "bert"))
     att = model.encoder.layer[1].attention
     replay_case(out_dir, name, "bert", model, config_text, state, module=att,
                 prefix="encoder.layer.1.attention.",
@@ -661,11 +690,8 @@ def bert_cases(out_dir, hf_models_dir):
 
 
 def distilbert_cases(out_dir):
-    model = build("distilbert")
-    config_text, state = saved(model)
-    name, length = "distilbert_self_layer0_padding", 7
-    seeded(name)
-    input_ids, pad = ids(length), lengths_mask([7, 5], length)
+    name = "distilbert_self_layer0_padding"
+    model, config_text, state, input_ids, pad = prepared("distilbert", name, [7, 5])
     replay_case(out_dir, name, "distilbert", model, config_text, state,
                 module=model.transformer.layer[0].attention,
                 prefix="transformer.layer.0.attention.",
@@ -686,15 +712,11 @@ def vit_cases(out_dir):
 
 
 def gpt2_cases(out_dir, hf_models_dir):
-    model = build("gpt2")
-    config_text, state = saved(model, os.path.join(hf_models_dir, "gpt2"))
-    name, length = "gpt2_self_layer1_causal_padding", 6
-    seeded(name)
-    input_ids, pad = ids(length), lengths_mask([6, 4], length)
-    replay_case(out_dir, name, "gpt2", model, config_text, state, module=model.h[1].attn,
-                prefix="h.1.attn.",
-                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
-                replay=plain, causal=True, pad=pad)
+    name = "gpt2_self_layer1_causal_padding"
+    model, config_text, state, input_ids, pad = prepared("gpt2", name, [6, 4],
+                                                         os.path.join(hf_models_dir, "gpt2"))
+    decoder_case(out_dir, name, "gpt2", model, config_text, state, input_ids, pad,
+                 module=model.h[1].attn, prefix="h.1.attn.", replay=plain)
 
 
 def bart_cases(out_dir):
@@ -859,18 +881,16 @@ def rope_case(out_dir, family, name, lengths, position_ids, window=None, spellin
                 return mod(x, position_embeddings=tables, attention_mask=mask)[0]
         return mod(x, position_embeddings=tables, attention_mask=mask)[0]
 
-    kwargs = dict(module=module, prefix=f"layers.{layer}.{attn_name}.",
-                  run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
-                                    use_cache=False),
-                  replay=replay, causal=True, pad=pad, window=window, position_ids=position_ids)
-    replay_case(out_dir, name, family, model, config_text, state, **kwargs)
+    kwargs = dict(module=module, prefix=f"layers.{layer}.{attn_name}.", replay=replay,
+                  window=window, position_ids=position_ids)
+    decoder_case(out_dir, name, family, model, config_text, state, input_ids, pad, **kwargs)
     for suffix, rewrite in spellings:
         text = rewrite(config_text)
         # transformers 5 reads the other spelling back to the same RoPE settings.
         again = type(cfg).from_dict(json.loads(text))
         assert again.rope_parameters == cfg.rope_parameters, (again.rope_parameters,
                                                                cfg.rope_parameters)
-        replay_case(out_dir, name + suffix, family, model, text, state, **kwargs)
+        decoder_case(out_dir, name + suffix, family, model, text, state, input_ids, pad, **kwargs)
 
 
 def dump(d):
@@ -898,26 +918,25 @@ def gpt_neox_4x(config_text):
 
 
 def rope_cases(out_dir):
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     # llama: GQA 4/2, llama3 scaling, gapped position_ids (as after a packed or edited prompt).
     rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_gqa_llama3",
               [7, 5], torch.tensor([[0, 1, 2, 5, 6, 7, 11], [3, 4, 5, 6, 9, 10, 12]]),
               spellings=[("_rope4x", llama_4x)])
     # mistral: sliding window 3 over 7 positions.
     rope_case(out_dir, "mistral", "mistral_self_layer1_causal_padding_window3", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]), window=3)
+              positions(7, 0, 0), window=3)
     # qwen2: q/k/v biases; positions not starting at 0.
     rope_case(out_dir, "qwen2", "qwen2_self_layer1_causal_padding", [6, 4],
-              torch.stack([arange(2, 6), arange(0, 6)]))
+              positions(6, 2, 0))
     # gemma: MQA (one key/value head), head_dim 12 ≠ 32 / 4.
     rope_case(out_dir, "gemma", "gemma_self_layer1_causal_mqa", None,
-              torch.stack([arange(0, 5), arange(0, 5)]))
+              positions(5, 0, 0))
     # phi3: packed qkv_proj (q rows, then k, then v), 2 key/value heads.
     rope_case(out_dir, "phi3", "phi3_self_layer1_causal_padding", [6, 3],
-              torch.stack([arange(0, 6), arange(0, 6)]))
+              positions(6, 0, 0))
     # gpt_neox: query_key_value packed per head, rotary on the first half of each head.
     rope_case(out_dir, "gpt_neox", "gpt_neox_self_layer1_causal_padding_partial", [6, 5],
-              torch.stack([arange(0, 6), arange(0, 6)]), spellings=[("_rope4x", gpt_neox_4x)])
+              positions(6, 0, 0), spellings=[("_rope4x", gpt_neox_4x)])
 
 
 @contextlib.contextmanager
@@ -949,25 +968,23 @@ def gpt_neo_cases(out_dir):
         seeded(name)
         length = max(lengths)
         input_ids, pad = ids(length), lengths_mask(lengths, length)
-        replay_case(out_dir, name, "gpt_neo", model, config_text, state,
-                    module=model.h[layer].attn.attention, prefix=f"h.{layer}.attn.attention.",
-                    run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
-                    replay=replay, causal=True, pad=pad, window=window)
+        decoder_case(out_dir, name, "gpt_neo", model, config_text, state, input_ids, pad,
+                     module=model.h[layer].attn.attention, prefix=f"h.{layer}.attn.attention.",
+                     replay=replay, window=window)
 
 
 def newer_rope_cases(out_dir):
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     # granite: llama's attention with the scale attention_multiplier.
     rope_case(out_dir, "granite", "granite_self_layer1_causal_padding_multiplier", [6, 4],
-              torch.stack([arange(0, 6), arange(1, 6)]))
+              positions(6, 0, 1))
     # gemma2: soft-capped scores, query_pre_attn_scalar; layer 0 slides, layer 1 does not.
     rope_case(out_dir, "gemma2", "gemma2_self_layer0_causal_padding_window3_softcap", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]), window=3, layer=0)
+              positions(7, 0, 0), window=3, layer=0)
     rope_case(out_dir, "gemma2", "gemma2_self_layer1_causal_padding_softcap", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]))
+              positions(7, 0, 0))
     # starcoder2: GQA with biases on every projection, sliding window 3.
     rope_case(out_dir, "starcoder2", "starcoder2_self_layer1_causal_padding_window3", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]), window=3)
+              positions(7, 0, 0), window=3)
 
 
 def gpt_neox_without_pct(config_text):
@@ -979,9 +996,8 @@ def gpt_neox_without_pct(config_text):
 
 def loader_semantics_cases(out_dir):
     """Config keys whose absence or edge values the loader once read differently."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     rope_case(out_dir, "gpt_neox", "gpt_neox_self_layer1_causal_padding_default_pct", [6, 4],
-              torch.stack([arange(0, 6), arange(0, 6)]), variant="gpt_neox_default_pct",
+              positions(6, 0, 0), variant="gpt_neox_default_pct",
               spellings=[("_nopct", gpt_neox_without_pct)])
     model = build("t5_short_distance")
     config_text, state = saved(model)
@@ -1003,38 +1019,33 @@ def loader_semantics_cases(out_dir):
 
 def qk_norm_cases(out_dir):
     """q and k normalised before RoPE."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     rope_case(out_dir, "qwen3", "qwen3_self_layer1_causal_padding_qknorm", [7, 5],
-              torch.stack([arange(0, 7), arange(2, 7)]), f32_casts=True)
+              positions(7, 0, 2), f32_casts=True)
     rope_case(out_dir, "olmo2", "olmo2_self_layer1_causal_padding_qknorm_whole", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]), f32_casts=True)
+              positions(7, 0, 0), f32_casts=True)
     rope_case(out_dir, "cohere", "cohere_self_layer1_causal_padding_interleaved_qknorm", [7, 5],
-              torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+              positions(7, 0, 1), f32_casts=True)
     rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_yarn", [12, 9],
-              torch.stack([arange(0, 12), arange(3, 12)]), variant="llama_yarn")
+              positions(12, 0, 3), variant="llama_yarn")
     rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_yarn_notrunc", [12, 9],
-              torch.stack([arange(0, 12), arange(3, 12)]), variant="llama_yarn_notrunc")
+              positions(12, 0, 3), variant="llama_yarn_notrunc")
     rope_case(out_dir, "gemma3", "gemma3_self_layer0_causal_padding_window3_qknorm", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]), window=3, layer=0, f32_casts=True)
+              positions(7, 0, 0), window=3, layer=0, f32_casts=True)
     rope_case(out_dir, "gemma3", "gemma3_self_layer1_causal_padding_full_qknorm", [7, 5],
-              torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+              positions(7, 0, 1), f32_casts=True)
     rope_case(out_dir, "gpt_oss", "gpt_oss_self_layer0_causal_padding_window3_sinks_yarn", [12, 10],
-              torch.stack([arange(0, 12), arange(3, 12)]), window=3, layer=0)
+              positions(12, 0, 3), window=3, layer=0)
     rope_case(out_dir, "gpt_oss", "gpt_oss_self_layer1_causal_padding_full_sinks_yarn", [12, 10],
-              torch.stack([arange(0, 12), arange(3, 12)]))
+              positions(12, 0, 3))
     rope_case(out_dir, "stablelm", "stablelm_self_layer1_causal_padding_partial_qknorm", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]))
+              positions(7, 0, 0))
 
 
 def alibi_cases(out_dir):
     """BLOOM: the attention module adds its residual itself; the replay gives it zeros, and
     the ALiBi tensor the model builds from the padding mask."""
-    model = build("bloom")
-    config_text, state = saved(model)
     name = "bloom_self_layer1_causal_padding_alibi"
-    seeded(name)
-    length = 7
-    input_ids, pad = ids(length), lengths_mask([7, 5], length)
+    model, config_text, state, input_ids, pad = prepared("bloom", name, [7, 5])
     heads = model.config.n_head
 
     def replay(mod, x, kv, mask, dtype):
@@ -1042,22 +1053,17 @@ def alibi_cases(out_dir):
         assert alibi.dtype == dtype
         return mod(x, torch.zeros_like(x), alibi, mask)[0]
 
-    replay_case(out_dir, name, "bloom", model, config_text, state,
-                module=model.h[1].self_attention, prefix="h.1.self_attention.",
-                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
-                replay=replay, causal=True, pad=pad,
-                hooked_out=model.h[1].self_attention.dense)
+    decoder_case(out_dir, name, "bloom", model, config_text, state, input_ids, pad,
+                 module=model.h[1].self_attention, prefix="h.1.self_attention.", replay=replay,
+                 hooked_out=model.h[1].self_attention.dense)
 
 
-def interleaved_cases(out_dir):
-    """RoPE under names that do not say so: GPT-J (bart's) and RoFormer (bert's)."""
-    model = build("gptj")
-    config_text, state = saved(model)
-    name = "gptj_self_layer1_causal_padding_interleaved_partial"
-    seeded(name)
-    length = 7
-    input_ids, pad = ids(length), lengths_mask([7, 5], length)
-    position_ids = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+def gptj_attn_case(out_dir, family, name):
+    """GPT-J's attention (GPT-J, CodeGen) at `h.1.attn`: interleaved partial RoPE, its sin/cos
+    made by the model for float32 and from `rotary_dim` in float64; the scores it casts to
+    float32 are kept float64 in the float64 replay."""
+    model, config_text, state, input_ids, pad = prepared(family, name, [7, 5])
+    position_ids = positions(7, 0, 2)
     rd = model.config.rotary_dim
     inv64 = 1.0 / (10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
     angles = position_ids[..., None].double() * inv64
@@ -1067,22 +1073,21 @@ def interleaved_cases(out_dir):
     def replay(mod, x, kv, mask, dtype):
         if dtype == torch.float32:
             return mod(x, position_embeddings=(sin32, cos32), attention_mask=mask)[0]
-        with float32_means_float64():  # GPT-J's scores are cast to float32
+        with float32_means_float64():
             return mod(x, position_embeddings=(angles.sin(), angles.cos()),
                        attention_mask=mask)[0]
 
-    replay_case(out_dir, name, "gptj", model, config_text, state, module=model.h[1].attn,
-                prefix="h.1.attn.",
-                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
-                                  use_cache=False),
-                replay=replay, causal=True, pad=pad, position_ids=position_ids)
+    decoder_case(out_dir, name, family, model, config_text, state, input_ids, pad,
+                 module=model.h[1].attn, prefix="h.1.attn.", replay=replay,
+                 position_ids=position_ids)
 
-    model = build("roformer")
-    config_text, state = saved(model)
-    name = "roformer_self_layer1_padding_interleaved"
-    seeded(name)
-    length = 6
-    input_ids, pad = ids(length), lengths_mask([6, 4], length)
+
+def interleaved_cases(out_dir):
+    """RoPE under names that do not say so: GPT-J (bart's) and RoFormer (bert's)."""
+    gptj_attn_case(out_dir, "gptj", "gptj_self_layer1_causal_padding_interleaved_partial")
+
+    name, length = "roformer_self_layer1_padding_interleaved", 6
+    model, config_text, state, input_ids, pad = prepared("roformer", name, [6, 4])
     att = model.encoder.layer[1].attention
     dim = model.config.hidden_size // model.config.num_attention_heads
     pos = torch.arange(length, dtype=torch.float64)[:, None]
@@ -1104,54 +1109,25 @@ def interleaved_cases(out_dir):
 def scaled_rope_cases(out_dir):
     """CodeGen's 4-block qkv_proj; the dynamic and longrope scalings, with position_ids past
     the lengths where they switch (so that the scaling applies to the whole call)."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     # Each sequence's first 5 positions already pass 4, so that a decode whose prefill is all
     # but the last two real tokens takes the long factors throughout, as the full forward.
     rope_case(out_dir, "phi3", "phi3_self_layer1_causal_padding_longrope", [7, 5],
-              torch.stack([arange(0, 7), arange(2, 7)]), variant="phi3_longrope")
+              positions(7, 0, 2), variant="phi3_longrope")
     rope_case(out_dir, "llama", "llama_self_layer1_causal_padding_dynamic", [7, 5],
-              torch.stack([arange(0, 7), arange(1, 7)]), variant="llama_dynamic")
+              positions(7, 0, 1), variant="llama_dynamic")
 
-    model = build("codegen")
-    config_text, state = saved(model)
-    name = "codegen_self_layer1_causal_padding_interleaved_partial"
-    seeded(name)
-    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
-    position_ids = torch.stack([arange(0, 7), arange(2, 7)])
-    rd = model.config.rotary_dim
-    inv64 = 1.0 / (10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
-    angles = position_ids[..., None].double() * inv64
-    with torch.no_grad():
-        sin32, cos32 = model.rotary_emb(torch.zeros(1), position_ids)
-
-    def replay(mod, x, kv, mask, dtype):
-        if dtype == torch.float32:
-            return mod(x, position_embeddings=(sin32, cos32), attention_mask=mask)[0]
-        with float32_means_float64():  # CodeGen's scores are cast to float32
-            return mod(x, position_embeddings=(angles.sin(), angles.cos()),
-                       attention_mask=mask)[0]
-
-    replay_case(out_dir, name, "codegen", model, config_text, state, module=model.h[1].attn,
-                prefix="h.1.attn.",
-                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
-                                  use_cache=False),
-                replay=replay, causal=True, pad=pad, position_ids=position_ids)
+    gptj_attn_case(out_dir, "codegen", "codegen_self_layer1_causal_padding_interleaved_partial")
 
 
 def layouts_cases(out_dir):
     """Phi's `dense`, ALBERT's shared layer, GPT-BigCode's Linear c_attn (MQA and MHA)."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     rope_case(out_dir, "olmo", "olmo_self_layer1_causal_padding_clip_qkv", [7, 5],
-              torch.stack([arange(0, 7), arange(0, 7)]))
+              positions(7, 0, 0))
     rope_case(out_dir, "phi", "phi_self_layer1_causal_padding_partial", [7, 5],
-              torch.stack([arange(0, 7), arange(1, 7)]), f32_casts=True)
+              positions(7, 0, 1), f32_casts=True)
 
-    model = build("albert")
-    config_text, state = saved(model)
     name = "albert_self_layer0_padding_shared"
-    seeded(name)
-    length = 6
-    input_ids, pad = ids(length), lengths_mask([6, 4], length)
+    model, config_text, state, input_ids, pad = prepared("albert", name, [6, 4])
     att = model.encoder.albert_layer_groups[0].albert_layers[0].attention
 
     def replay(mod, x, kv, mask, dtype):
@@ -1170,15 +1146,9 @@ def layouts_cases(out_dir):
 
     for variant, name in [("gpt_bigcode", "gpt_bigcode_self_layer1_causal_padding_mqa"),
                           ("gpt_bigcode_mha", "gpt_bigcode_self_layer1_causal_padding_mha")]:
-        model = build(variant)
-        config_text, state = saved(model)
-        seeded(name)
-        input_ids, pad = ids(7), lengths_mask([7, 5], 7)
-        replay_case(out_dir, name, "gpt_bigcode", model, config_text, state,
-                    module=model.h[1].attn, prefix="h.1.attn.",
-                    run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
-                    replay=lambda mod, x, kv, mask, dt: mod(x, attention_mask=mask)[0],
-                    causal=True, pad=pad)
+        model, config_text, state, input_ids, pad = prepared(variant, name, [7, 5])
+        decoder_case(out_dir, name, "gpt_bigcode", model, config_text, state, input_ids, pad,
+                     module=model.h[1].attn, prefix="h.1.attn.", replay=plain)
 
 
 @contextlib.contextmanager
@@ -1198,33 +1168,16 @@ def float_method_keeps_float64():
 
 def falcon_mpt_cases(out_dir):
     """Falcon's `query_key_value` packings (rotary) and MPT's `Wqkv` with ALiBi."""
-    position_ids = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    position_ids = positions(7, 0, 2)
     for variant, name in [("falcon_gqa", "falcon_self_layer1_causal_padding_gqa_newarch"),
                           ("falcon_mqa", "falcon_self_layer1_causal_padding_mqa")]:
-        model = build(variant)
-        config_text, state = saved(model)
-        seeded(name)
-        input_ids, pad = ids(7), lengths_mask([7, 5], 7)
-        cos64, sin64, inv64 = rope_tables(model.config, position_ids, torch.float64)
-        assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
-        with torch.no_grad():
-            cos32, sin32 = model.rotary_emb(torch.zeros(1), position_ids)
+        model, config_text, state, input_ids, pad = prepared(variant, name, [7, 5])
+        decoder_case(out_dir, name, "falcon", model, config_text, state, input_ids, pad,
+                     module=model.h[1].self_attention, prefix="h.1.self_attention.",
+                     replay=tables_replay(model, position_ids), position_ids=position_ids)
 
-        def replay(mod, x, kv, mask, dtype, cos32=cos32, sin32=sin32, cos64=cos64, sin64=sin64):
-            tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
-            return mod(x, attention_mask=mask, position_embeddings=tables)[0]
-
-        replay_case(out_dir, name, "falcon", model, config_text, state,
-                    module=model.h[1].self_attention, prefix="h.1.self_attention.",
-                    run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
-                                      use_cache=False),
-                    replay=replay, causal=True, pad=pad, position_ids=position_ids)
-
-    model = build("mpt")
-    config_text, state = saved(model)
     name = "mpt_self_layer1_causal_padding_alibi6_clip_scale"
-    seeded(name)
-    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+    model, config_text, state, input_ids, pad = prepared("mpt", name, [7, 5])
     cfg = model.config
     alibi = tf.models.mpt.modeling_mpt.build_mpt_alibi_tensor(cfg.n_heads, cfg.max_seq_len)
 
@@ -1235,10 +1188,8 @@ def falcon_mpt_cases(out_dir):
                 return mod(x, position_bias=alibi.double(), attention_mask=masked)[0]
         return mod(x, position_bias=alibi, attention_mask=masked)[0]
 
-    replay_case(out_dir, name, "mpt", model, config_text, state, module=model.blocks[1].attn,
-                prefix="blocks.1.attn.",
-                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
-                replay=replay_m, causal=True, pad=pad)
+    decoder_case(out_dir, name, "mpt", model, config_text, state, input_ids, pad,
+                 module=model.blocks[1].attn, prefix="blocks.1.attn.", replay=replay_m)
 
 
 @contextlib.contextmanager
@@ -1262,18 +1213,13 @@ def mla_cases(out_dir):
     """DeepSeek-V2/V3 multi-head latent attention, layer 1 (dense), causal, padded. The float64
     tables: V2's complex `freqs_cis` (torch.polar of float64 angles), V3's cos/sin; both scaled
     by the rotary embedding's own `attention_scaling` (a Python float)."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
     for variant, name in [
             ("deepseek_v2", "deepseek_v2_self_layer1_causal_padding_qlora_yarn"),
             ("deepseek_v3", "deepseek_v3_self_layer1_causal_padding_interleaved"),
             ("deepseek_v3_halves", "deepseek_v3_self_layer1_causal_padding_qlora_halves")]:
         family = variant.removesuffix("_halves")
-        model = build(variant)
-        config_text, state = saved(model)
-        seeded(name)
-        length = 7
-        input_ids, pad = ids(length), lengths_mask([7, 5], length)
-        position_ids = torch.stack([arange(0, 7), arange(2, 7)])
+        model, config_text, state, input_ids, pad = prepared(variant, name, [7, 5])
+        position_ids = positions(7, 0, 2)
         cfg = model.config
         _, _, inv64 = rope_tables(cfg, position_ids, torch.float64)
         assert torch.allclose(inv64.float(), model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
@@ -1293,21 +1239,16 @@ def mla_cases(out_dir):
             with dot_float_keeps_float64():
                 return mod(x, position_embeddings=tables64, attention_mask=mask)[0]
 
-        replay_case(out_dir, name, family, model, config_text, state,
-                    module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
-                    run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
-                                      use_cache=False),
-                    replay=replay, causal=True, pad=pad, position_ids=position_ids)
+        decoder_case(out_dir, name, family, model, config_text, state, input_ids, pad,
+                     module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
+                     replay=replay, position_ids=position_ids)
 
 
 def towers_cases(out_dir):
     """CLIP's causal text tower and SigLIP's vision tower (heads from `text_config` /
     `vision_config`, the tower named by the prefix), and XGLM (`attention_heads`, causal)."""
-    model = build("clip")
-    config_text, state = saved(model)
     name = "clip_text_self_layer1_causal_padding"
-    seeded(name)
-    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+    model, config_text, state, input_ids, pad = prepared("clip", name, [7, 5])
     att = model.text_model.encoder.layers[1].self_attn
     replay_case(out_dir, name, "clip", model, config_text, state, module=att,
                 prefix="text_model.encoder.layers.1.self_attn.",
@@ -1324,11 +1265,8 @@ def towers_cases(out_dir):
                 prefix="vision_model.encoder.layers.0.self_attn.",
                 run=lambda: model.vision_model(pixels), replay=plain)
 
-    model = build("xglm")
-    config_text, state = saved(model)
     name = "xglm_self_layer1_causal_padding"
-    seeded(name)
-    input_ids, pad = ids(7), lengths_mask([7, 5], 7)
+    model, config_text, state, input_ids, pad = prepared("xglm", name, [7, 5])
 
     def replay_x(mod, x, kv, mask, dtype):
         # XGLM clamps its scores with torch.full((), finfo(dtype).min), made in the default
@@ -1340,16 +1278,13 @@ def towers_cases(out_dir):
         finally:
             torch.set_default_dtype(old)
 
-    replay_case(out_dir, name, "xglm", model, config_text, state,
-                module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
-                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
-                replay=replay_x, causal=True, pad=pad)
+    decoder_case(out_dir, name, "xglm", model, config_text, state, input_ids, pad,
+                 module=model.layers[1].self_attn, prefix="layers.1.self_attn.", replay=replay_x)
 
 
 def round2_cases(out_dir):
     """transformers 5.25's llama-like families with a twist (issue 38, group 1)."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
-    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    pos = positions(7, 0, 2)
     rope_case(out_dir, "qwen2_moe", "qwen2_moe_self_layer0_causal_padding_window3_bias", [7, 5],
               pos, window=3, layer=0)
     rope_case(out_dir, "qwen3_moe", "qwen3_moe_self_layer1_causal_padding_window3_qknorm",
@@ -1387,8 +1322,7 @@ def round2_cases(out_dir):
 
 def glm_cases(out_dir):
     """Partial rotary forms of transformers 5.25 (issue 38, group 3)."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
-    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    pos = positions(7, 0, 2)
     rope_case(out_dir, "glm", "glm_self_layer1_causal_padding_interleaved_partial_bias",
               [7, 5], pos)
     rope_case(out_dir, "glm4", "glm4_self_layer1_causal_padding_interleaved_partial_bias",
@@ -1452,12 +1386,8 @@ def modernbert_case(out_dir, name, layer):
 def llama4_case(out_dir, name, lengths, position_ids, layer):
     """A Llama 4 text layer: its RoPE tables are complex (freqs_cis), computed here in float64;
     the float64 replay keeps its `.float()` casts float64."""
-    model = build("llama4_text")
-    config_text, state = saved(model)
-    seeded(name)
-    length = position_ids.shape[1]
-    input_ids = ids(length)
-    pad = lengths_mask(lengths, length)
+    model, config_text, state, input_ids, pad = prepared("llama4_text", name, lengths)
+    assert input_ids.shape == position_ids.shape
     module = model.layers[layer].self_attn
     cfg = model.config
     with torch.no_grad():
@@ -1477,18 +1407,15 @@ def llama4_case(out_dir, name, lengths, position_ids, layer):
                 return mod(x, position_embeddings=fc64, attention_mask=mask)[0]
         return mod(x, position_embeddings=fc32, attention_mask=mask)[0]
 
-    replay_case(out_dir, name, "llama4_text", model, config_text, state, module=module,
-                prefix=f"layers.{layer}.self_attn.",
-                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
-                                  use_cache=False),
-                replay=replay, causal=True, pad=pad, position_ids=position_ids, chunk=chunk)
+    decoder_case(out_dir, name, "llama4_text", model, config_text, state, input_ids, pad,
+                 module=module, prefix=f"layers.{layer}.self_attn.", replay=replay,
+                 position_ids=position_ids, chunk=chunk)
 
 
 def llama4_cases(out_dir):
     """Llama 4's text attention (issue 38, group 2): chunked, L2-normed RoPE layer; NoPE layer
     with temperature tuning."""
-    arange = lambda start, n: torch.arange(start, start + n)  # noqa: E731
-    pos = torch.stack([arange(0, 7), arange(2, 7)])
+    pos = positions(7, 0, 2)
     llama4_case(out_dir, "llama4_text_self_layer0_causal_padding_chunked4_qknorm", [7, 5], pos,
                 layer=0)
     llama4_case(out_dir, "llama4_text_self_layer1_causal_padding_nope_temperature", [7, 5], pos,
@@ -1497,35 +1424,18 @@ def llama4_cases(out_dir):
 
 def dbrx_cases(out_dir):
     """DBRX (issue 38, group 4): MPT's Wqkv layout with RoPE, GQA and clip_qkv."""
-    model = build("dbrx")
-    config_text, state = saved(model)
     name = "dbrx_self_layer1_causal_padding_clip_gqa"
-    seeded(name)
-    position_ids = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
-    input_ids = ids(7)
-    pad = lengths_mask([7, 5], 7)
-    cfg = model.config
-    cos64, sin64, _ = rope_tables(cfg, position_ids, torch.float64)
-    with torch.no_grad():
-        cos32, sin32 = model.rotary_emb(torch.zeros(1, dtype=torch.float32), position_ids)
-    assert torch.allclose(cos64.float(), cos32, rtol=0, atol=1e-5)
-    module = model.blocks[1].norm_attn_norm.attn
-
-    def replay(mod, x, kv, mask, dtype):
-        tables = (cos32, sin32) if dtype == torch.float32 else (cos64, sin64)
-        return mod(x, position_embeddings=tables, attention_mask=mask)[0]
-
-    replay_case(out_dir, name, "dbrx", model, config_text, state, module=module,
-                prefix="blocks.1.norm_attn_norm.attn.",
-                run=lambda: model(input_ids, attention_mask=pad, position_ids=position_ids,
-                                  use_cache=False),
-                replay=replay, causal=True, pad=pad, position_ids=position_ids)
+    model, config_text, state, input_ids, pad = prepared("dbrx", name, [7, 5])
+    position_ids = positions(7, 0, 2)
+    decoder_case(out_dir, name, "dbrx", model, config_text, state, input_ids, pad,
+                 module=model.blocks[1].norm_attn_norm.attn, prefix="blocks.1.norm_attn_norm.attn.",
+                 replay=tables_replay(model, position_ids), position_ids=position_ids)
 
 
 def qwen3_next_cases(out_dir):
     """Qwen3-Next's full-attention layer (issue 38, group 4): the sigmoid output gate; its
     RMSNorms' `.float()` kept float64 in the float64 replay."""
-    pos = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    pos = positions(7, 0, 2)
     rope_case(out_dir, "qwen3_next", "qwen3_next_self_layer1_causal_padding_gated", [7, 5], pos,
               dot_float=True)
 
@@ -1533,24 +1443,17 @@ def qwen3_next_cases(out_dir):
 def bitnet_cases(out_dir):
     """BitNet's attention (issue 38, group 4): attn_sub_norm before o_proj (its `.to(float32)`
     kept float64 in the float64 replay)."""
-    pos = torch.stack([torch.arange(0, 7), torch.arange(2, 9)])
+    pos = positions(7, 0, 2)
     rope_case(out_dir, "bitnet", "bitnet_self_layer1_causal_padding_sub_norm", [7, 5], pos,
               f32_casts=True)
 
 
 def jamba_cases(out_dir):
     """Jamba's attention layer (issue 38, group 4): llama's projections without positions."""
-    model = build("jamba")
-    config_text, state = saved(model)
     name = "jamba_self_layer1_causal_padding_nope"
-    seeded(name)
-    input_ids = ids(7)
-    pad = lengths_mask([7, 5], 7)
-    replay_case(out_dir, name, "jamba", model, config_text, state,
-                module=model.layers[1].self_attn, prefix="layers.1.self_attn.",
-                run=lambda: model(input_ids, attention_mask=pad, use_cache=False),
-                replay=lambda mod, x, kv, mask, dtype: mod(x, attention_mask=mask)[0],
-                causal=True, pad=pad)
+    model, config_text, state, input_ids, pad = prepared("jamba", name, [7, 5])
+    decoder_case(out_dir, name, "jamba", model, config_text, state, input_ids, pad,
+                 module=model.layers[1].self_attn, prefix="layers.1.self_attn.", replay=plain)
 
 
 # Groups of cases, in the order written; `--only` writes some of them (files made by another
