@@ -29,19 +29,26 @@ def _rand(torch, g, *shape, dtype=None):
     return torch.randn(*shape, generator=g, dtype=dtype or torch.float32)
 
 
+def _as_torch(torch, q, k, v, **kw):
+    """The engine's answer, checked against torch's on the same arguments: the same shape, and
+    within TOL."""
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+    got = wgpu_mha.scaled_dot_product_attention(q, k, v, **kw)
+    what = (tuple(q.shape), tuple(k.shape), tuple(v.shape), sorted(kw))
+    assert got.shape == want.shape, what
+    assert (got - want).abs().max().item() < TOL, what
+    return got
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_shapes_against_torch(torch, seed):
-    F = torch.nn.functional
     g = torch.Generator().manual_seed(seed)
     r = np.random.default_rng(seed)
     b, h, lq, lk, e, ev = (int(x) for x in r.integers(1, [3, 4, 9, 11, 17, 13]))
     q, k, v = _rand(torch, g, b, h, lq, e), _rand(torch, g, b, h, lk, e), _rand(torch, g, b, h, lk, ev)
     scale = None if seed % 2 else float(r.uniform(0.05, 1.0))
     causal = seed % 3 == 0
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    got = wgpu_mha.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    assert isinstance(got, torch.Tensor) and got.shape == want.shape
-    assert (got - want).abs().max().item() < TOL
+    assert isinstance(_as_torch(torch, q, k, v, is_causal=causal, scale=scale), torch.Tensor)
 
 
 MASK_SHAPES = [(5, 7), (1, 7), (3, 1, 7), (3, 5, 7), (2, 3, 5, 7), (2, 1, 5, 7), (1, 3, 1, 1), (2, 1, 1, 7)]
@@ -65,7 +72,6 @@ def test_masks_broadcast_as_torch(torch, shape, kind):
 
 
 def test_wholly_masked_rows_are_zero_as_in_torch(torch):
-    F = torch.nn.functional
     g = torch.Generator().manual_seed(1)
     q, k, v = _rand(torch, g, 1, 2, 4, 8), _rand(torch, g, 1, 2, 6, 8), _rand(torch, g, 1, 2, 6, 8)
     mask = torch.ones(4, 6, dtype=torch.bool)
@@ -73,34 +79,25 @@ def test_wholly_masked_rows_are_zero_as_in_torch(torch):
     bias = torch.zeros(4, 6)
     bias[1] = float("-inf")
     for m in (mask, bias):
-        want = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-        got = wgpu_mha.scaled_dot_product_attention(q, k, v, attn_mask=m)
-        assert (got - want).abs().max().item() < TOL
+        _as_torch(torch, q, k, v, attn_mask=m)
 
 
 @pytest.mark.parametrize("hq,hkv", [(4, 2), (6, 1), (4, 4), (8, 2)])
 def test_gqa(torch, hq, hkv):
-    F = torch.nn.functional
     g = torch.Generator().manual_seed(hq * 10 + hkv)
     q, k, v = _rand(torch, g, 2, hq, 3, 8), _rand(torch, g, 2, hkv, 6, 8), _rand(torch, g, 2, hkv, 6, 8)
     mask = torch.rand(2, 1, 3, 6, generator=g) > 0.3
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    got = wgpu_mha.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    assert (got - want).abs().max().item() < TOL
+    _as_torch(torch, q, k, v, attn_mask=mask, enable_gqa=True)
 
 
 @pytest.mark.parametrize("lq,lk", [(3, 7), (7, 3), (5, 5), (1, 6)])
 def test_causal_is_top_left(torch, lq, lk):
-    F = torch.nn.functional
     g = torch.Generator().manual_seed(lq + lk)
     q, k, v = _rand(torch, g, 2, 2, lq, 8), _rand(torch, g, 2, 2, lk, 8), _rand(torch, g, 2, 2, lk, 8)
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    got = wgpu_mha.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert (got - want).abs().max().item() < TOL
+    _as_torch(torch, q, k, v, is_causal=True)
 
 
 def test_leading_dims_ranks_and_broadcasting(torch):
-    F = torch.nn.functional
     g = torch.Generator().manual_seed(7)
     cases = [
         ((5, 8), (6, 8), (6, 3)),  # unbatched rank 2
@@ -110,11 +107,7 @@ def test_leading_dims_ranks_and_broadcasting(torch):
         ((3, 5, 8), (6, 8), (6, 8)),  # key without the batch dim
     ]
     for qs, ks, vs in cases:
-        q, k, v = _rand(torch, g, *qs), _rand(torch, g, *ks), _rand(torch, g, *vs)
-        want = F.scaled_dot_product_attention(q, k, v)
-        got = wgpu_mha.scaled_dot_product_attention(q, k, v)
-        assert got.shape == want.shape, (qs, ks, vs)
-        assert (got - want).abs().max().item() < TOL, (qs, ks, vs)
+        _as_torch(torch, _rand(torch, g, *qs), _rand(torch, g, *ks), _rand(torch, g, *vs))
 
 
 def test_empty_sizes_as_torch(torch):
@@ -134,16 +127,13 @@ def test_empty_sizes_as_torch(torch):
 
 
 def test_strided_inputs(torch):
-    F = torch.nn.functional
     g = torch.Generator().manual_seed(3)
     # [B, L, H, D] transposed to [B, H, L, D]: not contiguous, as projections hand them over.
     q = _rand(torch, g, 2, 5, 3, 8).transpose(1, 2)
     k = _rand(torch, g, 2, 7, 3, 8).transpose(1, 2)
     v = _rand(torch, g, 2, 7, 3, 8)[..., ::2].transpose(1, 2)
     assert not q.is_contiguous()
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    got = wgpu_mha.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert (got - want).abs().max().item() < TOL
+    _as_torch(torch, q, k, v, is_causal=True)
 
 
 def test_half_and_bfloat16(torch):

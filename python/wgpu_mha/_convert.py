@@ -103,20 +103,23 @@ def size(x: Any, name: str) -> int:
     return n
 
 
-def index_array(x: Optional[Any], name: str) -> Optional[np.ndarray]:
+def _optional_of_kinds(x: Optional[Any], name: str, kinds: str, what: str) -> Optional[np.ndarray]:
+    """None, or ``x`` as numpy when its dtype kind is one of ``kinds`` (TypeError saying that
+    ``name`` must be ``what`` otherwise)."""
     if x is None:
         return None
     a = to_numpy(x, name)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.int64)
+    if a.dtype.kind not in kinds:
+        raise TypeError(f"{name} must {what}, got dtype {a.dtype}")
+    return a
+
+
+def index_array(x: Optional[Any], name: str) -> Optional[np.ndarray]:
+    a = _optional_of_kinds(x, name, "iu", "hold integers")
+    return None if a is None else np.ascontiguousarray(a, dtype=np.int64)
 
 
 def padding_mask(x: Optional[Any], name: str) -> Optional[np.ndarray]:
     """A Hugging Face ``attention_mask`` ``[batch, keys]`` (1 = a real token) as uint8."""
-    if x is None:
-        return None
-    a = to_numpy(x, name)
-    if a.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be bool or numeric, got dtype {a.dtype}")
-    return np.ascontiguousarray(a != 0, dtype=np.uint8)
+    a = _optional_of_kinds(x, name, "biuf", "be bool or numeric")
+    return None if a is None else np.ascontiguousarray(a != 0, dtype=np.uint8)
