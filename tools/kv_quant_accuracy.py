@@ -23,6 +23,7 @@ import argparse
 import copy
 import inspect
 import math
+import os
 import sys
 import tempfile
 
@@ -33,6 +34,10 @@ import transformers
 import wgpu_mha
 import wgpu_mha.transformers as wt
 
+# The tests' tiny decoders (python/tests/test_kv_quant.py checks what this measures).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+from tiny_models import decoder_sizes  # noqa: E402
+
 QUANT = ("q8_0", "q4_0")
 PROMPT = 8
 
@@ -42,17 +47,8 @@ def tiny_llama(seed: int, init_range: float):
     than transformers' 0.02 so that attention and the next-token distributions are far from
     uniform (at 0.02 every distribution is nearly flat and any cache looks exact)."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        vocab_size=512,
-        max_position_embeddings=512,
-        initializer_range=init_range,
-    )
+    cfg = transformers.LlamaConfig(**decoder_sizes(256, 8, 4, 512, 512, head_dim=32,
+                                                   initializer_range=init_range))
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
 
 

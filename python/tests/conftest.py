@@ -9,6 +9,8 @@ import struct
 import numpy as np
 import pytest
 
+from tiny_models import decoder_sizes
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HF_FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
@@ -53,15 +55,7 @@ def reference_sdpa(q, k, v, mask=None, causal=False, scale=None):
 
 def tiny_llama_config(transformers, max_position_embeddings=64):
     """A two-layer llama config (hidden 32, 4 heads over 2 key/value heads: GQA, RoPE), eager."""
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-        max_position_embeddings=max_position_embeddings,
-    )
+    cfg = transformers.LlamaConfig(**decoder_sizes(max_positions=max_position_embeddings))
     cfg._attn_implementation = "eager"
     return cfg
 

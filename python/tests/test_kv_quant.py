@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
 import wgpu_mha.transformers as wt  # noqa: E402
+from tiny_models import decoder_sizes  # noqa: E402
 
 VOCAB = 96
 NEW_TOKENS = 16
@@ -17,16 +18,8 @@ NEW_TOKENS = 16
 
 def _llama(head_dim=32, heads=4, kv_heads=2):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        hidden_size=heads * head_dim,
-        intermediate_size=2 * heads * head_dim,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-    )
+    cfg = transformers.LlamaConfig(**decoder_sizes(heads * head_dim, heads, kv_heads, VOCAB, 128,
+                                                   head_dim=head_dim))
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
 
 

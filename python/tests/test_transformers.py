@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
 import wgpu_mha.transformers as wt  # noqa: E402
+from tiny_models import decoder_sizes  # noqa: E402
 
 NEW_TOKENS = 32
 TOL = 1e-4
@@ -35,17 +36,7 @@ def calls(monkeypatch):
 
 
 def _small(**kw):
-    base = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-    )
-    base.update(kw)
-    return base
+    return decoder_sizes(vocab=VOCAB, max_positions=128, **kw)
 
 
 DECODERS = {
