@@ -3,7 +3,7 @@
 //   lse = log Σ_c exp(lse_c),  o = Σ_c exp(lse_c − lse) · o_c
 // Rows whose keys were not split were written whole by paged_attention and are skipped.
 // One invocation per (row, head, vec4 of columns), in chunk order (so bit-identical per plan).
-// Dispatch: ceil(total_q · H · DV4 / 64) workgroups of 64, over x then y.
+// Dispatch: ceil(total_q · H · DV4 / 64) workgroups of 64, over x then y (grid64.wgsl).
 // The host's prelude defines DV4.
 
 struct MergeParams {
@@ -31,15 +31,15 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u | (p.total_q & 0u));
 }
 
-@compute @workgroup_size(64, 1, 1)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let idx = (wid.y * p.groups_x + wid.x) * 64u + lid.x;
-    if (idx >= p.total_q * p.heads * DV4) {
-        return;
-    }
-    let c = idx % DV4;
-    let h = (idx / DV4) % p.heads;
-    let row = idx / (DV4 * p.heads);
+fn items() -> u32 {
+    return p.total_q * p.heads * DV4;
+}
+
+fn item(idx: u32) {
+    let at = grid3(idx, DV4, p.heads);
+    let c = at.x;
+    let h = at.y;
+    let row = at.z;
     let info = p.rows_at + row * 4u;
     let first = plan[info];
     let stride = plan[info + 1u];

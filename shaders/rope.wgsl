@@ -5,7 +5,7 @@
 // with (a, b) = (k, k + half) (rotate-half) or (2k, 2k + 1) (interleaved). Dimensions past
 // 2·half are left as they are (partial rotary).
 // The host prepends a prelude defining the element type QkvElem (f32, or f16 in an f16 module).
-// Dispatch: ceil(rows·half / 64) workgroups of 64, spread over x then y.
+// Dispatch: ceil(rows·half / 64) workgroups of 64, spread over x then y (grid64.wgsl).
 
 struct RopeParams {
     rows: u32,         // rows rotated: B · heads · n
@@ -26,12 +26,11 @@ struct RopeParams {
 @group(0) @binding(1) var<storage, read_write> x: array<QkvElem>;
 @group(0) @binding(2) var<storage, read> table: array<f32>;
 
-@compute @workgroup_size(64, 1, 1)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let t = (wid.y * p.groups_x + wid.x) * 64u + lid.x;
-    if (t >= p.rows * p.half) {
-        return;
-    }
+fn items() -> u32 {
+    return p.rows * p.half;
+}
+
+fn item(t: u32) {
     let row = t / p.half;
     let k = t % p.half;
     let i = row % p.n;

@@ -9,13 +9,15 @@ use crate::kernels::source::Prelude;
 use crate::kernels::KvChunks;
 
 pub const WGSL: &str = include_str!("../../shaders/kv_append.wgsl");
+/// The parameters, source binding and walk over the rows both bodies share.
+pub const PARAMS_WGSL: &str = include_str!("../../shaders/kv_append_params.wgsl");
 /// Into a quantized chunk: one invocation per block of 32 values.
 pub const QUANT_WGSL: &str = include_str!("../../shaders/kv_append_quant.wgsl");
 
 /// Invocations per workgroup (one element each).
 const WORKGROUP: u64 = 64;
 
-/// Mirrors `AppendParams` in `kv_append.wgsl`.
+/// Mirrors `AppendParams` in `kv_append_params.wgsl`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct AppendParams {
@@ -48,15 +50,18 @@ pub struct NewRows<'a> {
     pub first: usize,
 }
 
-/// The full source: the element type, then the body; into blocks of `kv_bits`-bit quants
-/// (8, 4) when not 0.
+/// The full source: the element type, the shared walk over the rows, then the body; into
+/// blocks of `kv_bits`-bit quants (8, 4) when not 0.
 pub fn source(f16: bool, kv_bits: u32) -> String {
+    let prelude = Prelude::new().elem("QkvElem", f16);
     match kv_bits {
-        0 => Prelude::new().elem("QkvElem", f16).source(&[WGSL]),
-        bits => Prelude::new()
-            .elem("QkvElem", f16)
-            .u32("KV_BITS", bits)
-            .source(&[QUANT_WGSL]),
+        0 => prelude.source(&[super::GRID64_WGSL, PARAMS_WGSL, WGSL]),
+        bits => prelude.u32("KV_BITS", bits).source(&[
+            super::GRID64_WGSL,
+            PARAMS_WGSL,
+            super::KV_APPEND_BLOCK_WGSL,
+            QUANT_WGSL,
+        ]),
     }
 }
 

@@ -40,6 +40,12 @@ use source::Prelude;
 pub const GEMM_TILE_WGSL: &str = include_str!("../../shaders/gemm_tile.wgsl");
 /// `RowStrides` and `row_start`: where the attention passes find a tensor's rows ([`RowStrides`]).
 pub const ROWS_WGSL: &str = include_str!("../../shaders/rows.wgsl");
+/// The entry point of the passes that take one item per invocation of a 1-D dispatch of
+/// workgroups of 64 over x then y (`items()` and `item(idx)` are the body's), and `grid3`.
+pub const GRID64_WGSL: &str = include_str!("../../shaders/grid64.wgsl");
+/// Quantizing a block of 32 new K/V values into q8_0 / q4_0 words (the appends into a
+/// quantized cache or pool).
+pub const KV_APPEND_BLOCK_WGSL: &str = include_str!("../../shaders/kv_append_block.wgsl");
 /// Dequantizing q8_0 / q4_0 K/V words (see [`crate::kv_dtype`]), for the passes that read them.
 pub const KV_QUANT_WGSL: &str = include_str!("../../shaders/kv_quant.wgsl");
 

@@ -9,13 +9,15 @@ use crate::kernels::source::Prelude;
 use crate::kv_dtype::{KvDtype, BLOCK};
 
 pub const WGSL: &str = include_str!("../../shaders/paged_append.wgsl");
+/// The parameters, bindings and walk over the new rows both bodies share.
+pub const PARAMS_WGSL: &str = include_str!("../../shaders/paged_append_params.wgsl");
 /// Into a quantized pool: one invocation per block of 32 values of a (token, KV head).
 pub const QUANT_WGSL: &str = include_str!("../../shaders/paged_append_quant.wgsl");
 
 /// Invocations per workgroup.
 const WORKGROUP: usize = 64;
 
-/// Mirrors `AppendParams` in `paged_append.wgsl`.
+/// Mirrors `PagedAppendParams` in `paged_append_params.wgsl`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PagedAppendParams {
@@ -39,8 +41,13 @@ pub fn source(dtype: KvDtype) -> String {
     match dtype.quant_bits() {
         0 => Prelude::new()
             .elem("KvElem", dtype == KvDtype::F16)
-            .source(&[WGSL]),
-        bits => Prelude::new().u32("KV_BITS", bits).source(&[QUANT_WGSL]),
+            .source(&[super::GRID64_WGSL, PARAMS_WGSL, WGSL]),
+        bits => Prelude::new().u32("KV_BITS", bits).source(&[
+            super::GRID64_WGSL,
+            PARAMS_WGSL,
+            super::KV_APPEND_BLOCK_WGSL,
+            QUANT_WGSL,
+        ]),
     }
 }
 

@@ -27,7 +27,9 @@ pub struct MergeParams {
 
 /// The full source for heads of `d4` vec4s.
 pub fn source(d4: u32) -> String {
-    Prelude::new().u32("DV4", d4).source(&[WGSL])
+    Prelude::new()
+        .u32("DV4", d4)
+        .source(&[super::GRID64_WGSL, WGSL])
 }
 
 const SLOTS: &[Slot] = &[

@@ -45,7 +45,9 @@ pub struct RopeRows {
 
 /// The full source: the element type, then the body.
 pub fn source(f16: bool) -> String {
-    Prelude::new().elem("QkvElem", f16).source(&[WGSL])
+    Prelude::new()
+        .elem("QkvElem", f16)
+        .source(&[super::GRID64_WGSL, WGSL])
 }
 
 const SLOTS: &[Slot] = &[Slot::Uniform(0), Slot::Write(1), Slot::Read(2)];
