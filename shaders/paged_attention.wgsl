@@ -32,26 +32,10 @@ var<workgroup> key_base: array<u32, KEY_TILE>;
 @compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
-    let item = wid.y * p.groups_x + wid.x;
-    if (item >= p.items) {
+    let work = plan_item(wid);
+    if (!work.live) {
         return; // uniform across the workgroup: every barrier below is skipped by all threads
     }
-    let w = (p.item_base + item) * ITEM_WORDS;
-    let seq = plan[w];
-    let kvh = plan[w + 1u];
-    let head0 = plan[w + 2u];
-    let n_heads = plan[w + 3u];
-    let row0 = plan[w + 4u];
-    let n_rows = plan[w + 5u];
-    let key_begin = plan[w + 6u];
-    let key_end = plan[w + 7u];
-    let partial = plan[w + 8u];    // DIRECT, or this chunk's first partial row
-    let first_chunk = plan[w + 9u];
-    let s = p.seqs_at + seq * SEQ_WORDS;
-    let q_begin = plan[s];
-    let q_len = plan[s + 1u];
-    let kv_len = plan[s + 2u];
-    let page_begin = plan[s + 3u];
 
     // Stage the slots' query rows (slot = row · n_heads + head within the item), a vec4 per
     // thread at a time (lanes past the head size stay 0).
@@ -59,9 +43,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let slot = e / DK4;
         let c = e % DK4;
         var x = vec4<f32>(0.0);
-        if (slot < n_rows * n_heads) {
-            let row = q_begin + row0 + slot / n_heads;
-            let h = kvh * (p.heads / p.kv_heads) + head0 + slot % n_heads;
+        if (slot < work.rows * work.n_heads) {
+            let row = work.q_begin + work.row0 + slot / work.n_heads;
+            let h = work.head_base + slot % work.n_heads;
             let base = p.q_offset + row * p.q_row + h * p.q_head;
             for (var lane = 0u; lane < 4u; lane++) {
                 if (c * 4u + lane < p.head_dim) {
@@ -73,8 +57,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     // Each slot's running state starts empty, or at its sink (a logit of value zero).
     if (t < SLOTS) {
-        let h = kvh * (p.heads / p.kv_heads) + head0 + t % max(n_heads, 1u);
-        if ((p.flags & 1u) != 0u && first_chunk == 1u) {
+        let h = work.head_base + t % max(work.n_heads, 1u);
+        if ((p.flags & 1u) != 0u && work.first_chunk == 1u) {
             row_max[t] = bitcast<f32>(plan[p.heads_at + h]);
             row_sum[t] = 1.0;
         } else {
@@ -87,20 +71,20 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     if (t < SLOTS) {
         // The query's own position: its rows are the sequence's last tokens.
-        slot_pos[t] = kv_len - q_len + row0 + t / max(n_heads, 1u);
-        slot_head[t] = kvh * (p.heads / p.kv_heads) + head0 + t % max(n_heads, 1u);
+        slot_pos[t] = work.kv_len - work.q_len + work.row0 + t / max(work.n_heads, 1u);
+        slot_head[t] = work.head_base + t % max(work.n_heads, 1u);
     }
-    let busy_slots = n_rows * n_heads;
+    let busy_slots = work.rows * work.n_heads;
     // V's element of a key follows its K's by one page half.
     let v_stride = p.page_size * p.kv_heads * p.head_dim;
     workgroupBarrier();
 
-    for (var tile = key_begin; tile < key_end; tile += KEY_TILE) {
+    for (var tile = work.key_begin; tile < work.key_end; tile += KEY_TILE) {
         // Where each key of the tile lies: its page from the table, its row in the page.
         for (var key = t; key < KEY_TILE; key += THREADS) {
-            let j = min(tile + key, key_end - 1u);
-            let page = plan[p.indices_at + page_begin + (j >> p.page_shift)];
-            key_base[key] = pool_index(page, 0u, j & (p.page_size - 1u), kvh, 0u);
+            let j = min(tile + key, work.key_end - 1u);
+            let page = plan[p.indices_at + work.page_begin + (j >> p.page_shift)];
+            key_base[key] = pool_index(page, 0u, j & (p.page_size - 1u), work.kvh, 0u);
         }
         workgroupBarrier();
         // K and V of keys tile .. tile + KEY_TILE (zero past key_end: never read past a chunk;
@@ -108,7 +92,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var e = t; e < KEY_TILE * DK4; e += THREADS) {
             let key = e / DK4;
             let c = e % DK4;
-            let live = tile + key < key_end;
+            let live = tile + key < work.key_end;
             let kx = pool_vec4(key_base[key], c, live);
             let vx = pool_vec4(key_base[key] + v_stride, c, live);
             k_tile[e] = kx;
@@ -123,7 +107,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let j = tile + key;
             let pos = slot_pos[slot];
             let h = slot_head[slot];
-            var visible = slot < busy_slots && j < key_end;
+            var visible = slot < busy_slots && j < work.key_end;
             if (p.causal == 1u) {
                 visible = visible && j <= pos;
             }
@@ -186,11 +170,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var e = t; e < SLOTS * DV4; e += THREADS) {
         let slot = e / DV4;
         let c = e % DV4;
-        if (slot >= n_rows * n_heads) {
+        if (slot >= work.rows * work.n_heads) {
             continue;
         }
-        let row = row0 + slot / n_heads;
-        let h = kvh * (p.heads / p.kv_heads) + head0 + slot % n_heads;
+        let row = work.row0 + slot / work.n_heads;
+        let h = work.head_base + slot % work.n_heads;
         let sum = row_sum[slot];
         var inv = 0.0;
         var row_lse = neg_inf();
@@ -199,10 +183,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             row_lse = row_max[slot] + log(sum);
         }
         let o = acc[e] * inv;
-        if (partial == DIRECT) {
-            let base = ((q_begin + row) * p.heads + h) * p.head_dim;
+        if (work.partial == DIRECT) {
+            let base = ((work.q_begin + row) * p.heads + h) * p.head_dim;
             if (c == 0u && (p.flags & 4u) != 0u) {
-                lse[(q_begin + row) * p.heads + h] = row_lse;
+                lse[(work.q_begin + row) * p.heads + h] = row_lse;
             }
             for (var lane = 0u; lane < 4u; lane++) {
                 if (c * 4u + lane < p.head_dim) {
@@ -210,7 +194,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 }
             }
         } else {
-            let prow = partial + row - row0;
+            let prow = work.partial + row - work.row0;
             let base = (prow * p.heads + h) * p.head_dim;
             if (c == 0u) {
                 scratch[p.partial_rows * p.heads * p.head_dim + prow * p.heads + h] = row_lse;

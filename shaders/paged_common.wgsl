@@ -61,3 +61,47 @@ fn pool_index(page: u32, which: u32, offset: u32, kvh: u32, d: u32) -> u32 {
     }
     return page_base + (offset * p.kv_heads + kvh) * p.head_dim + d;
 }
+
+// A work item of the plan (ITEM_WORDS words) with the words of its sequence (SEQ_WORDS).
+struct PlanItem {
+    live: bool,           // false past this dispatch's items (uniform across the workgroup)
+    kvh: u32,
+    head_base: u32,       // the item's first query head
+    n_heads: u32,
+    row0: u32,            // its first query row within the sequence
+    rows: u32,
+    key_begin: u32,       // its keys: [key_begin, key_end)
+    key_end: u32,
+    partial: u32,         // DIRECT, or this chunk's first partial row
+    first_chunk: u32,
+    q_begin: u32,         // the sequence's first row of q and out
+    q_len: u32,
+    kv_len: u32,
+    page_begin: u32,      // its first page in the page indices
+}
+
+// The item of workgroup `wid` (over x then y, from p.item_base).
+fn plan_item(wid: vec3<u32>) -> PlanItem {
+    var it: PlanItem;
+    let index = wid.y * p.groups_x + wid.x;
+    it.live = index < p.items;
+    if (!it.live) {
+        return it;
+    }
+    let w = (p.item_base + index) * ITEM_WORDS;
+    let s = p.seqs_at + plan[w] * SEQ_WORDS;
+    it.kvh = plan[w + 1u];
+    it.head_base = it.kvh * (p.heads / p.kv_heads) + plan[w + 2u];
+    it.n_heads = plan[w + 3u];
+    it.row0 = plan[w + 4u];
+    it.rows = plan[w + 5u];
+    it.key_begin = plan[w + 6u];
+    it.key_end = plan[w + 7u];
+    it.partial = plan[w + 8u];
+    it.first_chunk = plan[w + 9u];
+    it.q_begin = plan[s];
+    it.q_len = plan[s + 1u];
+    it.kv_len = plan[s + 2u];
+    it.page_begin = plan[s + 3u];
+    return it;
+}

@@ -311,30 +311,24 @@ fn combine_lanes(it: Item) {
 
 @compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let index = wid.y * p.groups_x + wid.x;
-    if (index >= p.items) {
+    let work = plan_item(wid);
+    if (!work.live) {
         return; // uniform across the workgroup: every barrier below is skipped by all threads
     }
-    let w = (p.item_base + index) * ITEM_WORDS;
-    let s = p.seqs_at + plan[w] * SEQ_WORDS;
-    let q_len = plan[s + 1u];
-    let kv_len = plan[s + 2u];
-    let row = plan[w + 4u];
-    let key_begin = plan[w + 6u];
     var it: Item;
     it.t = lid.x;
-    it.kvh = plan[w + 1u];
-    it.n_heads = plan[w + 3u];
-    it.head_base = it.kvh * (p.heads / p.kv_heads) + plan[w + 2u];
-    it.out_row = plan[s] + row;
+    it.kvh = work.kvh;
+    it.n_heads = work.n_heads;
+    it.head_base = work.head_base;
+    it.out_row = work.q_begin + work.row0;
     // The query's own position: its row is among the sequence's last tokens.
-    it.pos = kv_len - q_len + row;
-    it.page_begin = plan[s + 3u];
-    it.key_end = plan[w + 7u];
-    it.partial = plan[w + 8u];
-    it.first_chunk = plan[w + 9u];
-    it.per_lane = (it.key_end - key_begin + THREADS - 1u) / THREADS;
-    it.lane_first = key_begin + it.t * it.per_lane;
+    it.pos = work.kv_len - work.q_len + work.row0;
+    it.page_begin = work.page_begin;
+    it.key_end = work.key_end;
+    it.partial = work.partial;
+    it.first_chunk = work.first_chunk;
+    it.per_lane = (it.key_end - work.key_begin + THREADS - 1u) / THREADS;
+    it.lane_first = work.key_begin + it.t * it.per_lane;
 
     load_query(it, 0u);
     if (HEADS > 1u) { load_query(it, 1u); }

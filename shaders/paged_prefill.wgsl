@@ -40,29 +40,14 @@ fn group_needs_mask(j: u32, pos0: u32, pos_last: u32) -> bool {
 
 @compute @workgroup_size(THREADS, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let index = wid.y * p.groups_x + wid.x;
-    if (index >= p.items) {
+    let work = plan_item(wid);
+    if (!work.live) {
         return; // uniform across the workgroup: every barrier below is skipped by all threads
     }
-    let w = (p.item_base + index) * ITEM_WORDS;
-    let s = p.seqs_at + plan[w] * SEQ_WORDS;
-    let q_begin = plan[s];
-    let q_len = plan[s + 1u];
-    let kv_len = plan[s + 2u];
-    let page_begin = plan[s + 3u];
-    let kvh = plan[w + 1u];
-    let n_heads = plan[w + 3u];
-    let head_base = kvh * (p.heads / p.kv_heads) + plan[w + 2u];
-    let row0 = plan[w + 4u];
-    let rows = plan[w + 5u];
-    let key_begin = plan[w + 6u];
-    let key_end = plan[w + 7u];
-    let partial = plan[w + 8u];
-    let first_chunk = plan[w + 9u];
-    let slots = n_heads * rows;
+    let slots = work.n_heads * work.rows;
     // The block's rows are among the sequence's last tokens.
-    let pos0 = kv_len - q_len + row0;
-    let pos_last = pos0 + rows - 1u;
+    let pos0 = work.kv_len - work.q_len + work.row0;
+    let pos_last = pos0 + work.rows - 1u;
     let lane = kv_lane(lid.x);  // for group_keys and group_values
     // The vec4s of the real head size (past it q, K and V are zero): a runtime trip count, which
     // also keeps Mesa's GLSL compiler from unrolling the head-size loops (see flash_attention).
@@ -79,12 +64,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         start_max[r] = LOWEST;
         start_sum[r] = 0.0;
         if (slot < slots) {
-            let head = head_base + slot % n_heads;
-            if ((p.flags & 1u) != 0u && first_chunk == 1u) {
+            let head = work.head_base + slot % work.n_heads;
+            if ((p.flags & 1u) != 0u && work.first_chunk == 1u) {
                 start_max[r] = bitcast<f32>(plan[p.heads_at + head]);
                 start_sum[r] = 1.0;
             }
-            let q_at = p.q_offset + (q_begin + row0 + slot / n_heads) * p.q_row + head * p.q_head;
+            let q_at = p.q_offset + (work.q_begin + work.row0 + slot / work.n_heads) * p.q_row + head * p.q_head;
             for (var c = 0u; c < head_vecs; c++) {
                 var x = vec4<f32>(0.0);
                 for (var e = 0u; e < 4u; e++) {
@@ -102,12 +87,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // Slots r >= live_rows of every thread are past the item's (uniform).
     let live_rows = (slots + THREADS - 1u) / THREADS;
     let v_stride = p.page_size * p.kv_heads * p.head_dim;
-    for (var j0 = key_begin; j0 < key_end; j0 += KV_TILE) {
-        let keys = min(KV_TILE, key_end - j0);
+    for (var j0 = work.key_begin; j0 < work.key_end; j0 += KV_TILE) {
+        let keys = min(KV_TILE, work.key_end - j0);
         for (var e = lid.x; e < keys; e += THREADS) {
             let j = j0 + e;
-            let page = plan[p.indices_at + page_begin + (j >> p.page_shift)];
-            key_row[e] = pool_index(page, 0u, j & (p.page_size - 1u), kvh, 0u);
+            let page = plan[p.indices_at + work.page_begin + (j >> p.page_shift)];
+            key_row[e] = pool_index(page, 0u, j & (p.page_size - 1u), work.kvh, 0u);
         }
         workgroupBarrier();
         for (var e = lid.x; e < KV_TILE * DK4; e += THREADS) {
@@ -132,14 +117,14 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                     let r = e / KEY_GROUP;
                     let jj = e % KEY_GROUP;
                     let slot = min(lid.x + THREADS * r, slots - 1u);
-                    let pos = pos0 + slot / n_heads;
+                    let pos = pos0 + slot / work.n_heads;
                     let key = j0 + jg + jj;
                     var score = masked[r][jj / 4u][jj % 4u];
                     if (p.softcap > 0.0) {
                         score = p.softcap * tanh(score / p.softcap);
                     }
                     if ((p.flags & 2u) != 0u) {
-                        let slope = bitcast<f32>(plan[p.heads_at + p.heads + head_base + slot % n_heads]);
+                        let slope = bitcast<f32>(plan[p.heads_at + p.heads + work.head_base + slot % work.n_heads]);
                         score += slope * (f32(key) - f32(pos));
                     }
                     var visible = jj < left;
@@ -168,8 +153,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var r = 0u; r < ROWS; r++) {
         let slot = lid.x + THREADS * r;
         if (slot < slots) {
-            let head = head_base + slot % n_heads;
-            let out_row = q_begin + row0 + slot / n_heads;
+            let head = work.head_base + slot % work.n_heads;
+            let out_row = work.q_begin + work.row0 + slot / work.n_heads;
             var inv = 0.0;
             var row_lse = neg_inf();
             if (final_sum[r] >= 0.5) {
@@ -177,16 +162,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 row_lse = final_max[r] + log(final_sum[r]);
             }
             var base: u32;
-            if (partial == DIRECT) {
+            if (work.partial == DIRECT) {
                 base = (out_row * p.heads + head) * p.head_dim;
             } else {
-                base = ((partial + slot / n_heads) * p.heads + head) * p.head_dim;
+                base = ((work.partial + slot / work.n_heads) * p.heads + head) * p.head_dim;
             }
             for (var c = 0u; c < head_vecs; c++) {
                 let o = acc[r][c] * inv;
                 for (var e = 0u; e < 4u; e++) {
                     if (4u * c + e < p.head_dim) {
-                        if (partial == DIRECT) {
+                        if (work.partial == DIRECT) {
                             out[base + 4u * c + e] = o[e];
                         } else {
                             scratch[base + 4u * c + e] = o[e];
@@ -194,12 +179,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                     }
                 }
             }
-            if (partial == DIRECT) {
+            if (work.partial == DIRECT) {
                 if ((p.flags & 4u) != 0u) {
                     lse[out_row * p.heads + head] = row_lse;
                 }
             } else {
-                let at = p.partial_rows * p.heads * p.head_dim + (partial + slot / n_heads) * p.heads;
+                let at = p.partial_rows * p.heads * p.head_dim + (work.partial + slot / work.n_heads) * p.heads;
                 scratch[at + head] = row_lse;
             }
         }

@@ -202,16 +202,8 @@ pub(crate) fn pool_reads(kv_bits: u32, float_rows: &'static str) -> (&'static st
 }
 
 /// The binding slots of the paged passes over a float pool (`paged_decode` and
-/// `paged_prefill` bind as this one does).
-pub const SLOTS: &[Slot] = &[
-    Slot::Uniform(0),
-    Slot::Read(1),
-    Slot::Read(2),
-    Slot::Read(3),
-    Slot::Write(4),
-    Slot::Write(5),
-    Slot::Write(6),
-];
+/// `paged_prefill` bind as this one does): [`QUANT_SLOTS`] but the last.
+pub const SLOTS: &[Slot] = QUANT_SLOTS.split_at(QUANT_SLOTS.len() - 1).0;
 
 /// [`SLOTS`] and, for a quantized pool, its format's uniform (binding 7).
 pub const QUANT_SLOTS: &[Slot] = &[
