@@ -1,12 +1,16 @@
-// The decode passes' Q rows element by element, and K and V rows from q8_0 / q4_0 blocks
-// (kv_quant.wgsl). Head sizes are whole blocks (the host checks), so a vec4 or a block lies
-// inside a row or past its end. The words are bound as vec4s: on llvmpipe a load costs about
+// The decode passes' K and V rows from q8_0 / q4_0 blocks (kv_quant.wgsl; Q's element by
+// element: decode_rows_query.wgsl). Head sizes are whole blocks (the host checks), so a vec4
+// or a block lies inside a row or past its end. The words are bound as vec4s: on llvmpipe a load costs about
 // the same whatever its width, and one vec4 of words is 16 q8_0 values (32 of q4_0) where a
 // vec4<f16> is 4 (decode_lane_keys reads whole blocks, key32).
 
-@group(0) @binding(1) var<storage, read> q_in: array<QkvElem>;
 @group(0) @binding(2) var<storage, read> k_in: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> v_in: array<vec4<u32>>;
+
+// Q's elements (decode_rows_query.wgsl): K and V are read by words.
+fn row_elem(which: u32, i: u32) -> f32 {
+    return f32(q_in[i]);
+}
 
 fn k_word(i: u32) -> u32 {
     return k_in[i / 4u][i % 4u];
@@ -53,17 +57,6 @@ fn value32(base: u32, c0: u32) -> Block32 {
     let e = base + 4u * c0;
     let at = e * KV_BITS / 128u;
     return block32(v_in[at], v_in[at + KV_BITS / 8u], kv_scale(v_word(scale_word(p.v_scales, e)), e));
-}
-
-// Vec4 c of the query row starting at element `base`, zero past the row's end.
-fn query4(base: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    let i = base + 4u * c;
-    if (4u * c < p.head_dim_qk) { v.x = f32(q_in[i]); }
-    if (4u * c + 1u < p.head_dim_qk) { v.y = f32(q_in[i + 1u]); }
-    if (4u * c + 2u < p.head_dim_qk) { v.z = f32(q_in[i + 2u]); }
-    if (4u * c + 3u < p.head_dim_qk) { v.w = f32(q_in[i + 3u]); }
-    return v;
 }
 
 // A block from its words — q8_0: `a` and `b`, 16 values each; q4_0: `a` alone — and its scale.

@@ -24,6 +24,8 @@ pub const ROWS_VEC4_WGSL: &str = include_str!("../../shaders/decode_rows_vec4.wg
 /// f16 rows as whole vec4s, each two u32 words (half the loads of `vec4<f16>` on llvmpipe).
 pub const ROWS_HALF_WGSL: &str = include_str!("../../shaders/decode_rows_half.wgsl");
 pub const ROWS_SCALAR_WGSL: &str = include_str!("../../shaders/decode_rows_scalar.wgsl");
+/// Q rows element by element, for the scalar and the quantized rows.
+pub const ROWS_QUERY_WGSL: &str = include_str!("../../shaders/decode_rows_query.wgsl");
 pub const ROWS_QUANT_WGSL: &str = include_str!("../../shaders/decode_rows_quant.wgsl");
 /// Float rows read in blocks of 32 as the lane-keys body reads them (after either float rows file).
 pub const ROWS_BLOCK32_WGSL: &str = include_str!("../../shaders/decode_rows_block32.wgsl");
@@ -301,64 +303,53 @@ pub struct ReduceParams {
 
 /// The full source: sizes and element type, the mask rule, the body.
 pub fn source(s: DecodeShape) -> String {
-    let rows = match (s.kv_bits, s.vec4_rows) {
-        (0, true) if s.f16 => ROWS_HALF_WGSL,
-        (0, true) => ROWS_VEC4_WGSL,
-        (0, false) => ROWS_SCALAR_WGSL,
-        _ => ROWS_QUANT_WGSL,
+    // Q element by element wherever K and V are not read as whole float vec4s.
+    let (query, rows) = match (s.kv_bits, s.vec4_rows) {
+        (0, true) if s.f16 => ("", ROWS_HALF_WGSL),
+        (0, true) => ("", ROWS_VEC4_WGSL),
+        (0, false) => (ROWS_QUERY_WGSL, ROWS_SCALAR_WGSL),
+        _ => (ROWS_QUERY_WGSL, ROWS_QUANT_WGSL),
     };
     let kv_quant = if s.kv_bits > 0 {
         super::KV_QUANT_WGSL
     } else {
         ""
     };
-    if s.lane_keys {
-        let prelude = Prelude::new()
-            .u32("HEAD_CAP_QK", s.qk_cap as u32)
-            .u32("HEAD_CAP_V", s.v_cap as u32)
-            .u32("ROWS", s.rows as u32)
-            .u32("THREADS", s.threads as u32)
-            .u32("KEYS", s.keys_per_split() as u32)
-            .u32("KV_BITS", s.kv_bits)
-            .elem("QkvElem", s.f16);
+    let prelude = Prelude::new()
+        .u32("HEAD_CAP_QK", s.qk_cap as u32)
+        .u32("HEAD_CAP_V", s.v_cap as u32)
+        .u32("ROWS", s.rows as u32)
+        .u32("THREADS", s.threads as u32);
+    let (prelude, blocks, body) = if s.lane_keys {
         let blocks = if s.kv_bits == 0 {
             ROWS_BLOCK32_WGSL
         } else {
             ""
         };
-        let parts = [
-            super::ROWS_WGSL,
-            super::mask::WGSL,
-            PARAMS_WGSL,
-            kv_quant,
-            rows,
-            blocks,
-            LANE_KEYS_WGSL,
-        ];
-        return super::mask::prelude(prelude).source(&parts);
-    }
-    let (qk_lanes, qk_vecs) = s.lanes(s.qk_cap);
-    let (v_lanes, v_vecs) = s.lanes(s.v_cap);
-    let prelude = Prelude::new()
-        .u32("HEAD_CAP_QK", s.qk_cap as u32)
-        .u32("HEAD_CAP_V", s.v_cap as u32)
-        .u32("ROWS", s.rows as u32)
-        .u32("THREADS", s.threads as u32)
-        .u32("TILE", s.tile() as u32)
-        .u32("QK_LANES", qk_lanes as u32)
-        .u32("QK_VECS", qk_vecs as u32)
-        .u32("V_LANES", v_lanes as u32)
-        .u32("V_VECS", v_vecs as u32)
-        .u32("ACC_SHARED", s.acc_shared() as u32)
-        .u32("KV_BITS", s.kv_bits)
-        .elem("QkvElem", s.f16);
+        let keys = prelude.u32("KEYS", s.keys_per_split() as u32);
+        (keys, blocks, LANE_KEYS_WGSL)
+    } else {
+        let (qk_lanes, qk_vecs) = s.lanes(s.qk_cap);
+        let (v_lanes, v_vecs) = s.lanes(s.v_cap);
+        let tiled = prelude
+            .u32("TILE", s.tile() as u32)
+            .u32("QK_LANES", qk_lanes as u32)
+            .u32("QK_VECS", qk_vecs as u32)
+            .u32("V_LANES", v_lanes as u32)
+            .u32("V_VECS", v_vecs as u32)
+            .u32("ACC_SHARED", s.acc_shared() as u32);
+        (tiled, "", WGSL)
+    };
+    let prelude = prelude.u32("KV_BITS", s.kv_bits).elem("QkvElem", s.f16);
     super::mask::prelude(prelude).source(&[
         super::ROWS_WGSL,
         super::mask::WGSL,
         PARAMS_WGSL,
         kv_quant,
+        query,
         rows,
-        WGSL,
+        blocks,
+        body,
     ])
 }
 
