@@ -2,6 +2,7 @@
 // P is [B, H, Lq, Lk]; V and the output are read and written at their row strides (rows.wgsl):
 // in a module, V head-split [B, H, Lk, dv] and the output straight into the combined layout
 // [B, Lq, H·dv], so combine_heads costs nothing.
+// The entry point is gemm_heads.wgsl's (on gemm_tile.wgsl), which the host puts before this body.
 // Dispatch: (ceil(dv / 64), ceil(Lq / 64), B·H) workgroups of 16×16 (z offset as in scores).
 
 struct AvParams {
@@ -34,26 +35,16 @@ fn load_b(z: u32, j: u32, d: u32) -> f32 {
     return v[row_start(p.v, z / p.heads, (z % p.heads) / p.kv_group, j) + d];
 }
 
-@compute @workgroup_size(16, 16, 1)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let z = wid.z + p.z_offset;
-    let row0 = wid.y * TILE_M;
-    let col0 = wid.x * TILE_N;
-    let acc = gemm_tile(lid, z, row0, col0, p.lq, p.head_dim, p.k_begin, p.k_end);
-    let b = z / p.heads;
-    let h = z % p.heads;
-    for (var r = 0u; r < 4u; r++) {
-        let i = row0 + lid.y * 4u + r;
-        for (var c = 0u; c < 4u; c++) {
-            let d = col0 + lid.x * 4u + c;
-            if (i < p.lq && d < p.head_dim) {
-                let at = row_start(p.o, b, h, i) + d;
-                if (p.k_begin != 0u) {
-                    out[at] += acc[r][c];
-                } else {
-                    out[at] = acc[r][c];
-                }
-            }
-        }
+fn out_cols() -> u32 {
+    return p.head_dim;
+}
+
+// O[b, i, h·dv + d] (gemm_heads.wgsl calls it inside the output).
+fn epilogue(z: u32, b: u32, h: u32, i: u32, d: u32, acc: f32) {
+    let at = row_start(p.o, b, h, i) + d;
+    if (p.k_begin != 0u) {
+        out[at] += acc;
+    } else {
+        out[at] = acc;
     }
 }

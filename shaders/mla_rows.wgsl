@@ -3,6 +3,7 @@
 // `out_stride` wide, from column `out_offset`), RMS-normalised with `weight` when `normalise`
 // is 1: w · x / sqrt(mean(x²) + eps), the sum in f32 as transformers casts to float32
 // (q_a_layernorm, kv_a_layernorm); else copied as they are (the shared RoPE key).
+// The host puts group_pass.wgsl (the entry point, WG, workgroup_sum) before this body.
 // Dispatch: one workgroup of 64 per row, spread over x then y.
 
 struct RowParams {
@@ -25,17 +26,12 @@ struct RowParams {
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read> weight: array<f32>;
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, 64>;
+fn group_count() -> u32 {
+    return p.rows;
+}
 
-@compute @workgroup_size(64, 1, 1)
-fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let row = wid.y * p.groups_x + wid.x;
-    // Uniform across the workgroup: every invocation leaves together, before any barrier.
-    if (row >= p.rows) {
-        return;
-    }
-    let lid = lid3.x;
+// Row `row`'s slice (group_pass.wgsl calls it).
+fn group_pass(row: u32, lid: u32) {
     let at_in = row * p.in_stride + p.in_offset;
     let at_out = row * p.out_stride + p.out_offset;
     var scale = 1.0;
@@ -45,15 +41,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             let v = src[at_in + e];
             sq += v * v;
         }
-        partial[lid] = sq;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s = s / 2u) {
-            if (lid < s) {
-                partial[lid] = partial[lid] + partial[lid + s];
-            }
-            workgroupBarrier();
-        }
-        scale = inverseSqrt(partial[0] / f32(p.n) + p.eps);
+        scale = inverseSqrt(workgroup_sum(lid, sq) / f32(p.n) + p.eps);
     }
     for (var e = lid; e < p.n; e += WG) {
         var v = src[at_in + e];

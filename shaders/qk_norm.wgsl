@@ -7,7 +7,8 @@
 // or by head·head_dim + e when it holds a weight per head; then + bias[·] (same index) when
 // has_bias (Persimmon's LayerNorm). Sums are in f32, as transformers
 // casts to float32.
-// The host prepends a prelude defining the element type QkvElem (f32, or f16 in an f16 module).
+// The host prepends a prelude defining the element type QkvElem (f32, or f16 in an f16 module),
+// and group_pass.wgsl (the entry point, WG, workgroup_sum).
 // Dispatch: one workgroup of 64 per group, spread over x then y.
 
 struct NormParams {
@@ -34,38 +35,18 @@ struct NormParams {
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>; // the weight again when has_bias = 0
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, 64>;
-
 // Element e of the group (e < heads_per_group · head_dim) of batch b, row i, first head h0.
 fn at(b: u32, h0: u32, i: u32, e: u32) -> u32 {
     let h = h0 + e / p.head_dim;
     return p.offset + ((b * p.heads + h) * p.stride + p.first + i) * p.head_dim + e % p.head_dim;
 }
 
-// The sum of every invocation's `v`, in every invocation.
-fn workgroup_sum(lid: u32, v: f32) -> f32 {
-    partial[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (lid < s) {
-            partial[lid] = partial[lid] + partial[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    workgroupBarrier();
-    return total;
+fn group_count() -> u32 {
+    return p.groups;
 }
 
-@compute @workgroup_size(64, 1, 1)
-fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let g = wid.y * p.groups_x + wid.x;
-    // Uniform across the workgroup: every invocation leaves together, before any barrier.
-    if (g >= p.groups) {
-        return;
-    }
-    let lid = lid3.x;
+// Normalises group g: row i of batch b, heads h0.. (group_pass.wgsl calls it).
+fn group_pass(g: u32, lid: u32) {
     let per_batch_head = p.heads / p.heads_per_group;
     let i = g % p.n;
     let bh = g / p.n;

@@ -1,19 +1,8 @@
 // read_probe: reads every vec4 of two buffers once and keeps one sum per invocation — the read
 // bandwidth a memory-bound pass can reach on this device, measured beside the decode pass on
 // buffers of the same size (`wgpu-mha bench --only decode`).
-// Dispatch: ceil(vec4s / per_group) workgroups of 64, spread over x then y.
-
-struct ProbeParams {
-    vec4s: u32,      // vec4s in each buffer
-    per_group: u32,  // vec4s of each buffer one workgroup reads
-    groups_x: u32,
-    _pad0: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: ProbeParams;
-@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> b: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// Dispatch: ceil(vec4s / per_group) workgroups of 64, spread over x then y. ProbeParams and the
+// bindings come before this body (read_probe_io.wgsl).
 
 @compute @workgroup_size(64, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {

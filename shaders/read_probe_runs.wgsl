@@ -4,21 +4,10 @@
 // GPU coalesces; on a CPU adapter (llvmpipe) a run per lane is one stream the prefetcher
 // follows, and decoding read its keys 1.6-2.0x faster than the strided probe. The bench takes
 // the fastest of the probe's shapes, so that no kernel reads faster than its bound.
-// The host's prelude defines LANES (the workgroup size). Dispatch: ceil(vec4s / per_group)
-// workgroups of LANES, spread over x then y; lane l of a workgroup reads per_group / LANES
-// vec4s from group · per_group + l · (per_group / LANES).
-
-struct ProbeParams {
-    vec4s: u32,      // vec4s in each buffer
-    per_group: u32,  // vec4s of each buffer one workgroup reads (a multiple of 4 · LANES)
-    groups_x: u32,
-    _pad0: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: ProbeParams;
-@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> b: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// The host puts a prelude defining LANES (the workgroup size), then read_probe_io.wgsl
+// (ProbeParams, the bindings), before this body. Dispatch: ceil(vec4s / per_group) workgroups
+// of LANES, spread over x then y; lane l of a workgroup reads per_group / LANES vec4s from
+// group · per_group + l · (per_group / LANES).
 
 @compute @workgroup_size(LANES, 1, 1)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {

@@ -1,6 +1,7 @@
 // scores: S[b, h, i, j] = mask(scale · Q[b, h, i, :] · K[b, h, j, :]), S laid out [B, H, Lq, Lk].
 // Q and K are read at their row strides (rows.wgsl: the module's head-split [B, H, L, d] at an
 // element offset, or a caller's layout); one packed buffer bound twice, or one each.
+// The entry point is gemm_heads.wgsl's (on gemm_tile.wgsl), which the host puts before this body.
 // Dispatch: (ceil(Lk / 64), ceil(Lq / 64), B·H) workgroups of 16×16; z is offset by
 // p.z_offset so a problem with more than 65535 (batch, head) pairs can be split.
 
@@ -35,30 +36,20 @@ fn load_b(z: u32, d: u32, j: u32) -> f32 {
     return k_in[row_start(p.k, z / p.heads, (z % p.heads) / p.kv_group, j) + d];
 }
 
-@compute @workgroup_size(16, 16, 1)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let z = wid.z + p.z_offset;
-    let row0 = wid.y * TILE_M;
-    let col0 = wid.x * TILE_N;
-    let acc = gemm_tile(lid, z, row0, col0, p.lq, p.lk, p.k_begin, p.k_end);
-    let b = z / p.heads;
-    let h = z % p.heads;
-    for (var r = 0u; r < 4u; r++) {
-        let i = row0 + lid.y * 4u + r;
-        for (var c = 0u; c < 4u; c++) {
-            let j = col0 + lid.x * 4u + c;
-            if (i < p.lq && j < p.lk) {
-                let at = (z * p.lq + i) * p.lk + j;
-                var dot = acc[r][c];
-                if (p.k_begin != 0u) {
-                    dot += scores[at];
-                }
-                if (p.k_end == p.head_dim) {
-                    scores[at] = apply_mask(p.scale * dot, b, h, i, j);
-                } else {
-                    scores[at] = dot;
-                }
-            }
-        }
+fn out_cols() -> u32 {
+    return p.lk;
+}
+
+// S[b, h, i, j] (gemm_heads.wgsl calls it inside the output).
+fn epilogue(z: u32, b: u32, h: u32, i: u32, j: u32, acc: f32) {
+    let at = (z * p.lq + i) * p.lk + j;
+    var dot = acc;
+    if (p.k_begin != 0u) {
+        dot += scores[at];
+    }
+    if (p.k_end == p.head_dim) {
+        scores[at] = apply_mask(p.scale * dot, b, h, i, j);
+    } else {
+        scores[at] = dot;
     }
 }

@@ -57,9 +57,14 @@ pub struct AvBuffers<'a> {
     pub out: &'a wgpu::Buffer,
 }
 
-/// The full source: prelude, shared GEMM tile, body.
+/// The full source: prelude, shared GEMM tile and entry point, body.
 pub fn source() -> String {
-    gemm_prelude(Prelude::new()).source(&[super::ROWS_WGSL, GEMM_TILE_WGSL, WGSL])
+    gemm_prelude(Prelude::new()).source(&[
+        super::ROWS_WGSL,
+        GEMM_TILE_WGSL,
+        super::scores::GEMM_HEADS_WGSL,
+        WGSL,
+    ])
 }
 
 /// 64×64 tiles of `[Lq, dv]`, one z layer per (batch, head); one dispatch per range of keys

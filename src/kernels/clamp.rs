@@ -30,6 +30,18 @@ pub fn source(f16: bool) -> String {
 
 const SLOTS: &[Slot] = &[Slot::Uniform(0), Slot::Write(1)];
 
+/// The grid of `groups` workgroups (at least one) spread over x then y, as the one-dimensional
+/// passes (`clamp`, `output_gate`, `qk_norm`, `mla_rows`, `read_probe`) lay theirs out:
+/// `(groups_x, [groups_x, ⌈groups / groups_x⌉, 1])`, checked against the device's limits
+/// (`what` names the pass in the error). The shader finds its group at `y · groups_x + x`.
+pub(crate) fn spread_groups(gpu: &Gpu, groups: u64, what: &str) -> Result<(u32, [u32; 3])> {
+    let groups = groups.max(1);
+    let groups_x = groups.min(gpu.limits().max_compute_workgroups_per_dimension as u64);
+    let workgroups = [groups_x as u32, groups.div_ceil(groups_x) as u32, 1];
+    gpu.check_workgroups(what, workgroups)?;
+    Ok((groups_x as u32, workgroups))
+}
+
 /// Clamps `rows` of `x` (the rows RoPE would rotate, or the same rows of V) to ±`limit`.
 pub fn dispatch(
     gpu: &Gpu,
@@ -39,11 +51,7 @@ pub fn dispatch(
     x: &wgpu::Buffer,
 ) -> Result<Dispatch> {
     let elements = (rows.batch * rows.heads * rows.n * rows.head_dim) as u64;
-    let groups = elements.div_ceil(64).max(1);
-    let max = gpu.limits().max_compute_workgroups_per_dimension as u64;
-    let groups_x = groups.min(max);
-    let workgroups = [groups_x as u32, groups.div_ceil(groups_x) as u32, 1];
-    gpu.check_workgroups("clamp", workgroups)?;
+    let (groups_x, workgroups) = spread_groups(gpu, elements.div_ceil(64), "clamp")?;
     let p = ClampParams {
         elements: elements as u32,
         n: rows.n as u32,
@@ -51,7 +59,7 @@ pub fn dispatch(
         first: rows.first as u32,
         head_dim: rows.head_dim as u32,
         offset: rows.offset,
-        groups_x: groups_x as u32,
+        groups_x,
         limit,
     };
     let label = if f16 { "clamp f16" } else { "clamp" };

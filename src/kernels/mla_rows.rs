@@ -27,9 +27,9 @@ pub struct RowParams {
     pub _pad2: u32,
 }
 
-/// The full source.
+/// The full source: the shared frame, then the body.
 pub fn source() -> String {
-    Prelude::new().source(&[WGSL])
+    Prelude::new().source(&[super::qk_norm::GROUP_PASS_WGSL, WGSL])
 }
 
 const SLOTS: &[Slot] = &[
@@ -49,14 +49,7 @@ pub fn dispatch(
     (dst, out_stride, out_offset): (&wgpu::Buffer, usize, usize),
     norm: Option<(&wgpu::Buffer, f32)>,
 ) -> Result<Dispatch> {
-    let max = gpu.limits().max_compute_workgroups_per_dimension as u64;
-    let groups_x = (rows as u64).clamp(1, max);
-    let workgroups = [
-        groups_x as u32,
-        (rows as u64).div_ceil(groups_x).max(1) as u32,
-        1,
-    ];
-    gpu.check_workgroups("mla_rows", workgroups)?;
+    let (groups_x, workgroups) = super::clamp::spread_groups(gpu, rows as u64, "mla_rows")?;
     let p = RowParams {
         rows: rows as u32,
         n: n as u32,
@@ -65,7 +58,7 @@ pub fn dispatch(
         out_stride: out_stride as u32,
         out_offset: out_offset as u32,
         normalise: norm.is_some() as u32,
-        groups_x: groups_x as u32,
+        groups_x,
         eps: norm.map_or(0.0, |n| n.1),
         ..Default::default()
     };

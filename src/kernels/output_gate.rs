@@ -32,14 +32,11 @@ pub fn dispatch(
     x: &wgpu::Buffer,
     gate: &wgpu::Buffer,
 ) -> Result<Dispatch> {
-    let groups = (elements as u64).div_ceil(64).max(1);
-    let max = gpu.limits().max_compute_workgroups_per_dimension as u64;
-    let groups_x = groups.min(max);
-    let workgroups = [groups_x as u32, groups.div_ceil(groups_x) as u32, 1];
-    gpu.check_workgroups("output gate", workgroups)?;
+    let groups = (elements as u64).div_ceil(64);
+    let (groups_x, workgroups) = super::clamp::spread_groups(gpu, groups, "output gate")?;
     let p = GateParams {
         elements: elements as u32,
-        groups_x: groups_x as u32,
+        groups_x,
         ..GateParams::default()
     };
     let pass = gpu.compile("output gate", &PassSpec::main("output gate", SLOTS), source);

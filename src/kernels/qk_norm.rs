@@ -10,6 +10,9 @@ use crate::kernels::source::Prelude;
 use crate::model::qk_norm::{NormKind, NormScope, QkNorm};
 
 pub const WGSL: &str = include_str!("../../shaders/qk_norm.wgsl");
+/// The entry point and workgroup sum of the one-group-per-workgroup passes (`qk_norm`,
+/// `mla_rows`); the body supplies `group_count` and `group_pass`.
+pub const GROUP_PASS_WGSL: &str = include_str!("../../shaders/group_pass.wgsl");
 
 /// Mirrors `NormParams` in `qk_norm.wgsl`.
 #[repr(C)]
@@ -33,9 +36,11 @@ pub struct NormParams {
     pub _pad2: u32,
 }
 
-/// The full source: the element type, then the body.
+/// The full source: the element type, the shared frame, then the body.
 pub fn source(f16: bool) -> String {
-    Prelude::new().elem("QkvElem", f16).source(&[WGSL])
+    Prelude::new()
+        .elem("QkvElem", f16)
+        .source(&[GROUP_PASS_WGSL, WGSL])
 }
 
 const SLOTS: &[Slot] = &[
@@ -61,10 +66,7 @@ pub fn dispatch(
         NormScope::Whole => rows.heads,
     };
     let groups = (rows.batch * rows.n * rows.heads / heads_per_group) as u64;
-    let max = gpu.limits().max_compute_workgroups_per_dimension as u64;
-    let groups_x = groups.clamp(1, max);
-    let workgroups = [groups_x as u32, groups.div_ceil(groups_x).max(1) as u32, 1];
-    gpu.check_workgroups("qk_norm", workgroups)?;
+    let (groups_x, workgroups) = super::clamp::spread_groups(gpu, groups, "qk_norm")?;
     let p = NormParams {
         groups: groups as u32,
         heads: rows.heads as u32,
@@ -78,7 +80,7 @@ pub fn dispatch(
         layer_norm: (norm.kind == NormKind::Layer) as u32,
         eps: norm.eps,
         weight_offset: norm.weight_offset,
-        groups_x: groups_x as u32,
+        groups_x,
         has_bias: bias.is_some() as u32,
         ..Default::default()
     };

@@ -13,9 +13,19 @@ use crate::error::Result;
 use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
 
+use super::source::Prelude;
+
+/// `ProbeParams` and the bindings, shared by both shapes' bodies.
+pub const IO_WGSL: &str = include_str!("../../shaders/read_probe_io.wgsl");
 /// Lanes stride through memory: lane `l` reads vec4s `l, l + 64, …` of its workgroup's range.
-pub const WGSL: &str = include_str!("../../shaders/read_probe.wgsl");
-/// Each lane reads a contiguous run (prepended with `LANES`; see [`runs_source`]).
+/// The whole source: [`IO_WGSL`], then the body (no prelude).
+pub const WGSL: &str = concat!(
+    include_str!("../../shaders/read_probe_io.wgsl"),
+    "\n",
+    include_str!("../../shaders/read_probe.wgsl")
+);
+/// Each lane reads a contiguous run: the body, after a prelude with `LANES` and [`IO_WGSL`]
+/// (see [`runs_source`]).
 pub const RUNS_WGSL: &str = include_str!("../../shaders/read_probe_runs.wgsl");
 
 /// vec4s of each buffer one workgroup of the strided shape reads (64 per thread: far under
@@ -105,7 +115,9 @@ pub fn groups(vec4s: u32) -> u32 {
 
 /// The runs shader for workgroups of `lanes`.
 pub fn runs_source(lanes: u32) -> String {
-    format!("const LANES: u32 = {lanes}u;\n{RUNS_WGSL}")
+    Prelude::new()
+        .u32("LANES", lanes)
+        .source(&[IO_WGSL, RUNS_WGSL])
 }
 
 /// Reads `vec4s` vec4s of `a` and of `b` in `shape`; `out` takes `shape.out_len(vec4s)` floats.
@@ -117,16 +129,14 @@ pub fn dispatch(
     b: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Result<Dispatch> {
-    let total = shape.groups(vec4s);
-    let groups_x = total.min(gpu.limits().max_compute_workgroups_per_dimension);
+    let total = shape.groups(vec4s) as u64;
+    let (groups_x, workgroups) = super::clamp::spread_groups(gpu, total, "read probe")?;
     let p = ProbeParams {
         vec4s,
         per_group: shape.per_group(),
         groups_x,
         _pad0: 0,
     };
-    let workgroups = [groups_x, total.div_ceil(groups_x), 1];
-    gpu.check_workgroups("read probe", workgroups)?;
     let slots = [
         Slot::Uniform(0),
         Slot::Read(1),

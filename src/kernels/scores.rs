@@ -10,6 +10,9 @@ use super::source::Prelude;
 use super::{gemm_prelude, CoreProblem, QkvBuffers, RowStrides, GEMM_TILE, GEMM_TILE_WGSL};
 
 pub const WGSL: &str = include_str!("../../shaders/scores.wgsl");
+/// The entry point of the per-(batch, head) GEMMs (`scores`, `av_combine`), after the GEMM
+/// tile; the body supplies `out_cols` and `epilogue`.
+pub const GEMM_HEADS_WGSL: &str = include_str!("../../shaders/gemm_heads.wgsl");
 
 /// Mirrors `ScoresParams` in `scores.wgsl`.
 #[repr(C)]
@@ -59,10 +62,16 @@ pub struct ScoresBuffers<'a> {
     pub mask: &'a MaskBuffers,
 }
 
-/// The full source: prelude, shared GEMM tile and mask rule, body.
+/// The full source: prelude, shared GEMM tile and entry point, mask rule, body.
 pub fn source() -> String {
     let prelude = super::mask::prelude(gemm_prelude(Prelude::new()));
-    prelude.source(&[super::ROWS_WGSL, GEMM_TILE_WGSL, super::mask::WGSL, WGSL])
+    prelude.source(&[
+        super::ROWS_WGSL,
+        GEMM_TILE_WGSL,
+        GEMM_HEADS_WGSL,
+        super::mask::WGSL,
+        WGSL,
+    ])
 }
 
 /// Bindings: params, Q, K, scores, mask words, mask params.
