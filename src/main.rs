@@ -229,8 +229,7 @@ fn bench(
     };
     // A --json path that cannot be written fails now, not after minutes of benchmarking.
     let json = JsonOut::open(json)?;
-    let gpu = Gpu::with_options(options)?;
-    println!("adapter: {}", gpu.describe());
+    let gpu = open_gpu(options)?;
     if !gpu.has_timestamps() {
         println!("(no TIMESTAMP_QUERY: per-pass times unavailable, totals are wall clock)");
     }
@@ -256,12 +255,10 @@ fn bench(
             decodes.push(r);
         }
     }
-    if let Some(json) = json {
-        let mut list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
-        list.extend(decodes.iter().map(|r| r.json(&gpu)));
-        json.write(&list)?;
-    }
-    Ok(ExitCode::SUCCESS)
+    JsonOut::finish(json, || {
+        let rows = results.iter().map(|r| r.json(&gpu));
+        rows.chain(decodes.iter().map(|r| r.json(&gpu))).collect()
+    })
 }
 
 /// A bench's `--json FILE`: created before any benchmarking (a path that cannot be written
@@ -280,12 +277,26 @@ impl JsonOut {
         .transpose()
     }
 
-    fn write(self, list: &[serde_json::Value]) -> Result<(), wgpu_mha::Error> {
-        let text = serde_json::to_string_pretty(list).unwrap_or_default();
-        self.pending.commit(text.as_bytes())?;
-        println!("wrote {}", self.path.display());
-        Ok(())
+    /// The end of a bench: the list `rows` makes written to the file when one was asked for
+    /// (`rows` runs only then), and success.
+    fn finish(
+        json: Option<Self>,
+        rows: impl FnOnce() -> Vec<serde_json::Value>,
+    ) -> Result<ExitCode, wgpu_mha::Error> {
+        if let Some(json) = json {
+            let text = serde_json::to_string_pretty(&rows()).unwrap_or_default();
+            json.pending.commit(text.as_bytes())?;
+            println!("wrote {}", json.path.display());
+        }
+        Ok(ExitCode::SUCCESS)
     }
+}
+
+/// The GPU `options` pick, its adapter printed (every command that runs passes starts so).
+fn open_gpu(options: &GpuOptions) -> Result<Gpu, wgpu_mha::Error> {
+    let gpu = Gpu::with_options(options)?;
+    println!("adapter: {}", gpu.describe());
+    Ok(gpu)
 }
 
 /// `bench --only sdpa`: the attention core on device tensors next to the module forward (see
@@ -296,19 +307,14 @@ fn bench_sdpa(
     json: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, wgpu_mha::Error> {
     let json = JsonOut::open(json)?;
-    let gpu = Gpu::with_options(options)?;
-    println!("adapter: {}", gpu.describe());
+    let gpu = open_gpu(options)?;
     let mut results = Vec::new();
     for shape in &cli::bench_sdpa::SHAPES {
         let r = cli::bench_sdpa::run(&gpu, shape, iters)?;
         print!("{}", r.format());
         results.push(r);
     }
-    if let Some(json) = json {
-        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
-        json.write(&list)?;
-    }
-    Ok(ExitCode::SUCCESS)
+    JsonOut::finish(json, || results.iter().map(|r| r.json(&gpu)).collect())
 }
 
 /// `bench --only serve`: batched paged attention at serving shapes (see cli::bench_serve).
@@ -319,8 +325,7 @@ fn bench_serve(
     json: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, wgpu_mha::Error> {
     let json = JsonOut::open(json)?;
-    let gpu = Gpu::with_options(options)?;
-    println!("adapter: {}", gpu.describe());
+    let gpu = open_gpu(options)?;
     if !gpu.has_timestamps() {
         println!("(no TIMESTAMP_QUERY: times are wall clock)");
     }
@@ -332,11 +337,7 @@ fn bench_serve(
         |r| print!("{}", r.format()),
     )?;
     println!("serve bench: {:.1} s", started.elapsed().as_secs_f64());
-    if let Some(json) = json {
-        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
-        json.write(&list)?;
-    }
-    Ok(ExitCode::SUCCESS)
+    JsonOut::finish(json, || results.iter().map(|r| r.json(&gpu)).collect())
 }
 
 /// `bench --only compile`: cold compile time of each kernel family (see cli::bench_compile).
@@ -350,14 +351,9 @@ fn bench_compile(
     // switched off before the first one (no other thread runs yet). Other drivers keep caches
     // of their own that no variable reaches; their figures may be warm.
     std::env::set_var("MESA_SHADER_CACHE_DISABLE", "true");
-    let gpu = Gpu::with_options(options)?;
-    println!("adapter: {}", gpu.describe());
+    let gpu = open_gpu(options)?;
     let results = cli::bench_compile::run(&gpu, custom, |r| print!("{}", r.format()))?;
-    if let Some(json) = json {
-        let list: Vec<serde_json::Value> = results.iter().map(|r| r.json(&gpu)).collect();
-        json.write(&list)?;
-    }
-    Ok(ExitCode::SUCCESS)
+    JsonOut::finish(json, || results.iter().map(|r| r.json(&gpu)).collect())
 }
 
 /// One seed shape on the GPU vs the f64 reference.
@@ -371,8 +367,7 @@ struct DemoCase {
 
 fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
     let _note = cli::progress::SlowNote::start("the demo");
-    let gpu = Gpu::with_options(options)?;
-    println!("adapter: {}", gpu.describe());
+    let gpu = open_gpu(options)?;
     // Seed 000: classic d_model 512, 8 heads, self-attention with a key-padding mask.
     let classic = DemoCase {
         name: "classic d_model=512 heads=8, self-attention, padding mask",
@@ -423,8 +418,7 @@ fn demo(options: &GpuOptions) -> Result<ExitCode, wgpu_mha::Error> {
 }
 
 fn soak(options: &GpuOptions, iters: usize, every: usize) -> Result<ExitCode, wgpu_mha::Error> {
-    let gpu = Gpu::with_options(options)?;
-    println!("adapter: {}", gpu.describe());
+    let gpu = open_gpu(options)?;
     println!(
         "{:>10} {:>12} {:>12} {:>12}",
         "forwards", "rss_kib", "gpu_buffers", "bind_groups"
