@@ -12,7 +12,7 @@ use super::gpu_tensor::GpuTensor;
 use super::plan::{Plan, Shape, Sharing};
 use super::workspace::Workspace;
 use super::{ForwardOptions, ForwardOutput, GpuForwardOutput, MultiHeadAttention};
-use crate::model::mask::Mask;
+use crate::model::mask::{AttnDims, Mask};
 
 /// Most workspaces kept per module (one per shape, and one per concurrent caller).
 const MAX_CACHED_WORKSPACES: usize = 8;
@@ -137,13 +137,7 @@ impl MultiHeadAttention {
         let d = plan.dims;
         self.check_limits(plan.whole, plan.mask.window_len(d.batch, d.lq))?;
         let output = GpuTensor::zeros(&self.gpu, &[d.batch, d.lq, self.config.output_dim()])?;
-        let probs = match options.return_probs {
-            true => Some(GpuTensor::zeros(
-                &self.gpu,
-                &[d.batch, d.heads, d.lq, d.lk],
-            )?),
-            false => None,
-        };
+        let probs = self.new_probs(options, d)?;
         // The caller's tensors, tried before anything goes into its encoder (see
         // `crate::gpu::record`), and the workspace's mask room made (which may rebuild its
         // bind groups) inside a scope of its own.
@@ -169,15 +163,7 @@ impl MultiHeadAttention {
                 |ws, encoder| {
                     let result = ws.result();
                     encoder.copy_buffer_to_buffer(result, 0, output.buffer(), 0, output.byte_len());
-                    if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
-                        encoder.copy_buffer_to_buffer(
-                            scores,
-                            0,
-                            probs.buffer(),
-                            0,
-                            probs.byte_len(),
-                        );
-                    }
+                    copy_probs(encoder, ws, probs.as_ref());
                 },
             )
         });
@@ -187,6 +173,19 @@ impl MultiHeadAttention {
             probs,
             path: plan.path,
         })
+    }
+
+    /// The new `[B, H, Lq, Lk]` device tensor a device forward copies its probabilities into,
+    /// when `options` asks for them.
+    pub(super) fn new_probs(
+        &self,
+        options: &ForwardOptions,
+        d: AttnDims,
+    ) -> Result<Option<GpuTensor>> {
+        if !options.return_probs {
+            return Ok(None);
+        }
+        GpuTensor::zeros(&self.gpu, &[d.batch, d.heads, d.lq, d.lk]).map(Some)
     }
 
     /// One workspace, one submit, one readback of host tensors: the chunk of `shape` whose first
@@ -429,4 +428,15 @@ fn slice_rows(
         );
     }
     Tensor::from_parts([batches.len(), positions.len(), w], data)
+}
+
+/// Copies the probabilities `ws` computed into `probs`, inside `encoder`, when both exist.
+pub(super) fn copy_probs(
+    encoder: &mut wgpu::CommandEncoder,
+    ws: &Workspace,
+    probs: Option<&GpuTensor>,
+) {
+    if let (Some(probs), Some(scores)) = (probs, &ws.scores) {
+        encoder.copy_buffer_to_buffer(scores, 0, probs.buffer(), 0, probs.byte_len());
+    }
 }

@@ -18,6 +18,7 @@ use crate::sdpa::{DeviceTensor, Elem, Layout};
 use super::chain_buffers::{ChainIo, Placement};
 use super::gpu_tensor::GpuTensor;
 use super::plan::Sharing;
+use super::run::copy_probs;
 use super::{AttentionPath, ForwardOptions, MultiHeadAttention};
 
 /// What [`MultiHeadAttention::record_forward`] returns: the output went to the caller's `out`.
@@ -188,13 +189,7 @@ impl MultiHeadAttention {
             .collect();
         self.gpu.check_copy_sources(&copied)?;
         self.check_limits(plan.whole, plan.mask.window_len(d.batch, d.lq))?;
-        let probs = match options.return_probs {
-            true => Some(GpuTensor::zeros(
-                &self.gpu,
-                &[d.batch, d.heads, d.lq, d.lk],
-            )?),
-            false => None,
-        };
+        let probs = self.new_probs(options, d)?;
         let mut ws = self.take_workspace(plan.whole)?;
         let window = plan.mask.window((0, d.batch), (0, d.lq));
         let words = &plan.mask.words[window.words];
@@ -260,9 +255,7 @@ impl MultiHeadAttention {
             for dispatch in &chain {
                 dispatch.record(encoder, None);
             }
-            if let (Some(probs), Some(scores)) = (&probs, &ws.scores) {
-                encoder.copy_buffer_to_buffer(scores, 0, probs.buffer(), 0, probs.byte_len());
-            }
+            copy_probs(encoder, &ws, probs.as_ref());
         });
         self.keep_if_ok(ws, result)?;
         Ok(DeviceForwardOutput {
