@@ -181,15 +181,7 @@ impl<'a> DeviceTensor<'a> {
                 self.buffer.size()
             )));
         }
-        if self.capacity < self.shape[2] {
-            return Err(misuse(format!(
-                "{name}: capacity {} rows is less than its length L = {}",
-                self.capacity, self.shape[2]
-            )));
-        }
-        let end = self
-            .end()
-            .ok_or_else(|| misuse(format!("{name}: shape {:?} overflows", self.shape)))?;
+        let end = self.checked_end(name)?;
         let bytes = end.saturating_mul(eb);
         if bytes > self.buffer.size() {
             return Err(misuse(format!(
@@ -232,6 +224,19 @@ impl<'a> DeviceTensor<'a> {
 }
 
 impl DeviceTensor<'_> {
+    /// One past the last element the view spans, counted from the buffer's start; `Err`
+    /// naming `name` when its capacity is less than its length or the end overflows.
+    fn checked_end(&self, name: &str) -> Result<u64> {
+        if self.capacity < self.shape[2] {
+            return Err(misuse(format!(
+                "{name}: capacity {} rows is less than its length L = {}",
+                self.capacity, self.shape[2]
+            )));
+        }
+        self.end()
+            .ok_or_else(|| misuse(format!("{name}: shape {:?} overflows", self.shape)))
+    }
+
     /// [`check`](Self::check) of a quantized tensor: its rows start on blocks, its quants lie
     /// before its scales plane and its scales inside the buffer; the passes bind the whole
     /// buffer (both planes), element offsets counted from its start.
@@ -244,15 +249,7 @@ impl DeviceTensor<'_> {
                 self.offset
             )));
         }
-        if self.capacity < self.shape[2] {
-            return Err(misuse(format!(
-                "{name}: capacity {} rows is less than its length L = {}",
-                self.capacity, self.shape[2]
-            )));
-        }
-        let end = self
-            .end()
-            .ok_or_else(|| misuse(format!("{name}: shape {:?} overflows", self.shape)))?;
+        let end = self.checked_end(name)?;
         let quant_bytes = end.saturating_mul(dtype.quant_bits() as u64).div_ceil(8);
         let scale_bytes = 4 * (self.scales as u64).saturating_add(end.div_ceil(2 * block as u64));
         if quant_bytes > 4 * self.scales as u64 || scale_bytes > self.buffer.size() {
