@@ -7,57 +7,34 @@
 
 mod common;
 
-use common::{assert_close, check_both_paths, gpu};
+use common::{assert_feature_binds, assert_steps_match_causal_forward, check_both_paths_over};
 use wgpu_mha::model::config::alibi_slope;
-use wgpu_mha::{
-    reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention, Tensor,
-};
+use wgpu_mha::{AttentionConfig, AttentionWeights, Error, Mask, Tensor};
 
 #[test]
 fn slopes_are_blooms() {
+    // Both series print 6 heads' slopes alike, and the first ten of 12 heads' (eight exact
+    // powers of two, then 2^-0.5 and 2^-1.5); only the float32 rounding of the last two differs.
+    const SIX: [f64; 6] = [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125];
+    let twelve = |last: [f64; 2]| {
+        let mut s = vec![
+            0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625,
+        ];
+        s.extend([0.7071067690849304, 0.3535533845424652]);
+        s.extend(last);
+        s
+    };
     // transformers' build_alibi_tensor(…, n_head, float64)[:, 0, 1] for 4, 6 and 12 heads.
-    let bloom: [(usize, &[f64]); 3] = [
-        (4, &[0.25, 0.0625, 0.015625, 0.00390625]),
-        (6, &[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]),
-        (
-            12,
-            &[
-                0.5,
-                0.25,
-                0.125,
-                0.0625,
-                0.03125,
-                0.015625,
-                0.0078125,
-                0.00390625,
-                0.7071067690849304,
-                0.3535533845424652,
-                0.1767766773700714,
-                0.0883883386850357,
-            ],
-        ),
+    let bloom: [(usize, Vec<f64>); 3] = [
+        (4, vec![0.25, 0.0625, 0.015625, 0.00390625]),
+        (6, SIX.to_vec()),
+        (12, twelve([0.1767766773700714, 0.0883883386850357])),
     ];
     // MPT's build_mpt_alibi_tensor(n_head, 2)[:, 0, 0] negated (every other slope of the next
     // power of two's series, odd ones first): the same slopes in the same head order.
-    let mpt: [(usize, &[f64]); 2] = [
-        (6, &[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]),
-        (
-            12,
-            &[
-                0.5,
-                0.25,
-                0.125,
-                0.0625,
-                0.03125,
-                0.015625,
-                0.0078125,
-                0.00390625,
-                0.7071067690849304,
-                0.3535533845424652,
-                0.1767766922712326,
-                0.0883883461356163,
-            ],
-        ),
+    let mpt: [(usize, Vec<f64>); 2] = [
+        (6, SIX.to_vec()),
+        (12, twelve([0.1767766922712326, 0.0883883461356163])),
     ];
     for (heads, slopes) in bloom.into_iter().chain(mpt) {
         for (h, want) in slopes.iter().enumerate() {
@@ -93,29 +70,12 @@ fn alibi_matches_the_reference_on_every_path_and_mask() {
             .with_alibi(max_bias)
             .unwrap();
         let (b, lk) = (2, 11);
-        for lq in [11, 1, 3] {
-            let q = Tensor::random([b, lq, 8 * heads], 40 + lq as u64);
-            let kv = Tensor::random([b, lk, 8 * heads], 50);
-            for mask in masks(b, lq, lk) {
-                check_both_paths(
-                    &format!("H {heads} Lq {lq} {}", mask.kind_name()),
-                    config,
-                    &q,
-                    &kv,
-                    &mask,
-                );
-            }
-        }
+        let label = format!("H {heads}");
+        check_both_paths_over(&label, config, [b, lk], &[11, 1, 3], (40, 50), |lq| {
+            masks(b, lq, lk)
+        });
         // The biases bind: without them the answer is another one.
-        let weights = AttentionWeights::random(&config, 42);
-        let x = Tensor::random([b, lk, 8 * heads], 3);
-        let plain = AttentionConfig {
-            alibi: None,
-            ..config
-        };
-        let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-        let without = reference::forward(&plain, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-        assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+        assert_feature_binds(&label, config, [b, lk], |c, _| c.alibi = None);
     }
 }
 
@@ -128,22 +88,8 @@ fn a_kv_cache_decodes_with_alibi_like_the_reference() {
         .with_alibi(8.0)
         .unwrap();
     let weights = AttentionWeights::random(&config, 7);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
     let x = Tensor::random([2, 10, 48], 8);
-    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let mut cache = KvCache::new(&mha, 2, 10).unwrap();
-    for (pos, n) in [(0, 5), (5, 1), (6, 1), (7, 3)] {
-        let rows: Vec<f32> = (0..2)
-            .flat_map(|b| x.data()[(b * 10 + pos) * 48..(b * 10 + pos + n) * 48].to_vec())
-            .collect();
-        let step = mha
-            .forward_step(&mut cache, &Tensor::new([2, n, 48], rows).unwrap())
-            .unwrap();
-        let r: Vec<f64> = (0..2)
-            .flat_map(|b| want.output[(b * 10 + pos) * 48..(b * 10 + pos + n) * 48].to_vec())
-            .collect();
-        assert_close(&format!("step at {pos}"), step.data(), &r);
-    }
+    assert_steps_match_causal_forward("alibi", config, &weights, &x, &[5, 1, 1, 3]);
 }
 
 #[test]

@@ -7,7 +7,8 @@
 mod common;
 
 use common::{
-    assert_close, check_against_reference, check_both_paths, gpu, module, options, BOTH_PATHS,
+    assert_close, assert_module_matches_on_both_paths, check_against_reference, check_both_paths,
+    gpu, module, options, BOTH_PATHS,
 };
 use wgpu_mha::{
     reference, AttentionConfig, Error, GpuTensor, KvCache, Mask, MultiHeadAttention, Precision,
@@ -154,13 +155,7 @@ fn more_batches_than_one_dispatch_holds_are_split_and_keep_the_appended_keys() {
     let q = Tensor::random([b, 2, 16], 13);
     let kv = Tensor::random([b, 3, 16], 14);
     let mask = Mask::KeyPadding((0..b).map(|i| i % 4).collect());
-    let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
-    for path in BOTH_PATHS {
-        let got = mha
-            .forward_with(&q, &kv, &kv, &mask, &options(path, false))
-            .unwrap();
-        assert_close(&format!("{path:?}"), got.output.data(), &want.output);
-    }
+    assert_module_matches_on_both_paths("appended keys", &mha, &weights, &q, &kv, &mask);
 }
 
 #[test]

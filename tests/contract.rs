@@ -319,20 +319,8 @@ fn views_into_an_arena_larger_than_a_binding_run() {
         let arena = e.buffer(&host);
         assert!(arena.size() > 2 * BINDING_LIMIT);
         let out = e.zeros(4 * (p.extent(3) as u64 + 1));
-        let t = p.tensors([&arena, &arena, &arena, &out]);
-        let mut encoder = e.device.create_command_encoder(&Default::default());
-        record_scaled_dot_product_attention(
-            &e.gpu,
-            &mut encoder,
-            &t[0],
-            &t[1],
-            &t[2],
-            &t[3],
-            &p.options,
-        )
-        .unwrap_or_else(|err| panic!("{name}: {err}"));
-        e.submit(encoder).unwrap_or_else(|v| panic!("{name}: {v}"));
-        p.check_out(e, &out, seed, &format!("arena {name}"));
+        let label = format!("arena {name}");
+        p.run_and_check(e, [&arena, &arena, &arena, &out], seed, &label);
     }
     // An f32 q in a buffer of 4·n + 2 bytes (sizes need not be words; bindings must be).
     let p = Problem::new(1, 11);
@@ -348,20 +336,12 @@ fn views_into_an_arena_larger_than_a_binding_run() {
     let mut host = vec![0.0; n];
     p.place(0, &p.inputs(seed)[0], &mut host);
     e.queue.write_buffer(&q, 0, bytemuck::cast_slice(&host));
-    let t = p.tensors([&q, &k, &v, &out]);
-    let mut encoder = e.device.create_command_encoder(&Default::default());
-    record_scaled_dot_product_attention(
-        &e.gpu,
-        &mut encoder,
-        &t[0],
-        &t[1],
-        &t[2],
-        &t[3],
-        &p.options,
-    )
-    .unwrap();
-    e.submit(encoder).unwrap();
-    p.check_out(e, &out, seed, "f32 view in an odd-sized buffer");
+    p.run_and_check(
+        e,
+        [&q, &k, &v, &out],
+        seed,
+        "f32 view in an odd-sized buffer",
+    );
     e.assert_no_uncaptured("arenas");
 }
 

@@ -5,12 +5,12 @@
 
 mod common;
 
-use common::{assert_within, gpu, relative_tolerance};
+use common::{assert_within, gpu, relative_tolerance, sdpa_core};
 use wgpu_mha::kv_dtype::{quantize_block, BLOCK};
-use wgpu_mha::reference::{self, Core};
+use wgpu_mha::reference;
 use wgpu_mha::{
     AttentionConfig, AttentionPath, AttentionWeights, Error, KvCache, KvDtype, Mask,
-    MultiHeadAttention, Precision, Tensor,
+    MultiHeadAttention, Precision, SdpaOptions, Tensor,
 };
 
 /// `[B, H_kv, L, d]` as `[B, L, H_kv·d]` in f64 (the reference core's layout).
@@ -30,6 +30,34 @@ fn sequence_major(t: &Tensor) -> Vec<f64> {
         }
     }
     out
+}
+
+/// The f64 reference of one causal step: the `[b, n, E]` `rows` projected to queries, attending
+/// (bottom-right aligned) to `lk` keys and values in the reference core's layout, then the
+/// output projection.
+fn step_reference(
+    config: AttentionConfig,
+    weights: &AttentionWeights,
+    rows: &[f32],
+    [b, n, lk]: [usize; 3],
+    keys: &[f64],
+    values: &[f64],
+) -> Vec<f64> {
+    let x64: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
+    let q = reference::linear(&x64, b * n, &weights.q);
+    let options = SdpaOptions {
+        mask: Mask::Causal,
+        scale: Some(config.scale()),
+        ..Default::default()
+    };
+    let (h, kvh, dk, dv) = (
+        config.heads,
+        config.kv_heads,
+        config.qk_head_dim,
+        config.v_head_dim,
+    );
+    let (combined, _) = sdpa_core([b, h, kvh, n, lk, dk, dv], &options).run(&q, keys, values);
+    reference::linear(&combined, b * n, weights.o.as_ref().unwrap())
 }
 
 /// Every block of `exact` (the f32 cache's) against `stored` (the quantized cache's, decoded):
@@ -92,12 +120,6 @@ fn steps_match_reference(
     }
     let mut twin = KvCache::new(&mha, b, len).unwrap();
     let x = Tensor::random([b, len, e], 6);
-    let (h, kvh, dk, dv) = (
-        config.heads,
-        config.kv_heads,
-        config.qk_head_dim,
-        config.v_head_dim,
-    );
     let mut pos = 0;
     for &n in steps {
         let rows: Vec<f32> = (0..b)
@@ -112,29 +134,9 @@ fn steps_match_reference(
             check_round_trip(&format!("{label} keys"), dtype, &exact_keys, &keys);
             check_round_trip(&format!("{label} values"), dtype, &exact_values, &values);
         }
-        // The reference: queries projected in f64, attending (causal, bottom-right) to the
-        // keys and values as the cache decodes them, then the output projection.
-        let x64: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
-        let q = reference::linear(&x64, b * n, &weights.q);
-        let lk = pos + n;
-        let core = Core {
-            batch: b,
-            heads: h,
-            kv_heads: kvh,
-            lq: n,
-            lk,
-            dk,
-            dv,
-            scale: config.scale() as f64,
-            softcap: None,
-            alibi_max_bias: None,
-            temperature: None,
-            sinks: None,
-            mask: &Mask::Causal,
-            top_left: false,
-        };
-        let (combined, _) = core.run(&q, &sequence_major(&keys), &sequence_major(&values));
-        let want = reference::linear(&combined, b * n, weights.o.as_ref().unwrap());
+        // The reference over the keys and values as the cache decodes them.
+        let (keys, values) = (sequence_major(&keys), sequence_major(&values));
+        let want = step_reference(config, &weights, &rows, [b, n, pos + n], &keys, &values);
         let tolerance = match precision {
             Precision::F32 => relative_tolerance(1e-5, &want),
             _ => relative_tolerance(5e-3, &want),
@@ -277,27 +279,8 @@ fn a_latent_cache_reads_its_values_from_its_quantized_keys() {
             .unwrap();
         let (keys, values) = cache.read_keys_values(gpu()).unwrap();
         assert_eq!(keys.data(), values.data(), "the values are the keys");
-        let x64: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
-        let q = reference::linear(&x64, b * n, &weights.q);
-        let core = Core {
-            batch: b,
-            heads: 2,
-            kv_heads: 2,
-            lq: n,
-            lk: pos + n,
-            dk: 64,
-            dv: 64,
-            scale: config.scale() as f64,
-            softcap: None,
-            alibi_max_bias: None,
-            temperature: None,
-            sinks: None,
-            mask: &Mask::Causal,
-            top_left: false,
-        };
         let kv = sequence_major(&keys);
-        let (combined, _) = core.run(&q, &kv, &kv);
-        let want = reference::linear(&combined, b * n, weights.o.as_ref().unwrap());
+        let want = step_reference(config, &weights, &rows, [b, n, pos + n], &kv, &kv);
         let tol = relative_tolerance(1e-5, &want);
         assert_within(
             &format!("latent q8_0: step of {n} at {pos}"),
@@ -321,9 +304,7 @@ fn bhld_to_sequence_major(x: &[f32], [b, h, l, d]: [usize; 4]) -> Vec<f64> {
 fn sdpa_reads_quantized_keys_and_values() {
     use wgpu::util::DeviceExt;
     use wgpu_mha::kv_dtype::{dequantize, quantize};
-    use wgpu_mha::{
-        scaled_dot_product_attention, DeviceTensor, Elem, GpuTensor, Layout, SdpaOptions,
-    };
+    use wgpu_mha::{scaled_dot_product_attention, DeviceTensor, Elem, GpuTensor, Layout};
     let (b, h, kvh, lk, d) = (2, 4, 2, 70, 64);
     let upload = |words: &[u32]| {
         gpu()
@@ -365,23 +346,7 @@ fn sdpa_reads_quantized_keys_and_values() {
             )
             .unwrap_or_else(|e| panic!("{dtype} lq {lq}: {e}"));
             let got = out.read(gpu()).unwrap().into_data();
-            let (want, _) = Core {
-                batch: b,
-                heads: h,
-                kv_heads: kvh,
-                lq,
-                lk,
-                dk: d,
-                dv: d,
-                scale: 1.0 / (d as f64).sqrt(),
-                softcap: None,
-                alibi_max_bias: None,
-                temperature: None,
-                sinks: None,
-                mask: &Mask::Causal,
-                top_left: false,
-            }
-            .run(
+            let (want, _) = sdpa_core([b, h, kvh, lq, lk, d, d], &options).run(
                 &bhld_to_sequence_major(q.data(), [b, h, lq, d]),
                 &bhld_to_sequence_major(&k_deq, [b, kvh, lk, d]),
                 &bhld_to_sequence_major(&v_deq, [b, kvh, lk, d]),

@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{assert_close, assert_within, options, BOTH_PATHS};
+use common::{assert_close, assert_module_matches_on_both_paths, assert_within, options};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, Error, ForwardOptions, Gpu, Mask,
     MultiHeadAttention, Tensor,
@@ -69,13 +69,7 @@ fn more_batch_heads_than_workgroups_per_dimension_are_split_over_batches() {
     let kv = Tensor::random([b, 3, 16], 5);
     let lens: Vec<usize> = (0..b).map(|i| i % 4).collect(); // includes empty sequences
     let mask = Mask::KeyPadding(lens);
-    let want = reference::forward(mha.config(), &weights, &q, &kv, &kv, &mask).unwrap();
-    for path in BOTH_PATHS {
-        let got = mha
-            .forward_with(&q, &kv, &kv, &mask, &options(path, false))
-            .unwrap();
-        assert_close(&format!("{path:?}"), got.output.data(), &want.output);
-    }
+    assert_module_matches_on_both_paths("B·H past the limit", &mha, &weights, &q, &kv, &mask);
 }
 
 #[test]

@@ -6,20 +6,10 @@
 
 mod common;
 
-use common::{assert_close, gpu, module};
+use common::{assert_close, gpu, gqa_rope, module};
 use wgpu::util::DeviceExt;
 use wgpu_mha::model::rope::Rope;
 use wgpu_mha::{reference, AttentionConfig, DeviceTensor, ForwardOptions, Layout, Mask, Tensor};
-
-/// 4 query heads sharing 2 key/value heads, RoPE over the 4 head dims.
-fn gqa_rope() -> AttentionConfig {
-    AttentionConfig::classic(16, 4)
-        .unwrap()
-        .with_kv_heads(2)
-        .unwrap()
-        .with_rope(Rope::new(10_000.0, 4))
-        .unwrap()
-}
 
 const ALL: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -533,10 +523,42 @@ fn steps_dropped_or_submitted_out_of_order_are_refused_until_rolled_back() {
     let gpu_x2 = wgpu_mha::GpuTensor::upload(gpu(), &x2).unwrap();
     let options = wgpu_mha::StepOptions::default();
     let encoder = || gpu().device().create_command_encoder(&Default::default());
+    // A cache holding x0's two tokens.
+    let prefilled = || {
+        let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
+        mha.forward_step(&mut cache, &x0).unwrap();
+        cache
+    };
+    // x1's and x2's steps recorded into encoders of their own: (first, second, x2's output).
+    let record_pair = |cache: &mut wgpu_mha::KvCache| {
+        let (mut first, mut second) = (encoder(), encoder());
+        mha.forward_step_gpu_into(&mut first, cache, &gpu_x1, &options)
+            .unwrap();
+        let out = mha
+            .forward_step_gpu_into(&mut second, cache, &gpu_x2, &options)
+            .unwrap();
+        (first, second, out)
+    };
+    let wait = || {
+        gpu()
+            .device()
+            .poll(wgpu::PollType::wait_indefinitely())
+            .unwrap()
+    };
+    // Back to x0's tokens, then x1 and x2 stepped again: x2's row as the reference's.
+    let roll_back_and_check = |cache: &mut wgpu_mha::KvCache| {
+        cache.truncate(2).unwrap();
+        mha.forward_step(cache, &x1).unwrap();
+        let last = mha.forward_step(cache, &x2).expect("rolled back");
+        assert_close(
+            "after the rollback",
+            last.data(),
+            &rows(&want.output, b, 4, 3..4),
+        );
+    };
 
     // Dropped.
-    let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
-    mha.forward_step(&mut cache, &x0).unwrap();
+    let mut cache = prefilled();
     let mut dropped = encoder();
     mha.forward_step_gpu_into(&mut dropped, &mut cache, &gpu_x1, &options)
         .unwrap();
@@ -555,29 +577,14 @@ fn steps_dropped_or_submitted_out_of_order_are_refused_until_rolled_back() {
         .expect_err("recorded too")
         .to_string();
     assert!(err.contains("sequence rule"), "{err}");
-    cache.truncate(2).unwrap();
-    mha.forward_step(&mut cache, &x1).unwrap();
-    let last = mha.forward_step(&mut cache, &x2).expect("rolled back");
-    assert_close(
-        "after the rollback",
-        last.data(),
-        &rows(&want.output, b, 4, 3..4),
-    );
+    roll_back_and_check(&mut cache);
 
     // Out of order: the later step's encoder submitted first.
-    let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
-    mha.forward_step(&mut cache, &x0).unwrap();
-    let (mut first, mut second) = (encoder(), encoder());
-    mha.forward_step_gpu_into(&mut first, &mut cache, &gpu_x1, &options)
-        .unwrap();
-    mha.forward_step_gpu_into(&mut second, &mut cache, &gpu_x2, &options)
-        .unwrap();
+    let mut cache = prefilled();
+    let (first, second, _) = record_pair(&mut cache);
     gpu().queue().submit([second.finish()]);
     gpu().queue().submit([first.finish()]);
-    gpu()
-        .device()
-        .poll(wgpu::PollType::wait_indefinitely())
-        .unwrap();
+    wait();
     let err = mha
         .forward_step(&mut cache, &x2)
         .expect_err("after a reordered pair")
@@ -588,27 +595,13 @@ fn steps_dropped_or_submitted_out_of_order_are_refused_until_rolled_back() {
             && err.contains("truncate(2)"),
         "{err}"
     );
-    cache.truncate(2).unwrap();
-    mha.forward_step(&mut cache, &x1).unwrap();
-    let last = mha.forward_step(&mut cache, &x2).expect("rolled back");
-    assert_close(
-        "after the rollback",
-        last.data(),
-        &rows(&want.output, b, 4, 3..4),
-    );
+    roll_back_and_check(&mut cache);
 
     // Out of order in one submission: the same.
     cache.truncate(2).unwrap();
-    let (mut first, mut second) = (encoder(), encoder());
-    mha.forward_step_gpu_into(&mut first, &mut cache, &gpu_x1, &options)
-        .unwrap();
-    mha.forward_step_gpu_into(&mut second, &mut cache, &gpu_x2, &options)
-        .unwrap();
+    let (first, second, _) = record_pair(&mut cache);
     gpu().queue().submit([second.finish(), first.finish()]);
-    gpu()
-        .device()
-        .poll(wgpu::PollType::wait_indefinitely())
-        .unwrap();
+    wait();
     let err = mha
         .forward_step(&mut cache, &x2)
         .expect_err("reordered in one submit")
@@ -616,14 +609,8 @@ fn steps_dropped_or_submitted_out_of_order_are_refused_until_rolled_back() {
     assert!(err.contains("ran on the GPU before"), "{err}");
 
     // In order, in one encoder or two: no fault.
-    let mut cache = wgpu_mha::KvCache::new(&mha, b, 8).unwrap();
-    mha.forward_step(&mut cache, &x0).unwrap();
-    let (mut first, mut second) = (encoder(), encoder());
-    mha.forward_step_gpu_into(&mut first, &mut cache, &gpu_x1, &options)
-        .unwrap();
-    let out = mha
-        .forward_step_gpu_into(&mut second, &mut cache, &gpu_x2, &options)
-        .unwrap();
+    let mut cache = prefilled();
+    let (first, second, out) = record_pair(&mut cache);
     gpu().queue().submit([first.finish(), second.finish()]);
     assert_close(
         "in order",

@@ -7,12 +7,10 @@
 mod common;
 
 use common::{
-    assert_close, assert_steps_match_on_both_paths, check_against_reference, check_both_paths, gpu,
-    options, BOTH_PATHS,
+    assert_feature_binds, assert_steps_match_causal_forward, assert_steps_match_on_both_paths,
+    check_both_paths_over, gpu,
 };
-use wgpu_mha::{
-    reference, AttentionConfig, AttentionWeights, Error, KvCache, Mask, MultiHeadAttention, Tensor,
-};
+use wgpu_mha::{AttentionConfig, AttentionWeights, Error, Mask, MultiHeadAttention, Tensor};
 
 fn gated() -> AttentionConfig {
     AttentionConfig::classic(32, 4)
@@ -33,50 +31,16 @@ fn normed() -> AttentionConfig {
 #[test]
 fn normed_outputs_match_the_reference_on_every_path_and_in_a_cache() {
     let config = normed();
-    let (b, lk) = (2, 9);
-    for lq in [9, 1] {
-        let q = Tensor::random([b, lq, 32], 40 + lq as u64);
-        let kv = Tensor::random([b, lk, 32], 41);
-        for path in BOTH_PATHS {
-            let label = format!("norm Lq {lq} {path:?}");
-            check_against_reference(
-                &label,
-                config,
-                &q,
-                &kv,
-                &kv,
-                &Mask::Causal,
-                &options(path, false),
-            );
-        }
-    }
+    check_both_paths_over("norm", config, [2, 9], &[9, 1], (40, 41), |_| {
+        vec![Mask::Causal]
+    });
     let weights = AttentionWeights::random(&config, 7);
-    let mha = MultiHeadAttention::new(gpu(), config, &weights).unwrap();
     let x = Tensor::random([2, 9, 32], 8);
-    let want = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let mut cache = KvCache::new(&mha, 2, 9).unwrap();
-    for (pos, n) in [(0, 5), (5, 1), (6, 3)] {
-        let rows: Vec<f32> = (0..2)
-            .flat_map(|b| x.data()[(b * 9 + pos) * 32..(b * 9 + pos + n) * 32].to_vec())
-            .collect();
-        let step = mha
-            .forward_step(&mut cache, &Tensor::new([2, n, 32], rows).unwrap())
-            .unwrap();
-        let r: Vec<f64> = (0..2)
-            .flat_map(|b| want.output[(b * 9 + pos) * 32..(b * 9 + pos + n) * 32].to_vec())
-            .collect();
-        assert_close(&format!("norm step at {pos}"), step.data(), &r);
-    }
-    let plain = AttentionConfig {
-        output_norm: None,
-        ..config
-    };
-    let unnormed = AttentionWeights {
-        output_norm: None,
-        ..weights.clone()
-    };
-    let without = reference::forward(&plain, &unnormed, &x, &x, &x, &Mask::Causal).unwrap();
-    assert!(common::max_err_f64(&want.output, &without.output) > 1e-2);
+    assert_steps_match_causal_forward("norm", config, &weights, &x, &[5, 1, 3]);
+    assert_feature_binds("norm", config, [2, 9], |c, w| {
+        c.output_norm = None;
+        w.output_norm = None;
+    });
     let short = AttentionWeights {
         output_norm: Some(vec![1.0; 31]),
         ..weights
@@ -91,33 +55,14 @@ fn normed_outputs_match_the_reference_on_every_path_and_in_a_cache() {
 fn gated_outputs_match_the_reference_on_every_path() {
     let config = gated();
     let (b, lk) = (2, 13);
-    for lq in [13, 1, 2] {
-        let q = Tensor::random([b, lq, 32], 20 + lq as u64);
-        let kv = Tensor::random([b, lk, 32], 30);
-        for mask in [Mask::None, Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])] {
-            check_both_paths(
-                &format!("Lq {lq} {}", mask.kind_name()),
-                config,
-                &q,
-                &kv,
-                &mask,
-            );
-        }
-    }
+    check_both_paths_over("gate", config, [b, lk], &[13, 1, 2], (20, 30), |_| {
+        vec![Mask::None, Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])]
+    });
     // The gate binds: without it the answer is another one.
-    let weights = AttentionWeights::random(&config, 42);
-    let x = Tensor::random([b, lk, 32], 3);
-    let plain = AttentionConfig {
-        output_gate: false,
-        ..config
-    };
-    let ungated = AttentionWeights {
-        gate: None,
-        ..weights.clone()
-    };
-    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let without = reference::forward(&plain, &ungated, &x, &x, &x, &Mask::Causal).unwrap();
-    assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+    assert_feature_binds("gate", config, [b, lk], |c, w| {
+        c.output_gate = false;
+        w.gate = None;
+    });
 }
 
 #[test]

@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{assert_steps_match_causal_forward, check_both_paths, options, BOTH_PATHS};
+use common::{
+    assert_feature_binds, assert_module_matches_on_both_paths, assert_steps_match_causal_forward,
+    check_both_paths_over,
+};
 use wgpu_mha::model::qk_norm::{NormKind, NormScope, QkNorm, QkNormWeights};
 use wgpu_mha::model::rope::{Rope, RopeScaling};
 use wgpu_mha::{reference, AttentionConfig, AttentionWeights, Mask, MultiHeadAttention, Tensor};
@@ -64,36 +67,14 @@ fn normalised_queries_and_keys_match_the_reference_on_every_path() {
     let (b, lk) = (2, 11);
     for (name, norm) in norms() {
         let config = config(norm);
-        for lq in [11, 1, 3] {
-            let q = Tensor::random([b, lq, 64], 20 + lq as u64);
-            let kv = Tensor::random([b, lk, 64], 30);
-            for mask in [Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])] {
-                check_both_paths(
-                    &format!("{name} Lq {lq} {}", mask.kind_name()),
-                    config,
-                    &q,
-                    &kv,
-                    &mask,
-                );
-            }
-        }
+        check_both_paths_over(name, config, [b, lk], &[11, 1, 3], (20, 30), |_| {
+            vec![Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])]
+        });
         // The norm changes the answer: without it the reference differs.
-        let weights = AttentionWeights::random(&config, 42);
-        let x = Tensor::random([b, lk, 64], 3);
-        let plain = AttentionConfig {
-            qk_norm: None,
-            ..config
-        };
-        let unnormed = AttentionWeights {
-            qk_norm: None,
-            ..weights.clone()
-        };
-        let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-        let without = reference::forward(&plain, &unnormed, &x, &x, &x, &Mask::Causal).unwrap();
-        assert!(
-            common::max_err_f64(&with.output, &without.output) > 1e-2,
-            "{name}"
-        );
+        assert_feature_binds(name, config, [b, lk], |c, w| {
+            c.qk_norm = None;
+            w.qk_norm = None;
+        });
     }
 }
 
@@ -137,14 +118,8 @@ fn a_layer_norm_with_bias_matches_the_reference_on_every_path() {
     for lq in [9, 1] {
         let q = Tensor::random([b, lq, 64], 12 + lq as u64);
         for mask in [Mask::Causal, Mask::KeyPadding(vec![lk, lk - 3])] {
-            let want = reference::forward(&config, &weights, &q, &kv, &kv, &mask).unwrap();
-            for path in BOTH_PATHS {
-                let got = mha
-                    .forward_with(&q, &kv, &kv, &mask, &options(path, false))
-                    .unwrap();
-                let label = format!("biased Lq {lq} {} {path:?}", mask.kind_name());
-                common::assert_close(&label, got.output.data(), &want.output);
-            }
+            let label = format!("biased Lq {lq} {}", mask.kind_name());
+            assert_module_matches_on_both_paths(&label, &mha, &weights, &q, &kv, &mask);
         }
     }
     let x = Tensor::random([b, lk, 64], 13);
@@ -181,22 +156,13 @@ fn clip_qkv_clamps_the_projections_on_every_path() {
         .unwrap()
         .with_clip_qkv(0.3)
         .unwrap();
-    let (b, lk) = (2, 9);
-    for lq in [9, 1] {
-        let q = Tensor::random([b, lq, 64], 40 + lq as u64);
-        let kv = Tensor::random([b, lk, 64], 41);
-        check_both_paths(&format!("clip Lq {lq}"), config, &q, &kv, &Mask::Causal);
-    }
+    check_both_paths_over("clip", config, [2, 9], &[9, 1], (40, 41), |_| {
+        vec![Mask::Causal]
+    });
     let weights = AttentionWeights::random(&config, 6);
     let x = Tensor::random([2, 9, 64], 7);
     assert_steps_match_causal_forward("clip", config, &weights, &x, &[5, 1, 3]);
-    let unclipped = AttentionConfig {
-        clip_qkv: None,
-        ..config
-    };
-    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let without = reference::forward(&unclipped, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+    assert_feature_binds("clip", config, [2, 9], |c, _| c.clip_qkv = None);
     assert!(AttentionConfig::classic(64, 4)
         .unwrap()
         .with_clip_qkv(0.0)

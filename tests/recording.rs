@@ -7,22 +7,11 @@
 
 mod common;
 
-use common::{bits, gpu, module};
-use wgpu_mha::model::rope::Rope;
+use common::{bits, gpu, gqa_rope, module};
 use wgpu_mha::{
-    AttentionConfig, AttentionPath, ForwardOptions, GpuTensor, KvCache, Mask, MaskTensor,
-    MultiHeadAttention, StepOptions, Tensor,
+    AttentionPath, ForwardOptions, GpuTensor, KvCache, Mask, MaskTensor, MultiHeadAttention,
+    StepOptions, Tensor,
 };
-
-/// RoPE over 4 of the 4 head dims, 4 query heads sharing 2 key/value heads.
-fn config() -> AttentionConfig {
-    AttentionConfig::classic(16, 4)
-        .unwrap()
-        .with_kv_heads(2)
-        .unwrap()
-        .with_rope(Rope::new(10_000.0, 4))
-        .unwrap()
-}
 
 fn encoder() -> wgpu::CommandEncoder {
     gpu().device().create_command_encoder(&Default::default())
@@ -125,7 +114,7 @@ fn call(i: usize) -> Call {
 
 #[test]
 fn recorded_forwards_equal_submitted_ones_bit_for_bit() {
-    let (_, mha) = module(config(), 3);
+    let (_, mha) = module(gqa_rope(), 3);
     for n in [1, 9, 64] {
         let calls: Vec<Call> = (0..n).map(call).collect();
         // Each call submitted on its own, read back.
@@ -213,7 +202,7 @@ fn decode(mha: &MultiHeadAttention, cache: &mut KvCache, record: bool) -> Vec<Te
 
 #[test]
 fn recorded_steps_equal_submitted_ones_bit_for_bit() {
-    let (_, mha) = module(config(), 5);
+    let (_, mha) = module(gqa_rope(), 5);
     let cap = STEPS.iter().sum();
     let caches: [(&str, MakeCache); 3] = [
         ("fused", |m, cap| KvCache::new(m, 2, cap).unwrap()),
@@ -234,7 +223,7 @@ fn recorded_steps_equal_submitted_ones_bit_for_bit() {
 /// The host step and the device step are one code path: equal bit for bit.
 #[test]
 fn host_and_device_steps_agree_bit_for_bit() {
-    let (_, mha) = module(config(), 5);
+    let (_, mha) = module(gqa_rope(), 5);
     let (mut host, mut device) = (
         KvCache::new(&mha, 2, 8).unwrap(),
         KvCache::new(&mha, 2, 8).unwrap(),
@@ -250,7 +239,7 @@ fn host_and_device_steps_agree_bit_for_bit() {
 
 #[test]
 fn bad_arguments_record_nothing_and_an_unsubmitted_step_rolls_back() {
-    let (_, mha) = module(config(), 9);
+    let (_, mha) = module(gqa_rope(), 9);
     let g = gpu();
     let x = GpuTensor::upload(g, &Tensor::random([2, 3, 16], 1)).unwrap();
     let bad = GpuTensor::upload(g, &Tensor::random([2, 3, 12], 2)).unwrap();

@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::{assert_within, gpu, relative_tolerance};
+use common::{assert_within, gpu, relative_tolerance, run_sdpa_core};
 use wgpu::util::DeviceExt;
-use wgpu_mha::reference::Core;
 use wgpu_mha::{
     record_scaled_dot_product_attention, scaled_dot_product_attention, AttentionPath,
     CausalAlignment, DeviceTensor, Error, Gpu, Layout, Mask, SdpaOptions, Tensor,
@@ -240,27 +239,9 @@ impl Case {
     }
 
     fn reference(&self, seed: u64) -> (Vec<f64>, Vec<f64>) {
-        let [q, k, v] = self
-            .inputs(seed)
-            .map(|x| x.iter().map(|&v| v as f64).collect::<Vec<_>>());
-        let o = &self.options;
-        Core {
-            batch: self.batch,
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            lq: self.lq,
-            lk: self.lk,
-            dk: self.d,
-            dv: self.dv,
-            scale: o.scale.map_or(1.0 / (self.d as f64).sqrt(), |s| s as f64),
-            softcap: o.softcap,
-            alibi_max_bias: o.alibi_max_bias,
-            temperature: None,
-            sinks: o.sinks.as_deref(),
-            mask: &o.mask,
-            top_left: o.causal_alignment == CausalAlignment::TopLeft,
-        }
-        .run(&q, &k, &v)
+        let (b, h, kh) = (self.batch, self.heads, self.kv_heads);
+        let dims = [b, h, kh, self.lq, self.lk, self.d, self.dv];
+        run_sdpa_core(dims, &self.options, self.inputs(seed))
     }
 
     /// Runs on the device and checks output (and probabilities) against the reference.

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{
-    assert_steps_match_causal_forward, check_against_reference, check_both_paths, options,
-    BOTH_PATHS,
+    assert_feature_binds, assert_module_matches_on_both_paths, assert_steps_match_causal_forward,
+    check_against_reference, check_both_paths_over, options,
 };
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, Mask, MultiHeadAttention, Tensor,
@@ -28,39 +28,20 @@ fn config() -> AttentionConfig {
 fn sinks_match_the_reference_on_every_path_and_mask() {
     let config = config();
     let (b, lk) = (2, 11);
-    for lq in [11, 1, 3] {
-        let q = Tensor::random([b, lq, 64], 20 + lq as u64);
-        let kv = Tensor::random([b, lk, 64], 30);
+    check_both_paths_over("sinks", config, [b, lk], &[11, 1, 3], (20, 30), |lq| {
         let bits = common::bits(b * lq * lk, 5);
-        for mask in [
+        vec![
             Mask::Causal,
             Mask::SlidingWindow(4),
             Mask::KeyPadding(vec![lk, lk - 3]),
             Mask::block([b, 1, lq, lk], &bits).unwrap(),
-        ] {
-            check_both_paths(
-                &format!("Lq {lq} {}", mask.kind_name()),
-                config,
-                &q,
-                &kv,
-                &mask,
-            );
-        }
-    }
+        ]
+    });
     // The sinks change the answer: without them the reference differs.
-    let weights = AttentionWeights::random(&config, 42);
-    let x = Tensor::random([b, lk, 64], 3);
-    let plain = AttentionConfig {
-        sinks: false,
-        ..config
-    };
-    let without_sinks = AttentionWeights {
-        sinks: None,
-        ..weights.clone()
-    };
-    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let without = reference::forward(&plain, &without_sinks, &x, &x, &x, &Mask::Causal).unwrap();
-    assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+    let with = assert_feature_binds("sinks", config, [b, lk], |c, w| {
+        c.sinks = false;
+        w.sinks = None;
+    });
     // The probabilities leave the sink's share out.
     let row: f64 = with.probs[..lk].iter().sum();
     assert!(row < 1.0 - 1e-3, "{row}");
@@ -85,12 +66,7 @@ fn a_row_with_every_key_masked_by_minus_infinity_is_zero_with_a_sink() {
     let bias = Mask::Bias(Tensor::new([1, 1, 3, 3], vec![f32::NEG_INFINITY; 9]).unwrap());
     let want = reference::forward(&config, &weights, &x, &x, &x, &bias).unwrap();
     assert!(want.output.iter().all(|v| v.is_finite()));
-    for path in BOTH_PATHS {
-        let got = mha
-            .forward_with(&x, &x, &x, &bias, &options(path, false))
-            .unwrap();
-        common::assert_close(&format!("{path:?}"), got.output.data(), &want.output);
-    }
+    assert_module_matches_on_both_paths("all keys masked", &mha, &weights, &x, &x, &bias);
 }
 
 #[test]

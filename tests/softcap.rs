@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{assert_steps_match_causal_forward, check_both_paths};
-use wgpu_mha::{reference, AttentionConfig, AttentionWeights, Error, Mask, Tensor};
+use common::{assert_feature_binds, assert_steps_match_causal_forward, check_both_paths_over};
+use wgpu_mha::{AttentionConfig, AttentionWeights, Error, Mask, Tensor};
 
 /// GQA with 4 query heads of 8 over 2 key/value heads, scores scaled ×3 and capped at 2.
 fn capped() -> AttentionConfig {
@@ -38,29 +38,11 @@ fn masks(b: usize, lq: usize, lk: usize) -> Vec<Mask> {
 fn capped_scores_match_the_reference_on_every_path_and_mask() {
     let config = capped();
     let (b, lk) = (2, 13);
-    for lq in [13, 1, 2] {
-        let q = Tensor::random([b, lq, 32], 20 + lq as u64);
-        let kv = Tensor::random([b, lk, 32], 30);
-        for mask in masks(b, lq, lk) {
-            check_both_paths(
-                &format!("Lq {lq} {}", mask.kind_name()),
-                config,
-                &q,
-                &kv,
-                &mask,
-            );
-        }
-    }
+    check_both_paths_over("softcap", config, [b, lk], &[13, 1, 2], (20, 30), |lq| {
+        masks(b, lq, lk)
+    });
     // The cap binds: without it the answer is another one.
-    let weights = AttentionWeights::random(&config, 42);
-    let x = Tensor::random([b, lk, 32], 3);
-    let uncapped = AttentionConfig {
-        softcap: None,
-        ..config
-    };
-    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    let without = reference::forward(&uncapped, &weights, &x, &x, &x, &Mask::Causal).unwrap();
-    assert!(common::max_err_f64(&with.output, &without.output) > 1e-2);
+    assert_feature_binds("softcap", config, [b, lk], |c, _| c.softcap = None);
 }
 
 #[test]

@@ -5,10 +5,9 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use wgpu::util::DeviceExt;
-use wgpu_mha::reference::Core;
 use wgpu_mha::{DeviceTensor, Layout, SdpaOptions, Tensor};
 
-use super::{assert_within, relative_tolerance};
+use super::{assert_within, relative_tolerance, run_sdpa_core};
 
 pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -269,28 +268,16 @@ impl Problem {
     }
 
     pub fn reference(&self, seed: u64) -> Vec<f64> {
-        let [q, k, v] = self
-            .inputs(seed)
-            .map(|x| x.iter().map(|&v| v as f64).collect::<Vec<_>>());
-        let o = &self.options;
-        Core {
-            batch: self.batch,
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            lq: self.lq,
-            lk: self.lk,
-            dk: D,
-            dv: D,
-            scale: o.scale.map_or(1.0 / (D as f64).sqrt(), |s| s as f64),
-            softcap: o.softcap,
-            alibi_max_bias: o.alibi_max_bias,
-            temperature: None,
-            sinks: o.sinks.as_deref(),
-            mask: &o.mask,
-            top_left: false,
-        }
-        .run(&q, &k, &v)
-        .0
+        let dims = [
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.lq,
+            self.lk,
+            D,
+            D,
+        ];
+        run_sdpa_core(dims, &self.options, self.inputs(seed)).0
     }
 
     /// q, k, v each in its own buffer (every other element NaN: never read), out zeroed.
@@ -308,6 +295,26 @@ impl Problem {
         let s = self.shapes();
         [0, 1, 2, 3]
             .map(|i| DeviceTensor::new(buffers[i], s[i], self.layout).at_offset(self.offsets[i]))
+    }
+
+    /// This problem recorded over `buffers` (q, k, v, out) into an encoder of its own, submitted,
+    /// and its output checked.
+    pub fn run_and_check(&self, e: &Engine, buffers: [&wgpu::Buffer; 4], seed: u64, label: &str) {
+        let [q, k, v, out] = self.tensors(buffers);
+        let mut encoder = e.device.create_command_encoder(&Default::default());
+        wgpu_mha::record_scaled_dot_product_attention(
+            &e.gpu,
+            &mut encoder,
+            &q,
+            &k,
+            &v,
+            &out,
+            &self.options,
+        )
+        .unwrap_or_else(|err| panic!("{label}: {err}"));
+        e.submit(encoder)
+            .unwrap_or_else(|err| panic!("{label}: validation error {err}"));
+        self.check_out(e, buffers[3], seed, label);
     }
 
     pub fn check_out(&self, e: &Engine, out: &wgpu::Buffer, seed: u64, label: &str) {

@@ -2,13 +2,16 @@
 #![allow(dead_code)]
 
 pub mod engine;
+pub mod hf_cases;
 pub mod hf_dirs;
 
 use std::sync::OnceLock;
 
+use wgpu_mha::model::rope::Rope;
+use wgpu_mha::reference::{Core, ReferenceOutput};
 use wgpu_mha::{
     reference, AttentionConfig, AttentionPath, AttentionWeights, ForwardOptions, Gpu, Mask,
-    MultiHeadAttention, Tensor,
+    MultiHeadAttention, SdpaOptions, Tensor,
 };
 
 /// The test GPU (WGPU_BACKEND / WGPU_ADAPTER_NAME honoured). No adapter is a failure, never a
@@ -354,23 +357,11 @@ pub fn sdpa_reference(
         }
         y
     };
-    let (want, probs) = reference::Core {
-        batch: b,
-        heads: h,
-        kv_heads: h,
-        lq,
-        lk,
-        dk: d,
-        dv: d,
-        scale: options.scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64),
-        softcap: options.softcap,
-        alibi_max_bias: options.alibi_max_bias,
-        temperature: None,
-        sinks: options.sinks.as_deref(),
-        mask: &options.mask,
-        top_left: options.causal_alignment == wgpu_mha::CausalAlignment::TopLeft,
-    }
-    .run(&combined(&q, lq), &combined(&k, lk), &combined(&v, lk));
+    let (want, probs) = sdpa_core([b, h, h, lq, lk, d, d], options).run(
+        &combined(&q, lq),
+        &combined(&k, lk),
+        &combined(&v, lk),
+    );
     let want = (0..b * h * lq * d).map(|n| want[at(n, lq)]).collect();
     (want, probs)
 }
@@ -440,5 +431,121 @@ pub fn check_both_paths(
         let probs = path == AttentionPath::MultiPass;
         let label = format!("{label} {path:?}");
         check_against_reference(&label, config, query, kv, kv, mask, &options(path, probs));
+    }
+}
+
+/// [`check_both_paths`] for a batch of `b` queries of each length in `lqs` (seeded
+/// `seeds.0 + Lq`) against `lk` keys and values (seeded `seeds.1`), under each mask `masks`
+/// gives for that length; each label is "`label` Lq … mask kind".
+pub fn check_both_paths_over(
+    label: &str,
+    config: AttentionConfig,
+    [b, lk]: [usize; 2],
+    lqs: &[usize],
+    seeds: (u64, u64),
+    masks: impl Fn(usize) -> Vec<Mask>,
+) {
+    let e = config.model_dim;
+    let kv = Tensor::random([b, lk, e], seeds.1);
+    for &lq in lqs {
+        let q = Tensor::random([b, lq, e], seeds.0 + lq as u64);
+        for mask in masks(lq) {
+            let label = format!("{label} Lq {lq} {}", mask.kind_name());
+            check_both_paths(&label, config, &q, &kv, &mask);
+        }
+    }
+}
+
+/// A feature binds: the f64 reference of `config` (seeded weights, causal self-attention over
+/// a seeded `[b, l, E]` input) and of the same module with the feature taken out by `strip`
+/// (from the config and the weights) differ by more than 1e-2, so an engine that skipped the
+/// feature would fail. Returns the reference with the feature.
+pub fn assert_feature_binds(
+    label: &str,
+    config: AttentionConfig,
+    [b, l]: [usize; 2],
+    strip: impl FnOnce(&mut AttentionConfig, &mut AttentionWeights),
+) -> ReferenceOutput {
+    let weights = AttentionWeights::random(&config, 42);
+    let x = Tensor::random([b, l, config.model_dim], 3);
+    let (mut plain, mut plain_weights) = (config, weights.clone());
+    strip(&mut plain, &mut plain_weights);
+    let with = reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).expect("reference");
+    let without = reference::forward(&plain, &plain_weights, &x, &x, &x, &Mask::Causal)
+        .expect("reference without");
+    let diff = max_err_f64(&with.output, &without.output);
+    assert!(
+        diff > 1e-2,
+        "{label}: without it the answer moves by only {diff:.3e}"
+    );
+    with
+}
+
+/// `mha` (built from `weights`) on both paths, `key` = `value` = `kv`, equals the f64
+/// reference of the same weights; each label ends in its path.
+pub fn assert_module_matches_on_both_paths(
+    label: &str,
+    mha: &MultiHeadAttention,
+    weights: &AttentionWeights,
+    query: &Tensor,
+    kv: &Tensor,
+    mask: &Mask,
+) {
+    let want = reference::forward(mha.config(), weights, query, kv, kv, mask).expect("reference");
+    for path in BOTH_PATHS {
+        let got = mha
+            .forward_with(query, kv, kv, mask, &options(path, false))
+            .unwrap_or_else(|e| panic!("{label} {path:?}: {e}"));
+        assert_close(
+            &format!("{label} {path:?}"),
+            got.output.data(),
+            &want.output,
+        );
+    }
+}
+
+/// 4 query heads of 4 sharing 2 key/value heads (E = 16), RoPE over the whole head.
+pub fn gqa_rope() -> AttentionConfig {
+    AttentionConfig::classic(16, 4)
+        .unwrap()
+        .with_kv_heads(2)
+        .unwrap()
+        .with_rope(Rope::new(10_000.0, 4))
+        .unwrap()
+}
+
+/// [`sdpa_core`] run over the f32 q, k, v (in the core's `[B, L, H·d]` layouts):
+/// `(output, probabilities)`.
+pub fn run_sdpa_core(
+    dims: [usize; 7],
+    options: &SdpaOptions,
+    inputs: [Vec<f32>; 3],
+) -> (Vec<f64>, Vec<f64>) {
+    let [q, k, v] = inputs.map(|x| x.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    sdpa_core(dims, options).run(&q, &k, &v)
+}
+
+/// The f64 reference core of a `scaled_dot_product_attention` call with `options`:
+/// `[batch, heads, kv_heads, lq, lk, dk, dv]`, the scale 1/√dk unless the options give one, the
+/// causal diagonal aligned as the options say.
+pub fn sdpa_core(
+    [batch, heads, kv_heads, lq, lk, dk, dv]: [usize; 7],
+    options: &SdpaOptions,
+) -> Core<'_> {
+    Core {
+        batch,
+        heads,
+        kv_heads,
+        lq,
+        lk,
+        dk,
+        dv,
+        scale: options.scale.map_or(1.0 / (dk as f64).sqrt(), |s| s as f64),
+        softcap: options.softcap,
+        alibi_max_bias: options.alibi_max_bias,
+        temperature: None,
+        sinks: options.sinks.as_deref(),
+        mask: &options.mask,
+        top_left: options.causal_alignment == wgpu_mha::CausalAlignment::TopLeft,
     }
 }
