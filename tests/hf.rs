@@ -16,8 +16,9 @@ mod common;
 
 use std::path::Path;
 
+use common::hf_cases::{assert_run_matches_case, inspect_and_run};
 use common::{cases_pass_on_both_paths, cli, file_name as name, fixtures};
-use wgpu_mha::{Case, SafetensorsFile};
+use wgpu_mha::Case;
 
 #[test]
 fn hugging_face_modules_match_transformers_on_both_paths() {
@@ -278,12 +279,7 @@ fn run_hf_on_saved_models_matches_transformers() {
         args.extend(select);
         let (code, text) = cli(&args);
         assert_eq!(code, 0, "{case}: {text}");
-        let got = SafetensorsFile::open(&out)
-            .and_then(|f| f.tensor_f32("out"))
-            .expect("out");
-        let case = Case::from_file(&case_path).expect("case");
-        let err = case.max_abs_err(got.data());
-        assert!(err <= case.bound(), "{}: {err:.3e}", case.name);
+        assert_run_matches_case(&out, &case_path);
     }
     // A layer with several modules (t5 block 1: self and cross) needs --prefix, and says which.
     let t5 = root.join("hf_models/t5");
@@ -345,9 +341,6 @@ fn inspect_lists_every_module_with_what_it_needs() {
 /// and `inspect` names what each layer is — its window, its RoPE (or none: NoPE), its norms.
 #[test]
 fn run_hf_and_inspect_read_the_round2_families() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let dir = std::env::temp_dir().join(format!("wgpu-mha-hf-round2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
     for (case, phrases) in [
         (
             "qwen2_moe_self_layer0_causal_padding_window3_bias",
@@ -490,40 +483,6 @@ fn run_hf_and_inspect_read_the_round2_families() {
             ],
         ),
     ] {
-        let path = root.join(format!("{case}.safetensors"));
-        let (code, text) = cli(&["inspect", path.to_str().unwrap()]);
-        assert_eq!(code, 0, "{case}: {text}");
-        for phrase in phrases.iter().chain(&["  runs"]) {
-            assert!(
-                text.contains(phrase),
-                "{case}: inspect lacks `{phrase}`:\n{text}"
-            );
-        }
-        let prefix = SafetensorsFile::open(&path)
-            .expect("case")
-            .metadata("prefix")
-            .expect("prefix")
-            .to_string();
-        let out = dir.join(format!("{case}.out.safetensors"));
-        let p = path.to_str().unwrap();
-        let (code, text) = cli(&[
-            "run",
-            "--hf",
-            p,
-            "--prefix",
-            &prefix,
-            "--inputs",
-            p,
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        assert_eq!(code, 0, "{case}: {text}");
-        let got = SafetensorsFile::open(&out)
-            .and_then(|f| f.tensor_f32("out"))
-            .expect("out");
-        let case = Case::from_file(&path).expect("case");
-        let err = case.max_abs_err(got.data());
-        assert!(err <= case.bound(), "{}: {err:.3e}", case.name);
+        inspect_and_run(case, phrases);
     }
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -8,25 +8,21 @@
 
 mod common;
 
+use common::hf_cases::{assert_every_family_in, case_module, hf_case};
 use common::{
-    assert_close, assert_steps_match_causal_forward, file_name, fixtures, gpu, BOTH_PATHS,
+    assert_close, assert_steps_match_causal_forward, assert_within, file_name, fixtures, gpu,
+    BOTH_PATHS,
 };
 use wgpu_mha::attention::mla_stage::MlaStage;
-use wgpu_mha::io::hf::HfCheckpoint;
-use wgpu_mha::{
-    Error, ForwardOptions, KvCache, Mask, MultiHeadAttention, SafetensorsFile, StepOptions, Tensor,
-};
+use wgpu_mha::{Error, ForwardOptions, KvCache, Mask, MultiHeadAttention, StepOptions, Tensor};
 
 #[test]
 fn every_decoder_family_decodes_as_transformers_answers() {
     let mut decoded = Vec::new();
     for path in fixtures("hf") {
-        let file = SafetensorsFile::open(&path).expect("case");
+        let (file, module) = case_module(&path);
         let self_causal =
             file.metadata("causal") == Some("true") && file.metadata("attention") == Some("self");
-        let prefix = file.metadata("prefix").expect("prefix").to_string();
-        let ckpt = HfCheckpoint::open(&path).expect("checkpoint");
-        let module = ckpt.attention(&prefix, None).expect("module");
         if !self_causal {
             continue;
         }
@@ -78,90 +74,81 @@ fn every_decoder_family_decodes_as_transformers_answers() {
                     .step(&step_x, pos.as_deref())
                     .unwrap_or_else(|err| panic!("{name} ({path:?}): step at {at}: {err}"));
                 let expected = &want[(bi * l + at) * out..(bi * l + at + n) * out];
-                let err = got
-                    .data()
-                    .iter()
-                    .zip(expected)
-                    .map(|(g, w)| (*g as f64 - w).abs())
-                    .fold(0.0, f64::max);
-                assert!(
-                    err <= bound,
-                    "{name} ({path:?}): sequence {bi}, step at {at} (+{n}): error {err:.3e} > bound {bound:.3e}"
-                );
+                let label = format!("{name} ({path:?}): sequence {bi}, step at {at} (+{n})");
+                assert_within(&label, got.data(), expected, bound);
                 at += n;
             }
         }
         decoded.push(name);
     }
     // The decoder families, each at least once.
-    for family in [
-        "gpt2",
-        "gpt_neo",
-        "llama",
-        "mistral",
-        "qwen2",
-        "qwen3",
-        "gemma",
-        "gemma2",
-        "gemma3",
-        "granite",
-        "starcoder2",
-        "phi3",
-        "phi_",
-        "gpt_neox",
-        "olmo2",
-        "cohere",
-        "stablelm",
-        "gpt_oss",
-        "bloom",
-        "falcon",
-        "mpt",
-        "gptj",
-        "codegen",
-        "gpt_bigcode",
-        "t5_decoder_self",
-        "deepseek_v2",
-        "deepseek_v3",
-        "clip_text",
-        "xglm",
-        "qwen2_moe",
-        "qwen3_moe",
-        "olmoe",
-        "granitemoe",
-        "helium",
-        "arcee",
-        "ministral",
-        "seed_oss",
-        "ernie4_5",
-        "exaone4_self_layer0",
-        "exaone4_self_layer1",
-        "hunyuan_v1_dense",
-        "olmo3_self_layer0",
-        "olmo3_self_layer1",
-        "cohere2_self_layer0",
-        "cohere2_self_layer1",
-        "smollm3_self_layer0",
-        "smollm3_self_layer1",
-        "glm_self",
-        "glm4_self",
-        "nemotron_self",
-        "persimmon_self",
-        "musicgen_decoder_self",
-        "nllb_moe_decoder_self",
-        "umt5_decoder_self",
-        "longt5_decoder_self",
-        "llama4_text_self_layer0",
-        "llama4_text_self_layer1",
-        "dbrx",
-        "jamba",
-        "qwen3_next",
-        "bitnet",
-    ] {
-        assert!(
-            decoded.iter().any(|n| n.starts_with(family)),
-            "no decoded case of {family}: {decoded:?}"
-        );
-    }
+    assert_every_family_in(
+        &decoded,
+        &[
+            "gpt2",
+            "gpt_neo",
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "gemma",
+            "gemma2",
+            "gemma3",
+            "granite",
+            "starcoder2",
+            "phi3",
+            "phi_",
+            "gpt_neox",
+            "olmo2",
+            "cohere",
+            "stablelm",
+            "gpt_oss",
+            "bloom",
+            "falcon",
+            "mpt",
+            "gptj",
+            "codegen",
+            "gpt_bigcode",
+            "t5_decoder_self",
+            "deepseek_v2",
+            "deepseek_v3",
+            "clip_text",
+            "xglm",
+            "qwen2_moe",
+            "qwen3_moe",
+            "olmoe",
+            "granitemoe",
+            "helium",
+            "arcee",
+            "ministral",
+            "seed_oss",
+            "ernie4_5",
+            "exaone4_self_layer0",
+            "exaone4_self_layer1",
+            "hunyuan_v1_dense",
+            "olmo3_self_layer0",
+            "olmo3_self_layer1",
+            "cohere2_self_layer0",
+            "cohere2_self_layer1",
+            "smollm3_self_layer0",
+            "smollm3_self_layer1",
+            "glm_self",
+            "glm4_self",
+            "nemotron_self",
+            "persimmon_self",
+            "musicgen_decoder_self",
+            "nllb_moe_decoder_self",
+            "umt5_decoder_self",
+            "longt5_decoder_self",
+            "llama4_text_self_layer0",
+            "llama4_text_self_layer1",
+            "dbrx",
+            "jamba",
+            "qwen3_next",
+            "bitnet",
+        ],
+        "decoded",
+    );
 }
 
 /// Dynamic NTK RoPE: within max_position_embeddings (4 here) the frequencies are the plain
@@ -171,14 +158,7 @@ fn every_decoder_family_decodes_as_transformers_answers() {
 /// against transformers in tests/hf.rs).
 #[test]
 fn dynamic_rope_decodes_within_its_max_and_is_refused_past_it() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let path = root.join("llama_self_layer1_causal_padding_dynamic.safetensors");
-    let file = SafetensorsFile::open(&path).expect("case");
-    let prefix = file.metadata("prefix").expect("prefix").to_string();
-    let module = HfCheckpoint::open(&path)
-        .expect("checkpoint")
-        .attention(&prefix, None)
-        .expect("module");
+    let (file, module) = case_module(&hf_case("llama_self_layer1_causal_padding_dynamic"));
     let x = file.tensor_f32("hidden_states").expect("hidden_states");
     let e = x.shape()[2];
     let first = Tensor::new([1, 4, e], x.data()[..4 * e].to_vec()).expect("rows");
@@ -217,15 +197,11 @@ fn dynamic_rope_decodes_within_its_max_and_is_refused_past_it() {
 fn a_decoder_over_an_encoder_or_cross_attention_is_refused() {
     let mut refused = Vec::new();
     for path in fixtures("hf") {
-        let file = SafetensorsFile::open(&path).expect("case");
+        let (file, module) = case_module(&path);
         if file.metadata("causal") == Some("true") && file.metadata("attention") == Some("self") {
             continue;
         }
-        let prefix = file.metadata("prefix").expect("prefix").to_string();
-        let module = HfCheckpoint::open(&path)
-            .expect("checkpoint")
-            .attention(&prefix, None)
-            .expect("module");
+        let prefix = module.prefix.clone();
         let name = file_name(&path);
         match module.decoder(gpu(), 1, 8) {
             Err(Error::Misuse(m)) => {
@@ -262,12 +238,7 @@ fn mla_caches_only_the_latent_and_decodes_as_its_causal_forward() {
         if !name.starts_with("deepseek") {
             continue;
         }
-        let file = SafetensorsFile::open(&path).expect("case");
-        let prefix = file.metadata("prefix").expect("prefix").to_string();
-        let module = HfCheckpoint::open(&path)
-            .expect("checkpoint")
-            .attention(&prefix, None)
-            .expect("module");
+        let (file, module) = case_module(&path);
         let dims = *module.mla.as_ref().expect("an MLA module").dims();
         let x = file.tensor_f32("hidden_states").expect("hidden_states");
         let [b, l, e] = x.shape()[..] else {

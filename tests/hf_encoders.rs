@@ -4,49 +4,12 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::cli;
+use common::hf_cases::{hf_case, inspect_and_run};
 use common::hf_dirs::model_dir;
 use serde_json::{json, Value};
 use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
 use wgpu_mha::model::mask::{AttnDims, MaskTensor};
-use wgpu_mha::{Case, Result, SafetensorsFile, Tensor};
-
-/// `inspect` on `case` shows every phrase and `runs`; `run --hf` matches its `out_f64`.
-fn inspect_and_run(case: &str, phrases: &[&str]) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let dir = std::env::temp_dir().join(format!("wgpu-mha-hf-enc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = root.join(format!("{case}.safetensors"));
-    let (code, text) = cli(&["inspect", path.to_str().unwrap()]);
-    assert_eq!(code, 0, "{case}: {text}");
-    for phrase in phrases.iter().chain(&["  runs"]) {
-        assert!(
-            text.contains(phrase),
-            "{case}: inspect lacks `{phrase}`:\n{text}"
-        );
-    }
-    let prefix = SafetensorsFile::open(&path)
-        .expect("case")
-        .metadata("prefix")
-        .expect("prefix")
-        .to_string();
-    let out = dir.join(format!("{case}.out.safetensors"));
-    let p = path.to_str().unwrap();
-    let args = [
-        "run", "--hf", p, "--prefix", &prefix, "--inputs", p, "--out",
-    ];
-    let (code, text) = cli(&[&args[..], &[out.to_str().unwrap()]].concat());
-    assert_eq!(code, 0, "{case}: {text}");
-    let got = SafetensorsFile::open(&out)
-        .and_then(|f| f.tensor_f32("out"))
-        .expect("out");
-    let case = Case::from_file(&path).expect("case");
-    let err = case.max_abs_err(got.data());
-    assert!(err <= case.bound(), "{}: {err:.3e}", case.name);
-    std::fs::remove_file(&out).ok();
-}
+use wgpu_mha::{Result, SafetensorsFile, Tensor};
 
 #[test]
 fn megatron_bert_runs_after_its_input_norm() {
@@ -91,8 +54,7 @@ fn load_patched(case: &str, tag: &str, patch: Value) -> Result<HfAttention> {
 
 /// As `load_patched`, without the tensors whose names end with `drop` (if not empty).
 fn load_without(case: &str, tag: &str, patch: Value, drop: &str) -> Result<HfAttention> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let file = SafetensorsFile::open(root.join(format!("{case}.safetensors")))?;
+    let file = SafetensorsFile::open(hf_case(case))?;
     let prefix = file.metadata("prefix").expect("prefix").to_string();
     let mut config: Value = serde_json::from_str(file.metadata("hf_config").unwrap()).unwrap();
     let object = config.as_object_mut().unwrap();

@@ -12,10 +12,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{assert_close, cli, gpu};
-use wgpu_mha::io::hf::HfCheckpoint;
+use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
 use wgpu_mha::io::safetensors::write_safetensors;
 use wgpu_mha::model::mask::AttnDims;
-use wgpu_mha::{reference, Error, MultiHeadAttention, Tensor};
+use wgpu_mha::{reference, Error, MultiHeadAttention, Result, Tensor};
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -159,14 +159,28 @@ fn layout(which: &str) -> (&'static str, Vec<(String, Vec<usize>)>) {
     }
 }
 
-/// The load of `layout`'s module under `config`: its error, which must be UnsupportedModule.
-fn refusal(tag: &str, which: &str, config: &str) -> String {
-    let (prefix, specs) = layout(which);
-    let dir = model_dir(tag, config, &specs);
-    match HfCheckpoint::open(dir.path())
+/// The module under `prefix` of a model directory of `specs` with `config`.
+fn load(
+    tag: &str,
+    config: &str,
+    specs: &[(String, Vec<usize>)],
+    prefix: &str,
+) -> Result<HfAttention> {
+    let dir = model_dir(tag, config, specs);
+    HfCheckpoint::open(dir.path())
         .unwrap()
         .attention(prefix, None)
-    {
+}
+
+/// `layout`'s module loaded under `config`.
+fn load_layout(tag: &str, which: &str, config: &str) -> Result<HfAttention> {
+    let (prefix, specs) = layout(which);
+    load(tag, config, &specs, prefix)
+}
+
+/// The load of `layout`'s module under `config`: its error, which must be UnsupportedModule.
+fn refusal(tag: &str, which: &str, config: &str) -> String {
+    match load_layout(tag, which, config) {
         Err(e @ Error::UnsupportedModule { .. }) => e.to_string(),
         Err(e) => panic!("{tag}: expected UnsupportedModule, got `{e}`"),
         Ok(m) => panic!("{tag}: loaded as {:?} ({})", m.family, m.prefix),
@@ -351,28 +365,12 @@ fn keys_that_change_the_answer_are_refused_by_name() {
         assert!(text.contains(key), "{model_type} with {setting}: {text}");
     }
     // The same keys where the model type reads them load.
-    let (prefix, specs) = layout("gpt_neox");
-    let dir = model_dir(
-        "neoxpartial",
-        r#"{"model_type": "gpt_neox", "num_attention_heads": 4, "rotary_pct": 0.5}"#,
-        &specs,
-    );
-    let m = HfCheckpoint::open(dir.path())
-        .unwrap()
-        .attention(prefix, None)
-        .unwrap();
+    let config = r#"{"model_type": "gpt_neox", "num_attention_heads": 4, "rotary_pct": 0.5}"#;
+    let m = load_layout("neoxpartial", "gpt_neox", config).unwrap();
     assert_eq!(m.config.rope.map(|r| r.rotary_dims), Some(2));
     // attention_bias that the tensors contradict: transformers would not run these weights.
-    let (prefix, specs) = layout("llama");
-    let dir = model_dir(
-        "biasconflict",
-        r#"{"model_type": "llama", "num_attention_heads": 4, "attention_bias": true}"#,
-        &specs,
-    );
-    let err = HfCheckpoint::open(dir.path())
-        .unwrap()
-        .attention(prefix, None)
-        .unwrap_err();
+    let config = r#"{"model_type": "llama", "num_attention_heads": 4, "attention_bias": true}"#;
+    let err = load_layout("biasconflict", "llama", config).unwrap_err();
     assert!(err.to_string().contains("attention_bias = true"), "{err}");
 }
 
@@ -402,17 +400,15 @@ fn gpt_neo_layers_are_unscaled_and_local_ones_windowed() {
             runs_as_expected(&ckpt, prefix, 4, true);
         }
     }
-    let dir = model_dir(
+    let err = load(
         "neobad",
         r#"{"model_type": "gpt_neo", "num_heads": 4, "attention_layers": ["sparse"]}"#,
         &specs,
-    );
-    let err = HfCheckpoint::open(dir.path())
-        .unwrap()
-        .attention(prefix, None)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        prefix,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
     assert!(err.contains("\"sparse\""), "{err}");
 }
 
@@ -423,11 +419,7 @@ fn a_bert_decoder_is_causal() {
         let config = format!(
             r#"{{"model_type": "bert", "num_attention_heads": 4, "is_decoder": {is_decoder}}}"#
         );
-        let dir = model_dir(&format!("bertdec{is_decoder}"), &config, &specs);
-        let m = HfCheckpoint::open(dir.path())
-            .unwrap()
-            .attention(prefix, None)
-            .unwrap();
+        let m = load(&format!("bertdec{is_decoder}"), &config, &specs, prefix).unwrap();
         assert_eq!(m.causal, causal, "is_decoder {is_decoder}");
     }
 }
@@ -549,11 +541,7 @@ fn a_multimodal_llms_text_tower_reads_text_config() {
     assert_eq!((m.config.heads, m.causal), (2, false));
     // A text tower whose sub-config names a refused model type is refused by that name.
     let gemma3 = llava.replace(r#""model_type": "llama""#, r#""model_type": "gemma3_text""#);
-    let dir = model_dir("gemma3mm", &gemma3, &specs);
-    let err = HfCheckpoint::open(dir.path())
-        .unwrap()
-        .attention(text, None)
-        .unwrap_err();
+    let err = load("gemma3mm", &gemma3, &specs, text).unwrap_err();
     assert!(err.to_string().contains("gemma3_text"), "{err}");
     // A prefix that names no tower of a multimodal config is ambiguous: refused.
     let mut specs = projections(
@@ -564,16 +552,14 @@ fn a_multimodal_llms_text_tower_reads_text_config() {
         true,
     );
     specs.push(("logit_scale".into(), vec![1]));
-    let dir = model_dir(
+    let err = load(
         "ambiguous",
         r#"{"model_type": "clip", "text_config": {"num_attention_heads": 4},
             "vision_config": {"num_attention_heads": 2}}"#,
         &specs,
-    );
-    let err = HfCheckpoint::open(dir.path())
-        .unwrap()
-        .attention("encoder.layers.0.self_attn.", None)
-        .unwrap_err();
+        "encoder.layers.0.self_attn.",
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("ambiguous"), "{err}");
 }
 
@@ -645,10 +631,8 @@ fn mla_modules_transformers_would_not_build_are_refused() {
                 "v_head_dim": 8{extra}}}"#
         )
     };
-    let load = |tag: &str, config: &str, specs: &[(String, Vec<usize>)]| {
-        let dir = model_dir(tag, config, specs);
-        HfCheckpoint::open(dir.path()).unwrap().attention(p, None)
-    };
+    let load =
+        |tag: &str, config: &str, specs: &[(String, Vec<usize>)]| load(tag, config, specs, p);
     let module = load("mla-ok", &config(""), &specs(&[])).expect("a plain MLA module loads");
     assert!(module.causal && module.mla.is_some());
     assert_eq!(module.mla.as_ref().unwrap().dims().latent_width(), 20);

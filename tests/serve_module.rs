@@ -6,6 +6,7 @@
 mod common;
 
 use common::gpu;
+use common::hf_cases::{assert_every_family_in, case_module};
 use wgpu_mha::model::rope::Rope;
 use wgpu_mha::serve::{KvLayout, PageAllocator, PagedKvPool, PagedStep, PoolConfig, Sequence};
 use wgpu_mha::{AttentionConfig, GpuTensor, KvCache, MultiHeadAttention, Tensor};
@@ -191,22 +192,15 @@ fn modules_a_pool_does_not_hold_yet_are_refused() {
 /// refused by name; their count is checked too.
 #[test]
 fn every_decoder_family_on_a_pool_answers_as_transformers() {
-    use wgpu_mha::io::hf::HfCheckpoint;
-    use wgpu_mha::SafetensorsFile;
     let (mut served, mut refused) = (Vec::new(), Vec::new());
     for path in common::fixtures("hf") {
-        let file = SafetensorsFile::open(&path).expect("case");
+        let (file, module) = case_module(&path);
         let name = common::file_name(&path);
         let self_causal =
             file.metadata("causal") == Some("true") && file.metadata("attention") == Some("self");
         if !self_causal || name.contains("_dynamic.") {
             continue;
         }
-        let prefix = file.metadata("prefix").expect("prefix").to_string();
-        let module = HfCheckpoint::open(&path)
-            .expect("checkpoint")
-            .attention(&prefix, None)
-            .expect("module");
         let x = file.tensor_f32("hidden_states").expect("hidden_states");
         let [b, l, e] = x.shape()[..] else {
             panic!("{name}: rank")
@@ -303,15 +297,8 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
                 for &i in &real[bi][starts[bi]..starts[bi] + counts[bi]] {
                     let expected = &want[(bi * l + i) * out_dim..(bi * l + i + 1) * out_dim];
                     let g = &got.data()[row * out_dim..(row + 1) * out_dim];
-                    let err = g
-                        .iter()
-                        .zip(expected)
-                        .map(|(g, w)| (*g as f64 - w).abs())
-                        .fold(0.0, f64::max);
-                    assert!(
-                        err <= bound,
-                        "{name}: sequence {bi} token {i}: error {err:.3e} > {bound:.3e}"
-                    );
+                    let label = format!("{name}: sequence {bi} token {i}");
+                    common::assert_within(&label, g, expected, bound);
                     row += 1;
                 }
             }
@@ -325,42 +312,41 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
         }
     }
     println!("served on a pool: {served:?}\nrefused: {refused:?}");
-    for family in [
-        "bart_decoder",
-        "bloom",
-        "clip_text",
-        "codegen",
-        "cohere",
-        "falcon",
-        "gemma_",
-        "gemma2",
-        "gemma3",
-        "gpt2",
-        "gpt_bigcode",
-        "gpt_neo_",
-        "gpt_neox",
-        "gptj",
-        "granite",
-        "llama",
-        "mistral",
-        "mpt",
-        "olmo_",
-        "olmo2",
-        "phi_",
-        "phi3",
-        "qwen2",
-        "qwen3",
-        "stablelm",
-        "starcoder2",
-        "xglm",
-        "dbrx",
-        "jamba",
-    ] {
-        assert!(
-            served.iter().any(|n| n.starts_with(family)),
-            "no case of {family} served on a pool: {served:?}"
-        );
-    }
+    assert_every_family_in(
+        &served,
+        &[
+            "bart_decoder",
+            "bloom",
+            "clip_text",
+            "codegen",
+            "cohere",
+            "falcon",
+            "gemma_",
+            "gemma2",
+            "gemma3",
+            "gpt2",
+            "gpt_bigcode",
+            "gpt_neo_",
+            "gpt_neox",
+            "gptj",
+            "granite",
+            "llama",
+            "mistral",
+            "mpt",
+            "olmo_",
+            "olmo2",
+            "phi_",
+            "phi3",
+            "qwen2",
+            "qwen3",
+            "stablelm",
+            "starcoder2",
+            "xglm",
+            "dbrx",
+            "jamba",
+        ],
+        "served on a pool",
+    );
     // What a pool does not hold yet: latent (MLA) caches, sinks, T5's (UMT5's, LongT5's)
     // relative bias, Llama 4's chunks and temperature, Qwen3-Next's output gate, BitNet's
     // output norm.
