@@ -6,6 +6,7 @@
 mod common;
 
 use common::gpu;
+use wgpu_mha::model::weights::SplitMix64;
 use wgpu_mha::reference::Core;
 use wgpu_mha::serve::{
     BatchAttention, BatchOptions, KvLayout, PageAllocator, PageTable, PagedKvPool, PlanInputs,
@@ -13,16 +14,15 @@ use wgpu_mha::serve::{
 };
 use wgpu_mha::{Gpu, GpuTensor, KvDtype, Mask, MaskTensor, Tensor};
 
-/// SplitMix64: the tests' own seeded integers.
-struct Rng(u64);
+/// The tests' own seeded integers, from the library's SplitMix64.
+struct Rng(SplitMix64);
 
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(SplitMix64::new(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `lo ..= hi`.
     fn range(&mut self, lo: usize, hi: usize) -> usize {
@@ -228,10 +228,8 @@ fn stored(x: f32, f16: bool) -> f64 {
 
 /// Random values in [-1, 1), by seed.
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng(seed);
-    (0..len)
-        .map(|_| (r.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-        .collect()
+    let mut r = SplitMix64::new(seed);
+    (0..len).map(|_| r.uniform(-1.0, 1.0)).collect()
 }
 
 /// A random batch: `n` sequences with contexts in `ctx`, query rows in `rows` (at most their
@@ -248,7 +246,7 @@ fn random_batch(
     layout: KvLayout,
     f16: bool,
 ) -> Batch {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     let lens: Vec<usize> = (0..n).map(|_| r.range(ctx.0, ctx.1)).collect();
     let pages: Vec<usize> = lens.iter().map(|l| l.div_ceil(page_size).max(1)).collect();
     // Sequence 1 shares sequence 0's first whole pages (a prompt prefix), where both have them.
@@ -324,7 +322,7 @@ fn random_batches_match_the_reference_gathering_pages() {
     let f16 = gpu().has_f16();
     let (mut split, mut register_tiled) = (false, false);
     for seed in 0..16u64 {
-        let mut r = Rng(seed * 7 + 1);
+        let mut r = Rng::new(seed * 7 + 1);
         let page_size = [1, 16, 64, 256][seed as usize % 4];
         let heads = [(4, 4), (4, 2), (8, 1), (6, 3)][r.range(0, 3)];
         let head_dim = [8, 16, 12, 64, 30][r.range(0, 4)];
@@ -1021,7 +1019,7 @@ fn decode_batches_match_the_reference() {
     let gl = g.info().backend == wgpu::Backend::Gl;
     let (mut split, mut lane_keys) = (false, false);
     for seed in 0..10u64 {
-        let mut r = Rng(seed * 13 + 5);
+        let mut r = Rng::new(seed * 13 + 5);
         let page_size = [1, 16, 64, 256][seed as usize % 4];
         let heads = [(4, 4), (8, 2), (8, 1), (6, 3), (16, 2)][r.range(0, 4)];
         let head_dim = [8, 12, 64, 128, 30][r.range(0, 4)];

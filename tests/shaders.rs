@@ -27,6 +27,16 @@ use wgpu_mha::{KernelClass, KvDtype};
 /// Every element type of a page pool.
 const POOL_DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0];
 
+/// Each head size of `head_dims` with each pool type that takes it.
+fn pool_head_dims(head_dims: [usize; 4]) -> impl Iterator<Item = (usize, KvDtype)> {
+    head_dims.into_iter().flat_map(|d| {
+        POOL_DTYPES
+            .into_iter()
+            .filter(move |dtype| dtype.check_head_dim("d", d).is_ok())
+            .map(move |dtype| (d, dtype))
+    })
+}
+
 fn parse(name: &str, source: &str) -> Result<naga::Module, String> {
     naga::front::wgsl::parse_str(source)
         .map_err(|e| format!("{name}: parse: {}", e.emit_to_string(source)))
@@ -168,47 +178,37 @@ fn all_sources() -> Vec<(String, String)> {
     // The lane-keys decode body: every group size it takes, narrow and wide heads (head sizes
     // it does not take, 30, or 128 with 8 heads, go to the other bodies).
     for group in [1, 2, 3, 4, 8] {
-        for head_dim in [4, 30, 64, 128] {
-            for dtype in POOL_DTYPES {
-                if dtype.check_head_dim("d", head_dim).is_err() {
-                    continue;
-                }
-                let shape = wgpu_mha::kernels::paged_decode::DecodeShape::within(
-                    32 * 1024,
-                    head_dim,
-                    dtype,
-                    group,
-                );
-                let takes = head_dim % 4 == 0 && group.next_power_of_two() * head_dim <= 512;
-                assert_eq!(shape.is_some(), takes, "group {group}, d {head_dim}");
-                if let Some(s) = shape {
-                    all.push((
-                        format!("paged_decode {s:?}"),
-                        wgpu_mha::kernels::paged_decode::source(s),
-                    ));
-                }
+        for (head_dim, dtype) in pool_head_dims([4, 30, 64, 128]) {
+            let shape = wgpu_mha::kernels::paged_decode::DecodeShape::within(
+                32 * 1024,
+                head_dim,
+                dtype,
+                group,
+            );
+            let takes = head_dim % 4 == 0 && group.next_power_of_two() * head_dim <= 512;
+            assert_eq!(shape.is_some(), takes, "group {group}, d {head_dim}");
+            if let Some(s) = shape {
+                all.push((
+                    format!("paged_decode {s:?}"),
+                    wgpu_mha::kernels::paged_decode::source(s),
+                ));
             }
         }
     }
     // The register-tiled body: lavapipe's and GL's rows, narrow, odd and wide heads.
     for rows in [1, 2, 4, 8] {
-        for head_dim in [4, 30, 128, 256] {
-            for dtype in POOL_DTYPES {
-                if dtype.check_head_dim("d", head_dim).is_err() {
-                    continue;
-                }
-                let s = wgpu_mha::kernels::paged_prefill::PrefillShape::within(
-                    32 * 1024,
-                    rows,
-                    head_dim,
-                    dtype,
-                )
-                .expect("fits 32 KiB");
-                all.push((
-                    format!("paged_prefill {s:?}"),
-                    wgpu_mha::kernels::paged_prefill::source(s),
-                ));
-            }
+        for (head_dim, dtype) in pool_head_dims([4, 30, 128, 256]) {
+            let s = wgpu_mha::kernels::paged_prefill::PrefillShape::within(
+                32 * 1024,
+                rows,
+                head_dim,
+                dtype,
+            )
+            .expect("fits 32 KiB");
+            all.push((
+                format!("paged_prefill {s:?}"),
+                wgpu_mha::kernels::paged_prefill::source(s),
+            ));
         }
     }
     for (dk, dv) in [(1, 1), (3, 7), (64, 64), (128, 128), (256, 256)] {
@@ -382,6 +382,17 @@ fn uniform_structs_match_their_wgsl_layout() {
     use wgpu_mha::kernels::RowStrides;
     let flash = flash_attention::source(flash_shape(64, 64, 4, false));
     let lin = linear::source(LinearVariant::Scalar, LinearElems::F32);
+    // The paged attention shader over an f32 pool (`kv_bits` 0) or a quantized one.
+    let paged = |kv_bits| {
+        paged_attention::source(PagedShape {
+            threads: 8,
+            slots: 8,
+            key_tile: 16,
+            d4: 16,
+            f16: false,
+            kv_bits,
+        })
+    };
     let structs = [
         (
             flash.clone(),
@@ -520,14 +531,6 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(RowStrides, [offset, batch, head, row]),
         ),
         (
-            read_probe::WGSL.to_string(),
-            host_layout!(ProbeParams, [vec4s, per_group, groups_x, _pad0]),
-        ),
-        (
-            read_probe::runs_source(8),
-            host_layout!(ProbeParams, [vec4s, per_group, groups_x, _pad0]),
-        ),
-        (
             rope::source(false),
             host_layout!(
                 RopeParams,
@@ -589,14 +592,7 @@ fn uniform_structs_match_their_wgsl_layout() {
             ),
         ),
         (
-            paged_attention::source(PagedShape {
-                threads: 8,
-                slots: 8,
-                key_tile: 16,
-                d4: 16,
-                f16: false,
-                kv_bits: 0,
-            }),
+            paged(0),
             host_layout!(
                 PagedParams,
                 [
@@ -648,75 +644,8 @@ fn uniform_structs_match_their_wgsl_layout() {
             host_layout!(MergeStateParams, [rows, head_dim, groups_x, _pad]),
         ),
         (
-            paged_append::source(KvDtype::F32),
-            host_layout!(
-                PagedAppendParams,
-                [
-                    tokens,
-                    kv_heads,
-                    head_dim,
-                    page_size,
-                    hnd,
-                    groups_x,
-                    k_offset,
-                    v_offset,
-                    row_stride,
-                    head_stride,
-                    scales,
-                    _pad1
-                ]
-            ),
-        ),
-        (
-            paged_append::source(KvDtype::Q8_0),
-            host_layout!(
-                PagedAppendParams,
-                [
-                    tokens,
-                    kv_heads,
-                    head_dim,
-                    page_size,
-                    hnd,
-                    groups_x,
-                    k_offset,
-                    v_offset,
-                    row_stride,
-                    head_stride,
-                    scales,
-                    _pad1
-                ]
-            ),
-        ),
-        (
-            paged_attention::source(PagedShape {
-                threads: 8,
-                slots: 8,
-                key_tile: 16,
-                d4: 16,
-                f16: false,
-                kv_bits: 4,
-            }),
+            paged(4),
             host_layout!(PoolFormat, [scales, _pad0, _pad1, _pad2]),
-        ),
-        (
-            kv_append::source(false, 0),
-            host_layout!(
-                AppendParams,
-                [
-                    blocks, count, width, src_offset, src_stride, src_first, dst_stride, dst_first,
-                    groups_x, dst_scales, _pad1, _pad2
-                ]
-            ),
-        ),
-        (
-            kv_append::source(false, 8),
-            host_layout!(
-                AppendParams,
-                [
-                    blocks, count, width, src_offset, src_stride, src_first, dst_stride, dst_first,
-                    groups_x, dst_scales, _pad1, _pad2
-                ]
-            ),
         ),
         (
             naive::LINEAR_WGSL.to_string(),
@@ -730,7 +659,51 @@ fn uniform_structs_match_their_wgsl_layout() {
             ),
         ),
     ];
-    for (source, (name, size, fields)) in structs {
+    // A params struct that a plain and a quantized (or a run-length) shader both read: each
+    // must match it.
+    let shared = [
+        (
+            [
+                paged_append::source(KvDtype::F32),
+                paged_append::source(KvDtype::Q8_0),
+            ],
+            host_layout!(
+                PagedAppendParams,
+                [
+                    tokens,
+                    kv_heads,
+                    head_dim,
+                    page_size,
+                    hnd,
+                    groups_x,
+                    k_offset,
+                    v_offset,
+                    row_stride,
+                    head_stride,
+                    scales,
+                    _pad1
+                ]
+            ),
+        ),
+        (
+            [kv_append::source(false, 0), kv_append::source(false, 8)],
+            host_layout!(
+                AppendParams,
+                [
+                    blocks, count, width, src_offset, src_stride, src_first, dst_stride, dst_first,
+                    groups_x, dst_scales, _pad1, _pad2
+                ]
+            ),
+        ),
+        (
+            [read_probe::WGSL.to_string(), read_probe::runs_source(8)],
+            host_layout!(ProbeParams, [vec4s, per_group, groups_x, _pad0]),
+        ),
+    ];
+    let shared = shared
+        .into_iter()
+        .flat_map(|(sources, layout)| sources.map(|source| (source, layout.clone())));
+    for (source, (name, size, fields)) in structs.into_iter().chain(shared) {
         let module = validate(name, &source).unwrap_or_else(|e| panic!("{e}"));
         let (span, members) =
             wgsl_layout(&module, name).unwrap_or_else(|| panic!("no struct {name}"));
