@@ -303,6 +303,52 @@ fn random_batch(
     }
 }
 
+/// What a randomised test draws its batches from: head counts `(H, H_kv)`, head sizes, up to
+/// how many sequences, the longest context on pages of one token and of more, query rows.
+struct Draw {
+    heads: &'static [(usize, usize)],
+    head_dims: &'static [usize],
+    max_seqs: usize,
+    max_ctx: [usize; 2],
+    rows: (usize, usize),
+}
+
+impl Draw {
+    /// Test case `seed`'s batch (pages of 1, 16, 64 or 256 by seed), its shape drawn by `r`
+    /// and its tokens by `batch_seed`, with random options: the batch, its label, its longest
+    /// context.
+    fn batch(&self, r: &mut Rng, seed: u64, batch_seed: u64, f16: bool) -> (Batch, String, usize) {
+        let page_size = [1, 16, 64, 256][seed as usize % 4];
+        let heads = self.heads[r.range(0, self.heads.len() - 1)];
+        let head_dim = self.head_dims[r.range(0, self.head_dims.len() - 1)];
+        let layout = if r.coin() {
+            KvLayout::Nhd
+        } else {
+            KvLayout::Hnd
+        };
+        let n = r.range(1, self.max_seqs);
+        let max_ctx = self.max_ctx[usize::from(page_size > 1)];
+        let mut b = random_batch(
+            batch_seed,
+            n,
+            (1, max_ctx),
+            self.rows,
+            page_size,
+            heads,
+            head_dim,
+            layout,
+            f16 && r.coin(),
+        );
+        b.options = random_options(r, heads.0);
+        let label = format!(
+            "seed {seed}: {n} seqs, page {page_size}, heads {heads:?}, d {head_dim}, {layout:?}, \
+             {}, {:?}",
+            b.config.dtype, b.options
+        );
+        (b, label, max_ctx)
+    }
+}
+
 /// A random choice of every option.
 fn random_options(r: &mut Rng, heads: usize) -> BatchOptions {
     BatchOptions {
@@ -322,34 +368,14 @@ fn random_batches_match_the_reference_gathering_pages() {
     let f16 = gpu().has_f16();
     let (mut split, mut register_tiled) = (false, false);
     for seed in 0..16u64 {
-        let mut r = Rng::new(seed * 7 + 1);
-        let page_size = [1, 16, 64, 256][seed as usize % 4];
-        let heads = [(4, 4), (4, 2), (8, 1), (6, 3)][r.range(0, 3)];
-        let head_dim = [8, 16, 12, 64, 30][r.range(0, 4)];
-        let layout = if r.coin() {
-            KvLayout::Nhd
-        } else {
-            KvLayout::Hnd
+        let draw = Draw {
+            heads: &[(4, 4), (4, 2), (8, 1), (6, 3)],
+            head_dims: &[8, 16, 12, 64, 30],
+            max_seqs: 12,
+            max_ctx: [300, 900],
+            rows: (1, 40),
         };
-        let n = r.range(1, 12);
-        let max_ctx = if page_size == 1 { 300 } else { 900 };
-        let mut b = random_batch(
-            seed,
-            n,
-            (1, max_ctx),
-            (1, 40),
-            page_size,
-            heads,
-            head_dim,
-            layout,
-            f16 && r.coin(),
-        );
-        b.options = random_options(&mut r, heads.0);
-        let label = format!(
-            "seed {seed}: {n} seqs, page {page_size}, heads {heads:?}, d {head_dim}, {layout:?}, \
-             {}, {:?}",
-            b.config.dtype, b.options
-        );
+        let (b, label, max_ctx) = draw.batch(&mut Rng::new(seed * 7 + 1), seed, seed, f16);
         let plan = b.check(&label);
         split |= plan.chunk_keys() < max_ctx;
         register_tiled |= plan.register_tiled();
@@ -1019,34 +1045,15 @@ fn decode_batches_match_the_reference() {
     let gl = g.info().backend == wgpu::Backend::Gl;
     let (mut split, mut lane_keys) = (false, false);
     for seed in 0..10u64 {
-        let mut r = Rng::new(seed * 13 + 5);
-        let page_size = [1, 16, 64, 256][seed as usize % 4];
-        let heads = [(4, 4), (8, 2), (8, 1), (6, 3), (16, 2)][r.range(0, 4)];
-        let head_dim = [8, 12, 64, 128, 30][r.range(0, 4)];
-        let layout = if r.coin() {
-            KvLayout::Nhd
-        } else {
-            KvLayout::Hnd
+        let draw = Draw {
+            heads: &[(4, 4), (8, 2), (8, 1), (6, 3), (16, 2)],
+            head_dims: &[8, 12, 64, 128, 30],
+            max_seqs: 20,
+            max_ctx: [400, 3000],
+            rows: (1, 1),
         };
-        let n = r.range(1, 20);
-        let max_ctx = if page_size == 1 { 400 } else { 3000 };
-        let mut b = random_batch(
-            seed + 100,
-            n,
-            (1, max_ctx),
-            (1, 1),
-            page_size,
-            heads,
-            head_dim,
-            layout,
-            f16 && r.coin(),
-        );
-        b.options = random_options(&mut r, heads.0);
-        let label = format!(
-            "decode seed {seed}: {n} seqs, page {page_size}, heads {heads:?}, d {head_dim}, \
-             {layout:?}, {}, {:?}",
-            b.config.dtype, b.options
-        );
+        let (b, label, max_ctx) = draw.batch(&mut Rng::new(seed * 13 + 5), seed, seed + 100, f16);
+        let label = format!("decode {label}");
         let plan = b.check(&label);
         // A CPU adapter runs the lane-keys body where it takes the heads, else the register
         // tiles; GL's llvmpipe never the lane keys (its GLSL route compiles them for minutes).
