@@ -77,10 +77,12 @@ pub use attention::{
     MultiHeadAttention, Precision,
 };
 pub use error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+pub use gpu::list_adapters;
 pub use gpu::timer::PassTimer;
 pub use gpu::{
-    list_adapters, DeviceOptions, Gpu, GpuOptions, KernelClass, LiveObjects, PathNeeds,
-    PipelineCacheDir, PATH_NEEDS,
+    DeviceOptions, Gpu, GpuOptions, KernelClass, LiveObjects, PathNeeds, PipelineCacheDir,
+    PATH_NEEDS,
 };
 pub use io::case::{Case, CaseResult, CaseVariant};
 pub use io::layouts::{LoadedWeights, WeightLayout};

@@ -162,6 +162,8 @@ impl GpuTensor {
                 staging,
                 shape,
                 done,
+                #[cfg(target_arch = "wasm32")]
+                scopes: gpu.deferred_scopes(),
             })),
         }
     }
@@ -191,6 +193,10 @@ struct Mapping {
     staging: wgpu::Buffer,
     shape: Vec<usize>,
     done: Arc<Mutex<MapSlot>>,
+    /// In the browser, the error scopes of everything recorded before this read (see
+    /// `gpu::deferred`): their first error is this read's.
+    #[cfg(target_arch = "wasm32")]
+    scopes: crate::gpu::deferred::ScopeResults,
 }
 
 enum ReadState {
@@ -221,12 +227,23 @@ impl Future for ReadFuture {
             ))),
             ReadState::Failed(e) => Poll::Ready(Err(e)),
             ReadState::Empty(shape) => Poll::Ready(Ok(Tensor::zeros(shape))),
-            ReadState::Mapping(mapping) => {
+            #[allow(unused_mut)] // mutated in the browser only
+            ReadState::Mapping(mut mapping) => {
+                #[cfg(target_arch = "wasm32")]
+                match Pin::new(&mut mapping.scopes).poll(cx) {
+                    Poll::Pending => {
+                        self.state = ReadState::Mapping(mapping);
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(())) => {}
+                }
                 let Mapping {
                     gpu,
                     staging,
                     shape,
                     done,
+                    ..
                 } = &*mapping;
                 let polled = {
                     let _serial = gpu.serialize();
@@ -251,7 +268,10 @@ impl Future for ReadFuture {
                 match result {
                     None => {
                         self.state = ReadState::Mapping(mapping);
-                        // Nobody else polls the device: ask to be polled again.
+                        // Natively nobody else polls the device: ask to be polled again. In the
+                        // browser the map's callback wakes us (waking here would spin on the
+                        // microtask queue and starve the event loop that answers the map).
+                        #[cfg(not(target_arch = "wasm32"))]
                         cx.waker().wake_by_ref();
                         Poll::Pending
                     }

@@ -3,6 +3,8 @@
 
 pub mod buffers;
 mod caller_device;
+#[cfg(target_arch = "wasm32")]
+pub(crate) mod deferred;
 // Compiled passes and their dispatches: the kernels' machinery, public for them and the tests.
 #[doc(hidden)]
 pub mod pass;
@@ -151,6 +153,9 @@ pub struct Gpu {
     passes: Arc<Mutex<HashMap<String, Arc<Pass>>>>,
     /// Pipelines kept on disk between processes, where the adapter can.
     disk_cache: Option<Arc<DiskCache>>,
+    /// In the browser, the error scopes the next read awaits (see `deferred`).
+    #[cfg(target_arch = "wasm32")]
+    deferred: deferred::DeferredScopes,
 }
 
 fn instance(backend: Option<&str>) -> wgpu::Instance {
@@ -162,6 +167,7 @@ fn instance(backend: Option<&str>) -> wgpu::Instance {
 }
 
 /// Every adapter wgpu finds under the given (or env) backend selection.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters(backend: Option<&str>) -> Vec<AdapterSummary> {
     let instance = instance(backend);
     pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
@@ -175,7 +181,9 @@ pub fn list_adapters(backend: Option<&str>) -> Vec<AdapterSummary> {
 }
 
 impl Gpu {
-    /// The default adapter (honours `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`).
+    /// The default adapter (honours `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`). Native only: in
+    /// the browser, where nothing may block, use [`new_async`](Self::new_async).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self> {
         Self::with_options(&GpuOptions::default())
     }
@@ -184,6 +192,7 @@ impl Gpu {
     /// `Err(NoAdapter)` when none matches, `Err(Misuse)` for an unknown backend or kernel
     /// class, `Err(RequestDevice)` when the adapter refuses the device, `Err(Unsupported)`
     /// when its limits are too low for any forward.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn with_options(options: &GpuOptions) -> Result<Self> {
         pollster::block_on(Self::new_async(options))
     }
@@ -336,6 +345,8 @@ impl Gpu {
             serial,
             passes: Arc::new(Mutex::new(HashMap::new())),
             disk_cache: None,
+            #[cfg(target_arch = "wasm32")]
+            deferred: Default::default(),
         };
         if own_callbacks {
             gpu.install_callbacks();
@@ -453,21 +464,16 @@ impl Gpu {
     }
 
     /// Runs `f` inside validation and out-of-memory error scopes and turns anything wgpu
-    /// reports into `Err` naming `stage`.
+    /// reports into `Err` naming `stage`. In the browser the scopes' answers come later: they
+    /// are kept, and the next [`GpuTensor::read_async`](crate::GpuTensor::read_async) returns
+    /// the first error among them.
     pub(crate) fn scoped<T>(&self, stage: &str, f: impl FnOnce() -> T) -> Result<T> {
         let _serial = self.serialize();
         self.check_alive()?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let value = f();
-        let validation = pollster::block_on(validation.pop());
-        let oom = pollster::block_on(oom.pop());
-        if let Some(e) = validation.or(oom) {
-            return Err(Error::Gpu {
-                stage: stage.to_string(),
-                message: e.to_string(),
-            });
-        }
+        self.answer_scopes(stage, validation, oom)?;
         let escaped: Vec<String> = self
             .uncaptured
             .lock()
@@ -483,6 +489,44 @@ impl Gpu {
         Ok(value)
     }
 
+    /// The answers of `scoped`'s two scopes (popped innermost first): natively, waited for here.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn answer_scopes(
+        &self,
+        stage: &str,
+        validation: wgpu::ErrorScopeGuard,
+        oom: wgpu::ErrorScopeGuard,
+    ) -> Result<()> {
+        let validation = pollster::block_on(validation.pop());
+        let oom = pollster::block_on(oom.pop());
+        match validation.or(oom) {
+            Some(e) => Err(Error::Gpu {
+                stage: stage.to_string(),
+                message: e.to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// In the browser, kept for the next read to await (see `deferred`).
+    #[cfg(target_arch = "wasm32")]
+    fn answer_scopes(
+        &self,
+        stage: &str,
+        validation: wgpu::ErrorScopeGuard,
+        oom: wgpu::ErrorScopeGuard,
+    ) -> Result<()> {
+        let validation = Box::pin(validation.pop());
+        self.deferred.push(stage, validation, Box::pin(oom.pop()));
+        Ok(())
+    }
+
+    /// The error scopes kept since the last read, as one future (the browser's error path).
+    #[cfg(target_arch = "wasm32")]
+    pub(crate) fn deferred_scopes(&self) -> deferred::ScopeResults {
+        self.deferred.take()
+    }
+
     /// The compiled pass `key`, built from `spec` and `source()` the first time on this device
     /// and shared by every module after that.
     pub(crate) fn compile(
@@ -494,14 +538,17 @@ impl Gpu {
         if let Some(pass) = self.passes.lock().ok().and_then(|m| m.get(key).cloned()) {
             return pass;
         }
+        // No clock in a browser's wasm (`Instant::now` panics there); the log is native only.
+        #[cfg(not(target_arch = "wasm32"))]
         let started = std::time::Instant::now();
         let disk = self.disk_cache.as_deref();
         let pass = Arc::new(Pass::build(
             &self.device,
             spec,
-            &source(),
+            &self.directives(source()),
             disk.map(|d| &d.cache),
         ));
+        #[cfg(not(target_arch = "wasm32"))]
         self.log_compiled(key, started.elapsed());
         if let Some(disk) = disk {
             disk.save();
@@ -513,10 +560,24 @@ impl Gpu {
         pass
     }
 
+    /// `source` with the directives this device's WGSL compiler needs. A browser's (Tint) wants
+    /// `enable subgroups;` before any subgroup builtin, as the WGSL spec says; naga (every
+    /// other backend, wgpu 30) does not implement that directive and refuses it, so the
+    /// sources leave it out and it is added here, for the browser only.
+    fn directives(&self, source: String) -> String {
+        let browser = self.info.backend == wgpu::Backend::BrowserWebGpu;
+        if browser && self.has_subgroups() && source.contains("subgroup") {
+            format!("enable subgroups;\n{source}")
+        } else {
+            source
+        }
+    }
+
     /// Appends `"<backend>\t<kernel class>\t<key>\t<ms to build>"` to the file `WGPU_MHA_PIPELINE_LOG` names,
     /// if set: one line per pipeline a process compiles, so a whole test pass (many processes)
     /// can count its distinct pipelines with `sort -u` (`.ci/run` does). Best effort: a log
     /// that cannot be written is skipped, never an error of the forward that compiled.
+    #[cfg(not(target_arch = "wasm32"))]
     fn log_compiled(&self, key: &str, took: std::time::Duration) {
         let Some(path) = std::env::var_os("WGPU_MHA_PIPELINE_LOG") else {
             return;
@@ -577,6 +638,14 @@ impl Gpu {
     pub(crate) fn read_bytes(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         if bytes == 0 {
             return Ok(Vec::new());
+        }
+        // A blocking read would wait forever in a browser (the map's answer needs the event loop
+        // this call holds): the blocking API is refused there, by name, before anything is read.
+        if cfg!(target_arch = "wasm32") {
+            return Err(Error::Unsupported {
+                adapter: self.info.name.clone(),
+                what: "a blocking readback in the browser: record on device tensors and read them with `GpuTensor::read_async`".into(),
+            });
         }
         let slice = staging.slice(0..bytes);
         let (tx, rx) = std::sync::mpsc::channel();

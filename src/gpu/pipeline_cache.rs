@@ -193,10 +193,15 @@ impl DiskCache {
                 fallback: false,
             })
         };
-        match pollster::block_on(scope.pop()) {
-            None => Some(cache),
-            Some(_) => None,
-        }
+        #[cfg(not(target_arch = "wasm32"))]
+        let refused = pollster::block_on(scope.pop()).is_some();
+        // WebGPU has no pipeline cache (no `PIPELINE_CACHE`): the browser never gets here.
+        #[cfg(target_arch = "wasm32")]
+        let refused = {
+            drop(scope);
+            true
+        };
+        (!refused).then_some(cache)
     }
 
     /// The file this cache is kept in.

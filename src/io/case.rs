@@ -16,6 +16,7 @@
 //! `max|engine − out_f64| ≤ max(1e-5, 10·err_f32_vs_f64)`, or `1e-4·(1 + max|out_f64|)` when the
 //! file has no `err_f32_vs_f64`.
 
+use crate::attention::gpu_tensor::GpuTensor;
 use crate::attention::{ForwardOptions, ForwardOutput, MultiHeadAttention};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -368,6 +369,42 @@ impl Case {
         let max_abs_err = self.max_abs_err(forward.output.data());
         Ok(CaseResult {
             forward,
+            max_abs_err,
+            bound: self.bound(),
+        })
+    }
+
+    /// [`run`](Self::run) without blocking, the form a browser runs: the inputs go up as device
+    /// tensors, the forward is recorded and submitted, and the output (and probabilities, when
+    /// `options` asks for them) come back through [`GpuTensor::read_async`], whose `Err` is also
+    /// where a GPU error of the forward surfaces in a browser.
+    pub async fn run_async(&self, gpu: &Gpu, options: &ForwardOptions) -> Result<CaseResult> {
+        let mha = MultiHeadAttention::new(gpu, self.config, &self.weights)?;
+        let options = ForwardOptions {
+            positions: self.positions.clone(),
+            ..options.clone()
+        };
+        let query = GpuTensor::upload(gpu, &self.query)?;
+        let key = GpuTensor::upload(gpu, &self.key)?;
+        // A per-head case's values are its keys (`x_k_v`), as in `forward`.
+        let value = match &self.value {
+            Some(v) => GpuTensor::upload(gpu, v)?,
+            None => key.clone(),
+        };
+        let ran = mha.forward_gpu_with(&query, &key, &value, &self.mask, &options)?;
+        let output = ran.output.read_async(gpu).await?;
+        let probs = match &ran.probs {
+            Some(p) => Some(p.read_async(gpu).await?),
+            None => None,
+        };
+        let max_abs_err = self.max_abs_err(output.data());
+        Ok(CaseResult {
+            forward: ForwardOutput {
+                output,
+                probs,
+                path: ran.path,
+                pass_ms: Vec::new(),
+            },
             max_abs_err,
             bound: self.bound(),
         })

@@ -190,13 +190,15 @@ impl PendingOutput {
 
     /// Writes `bytes`, flushes them to disk and renames the temporary file over the target.
     pub fn commit(mut self, bytes: &[u8]) -> Result<()> {
-        let Some(mut file) = self.file.take() else {
-            return Err(io_error(&self.temp, std::io::ErrorKind::NotFound.into()));
-        };
-        file.write_all(bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| io_error(&self.temp, e))?;
-        drop(file);
+        // The file is closed at the end of this block, before the rename.
+        {
+            let Some(mut file) = self.file.take() else {
+                return Err(io_error(&self.temp, std::io::ErrorKind::NotFound.into()));
+            };
+            file.write_all(bytes)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| io_error(&self.temp, e))?;
+        }
         std::fs::rename(&self.temp, &self.target).map_err(|e| io_error(&self.target, e))
     }
 }

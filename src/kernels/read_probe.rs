@@ -7,8 +7,6 @@
 //! read 1.6–2.0× faster than it. So the probe has several shapes ([`SHAPES`]) and a bench
 //! reports the fastest.
 
-use std::time::Instant;
-
 use crate::error::Result;
 use crate::gpu::pass::{Dispatch, PassSpec, Slot};
 use crate::gpu::Gpu;
@@ -161,6 +159,7 @@ pub fn dispatch(
 /// descheduled thread would otherwise be the figure). On a CPU adapter this is the physical
 /// limit of any pass that reads as many bytes (from memory past the caches, from them below).
 /// The words are written first: a fresh allocation would read the kernel's shared zero page.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn host_read_gbps(bytes: u64, runs: usize) -> f64 {
     let words = (bytes / 8).max(1) as usize;
     let data: Vec<u64> = (0..words as u64)
@@ -169,6 +168,7 @@ pub fn host_read_gbps(bytes: u64, runs: usize) -> f64 {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = words.div_ceil(cores).max(1);
     let mut best = f64::INFINITY;
+    use std::time::Instant;
     let began = Instant::now();
     for run in 0..200 {
         if run >= runs.max(1) && began.elapsed().as_secs_f64() > 0.1 {

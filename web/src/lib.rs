@@ -1,0 +1,134 @@
+//! wgpu-mha in the browser: the engine on WebGPU, for JavaScript.
+//!
+//! Everything here is async (a browser may not block): `await Engine.create()` makes the device,
+//! and each call returns a `Promise`. The Rust API is the crate's own, whose async forms
+//! ([`Gpu::new_async`], [`GpuTensor::read_async`], [`Case::run_async`]) are what runs on the
+//! web; its blocking forms return `Err(Unsupported)` there, by name.
+
+use js_sys::{Float32Array, Promise};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+use wgpu_mha::sdpa::{
+    scaled_dot_product_attention, CausalAlignment, DeviceTensor, Layout, SdpaOptions,
+};
+use wgpu_mha::{Case, ForwardOptions, Gpu, GpuOptions, GpuTensor, Mask, Tensor};
+
+/// A WebGPU device with the engine's compiled passes (`await Engine.create()`).
+#[wasm_bindgen]
+pub struct Engine {
+    gpu: Gpu,
+}
+
+fn js_error(e: wgpu_mha::Error) -> JsValue {
+    JsError::new(&e.to_string()).into()
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// The browser's WebGPU adapter and a device on it. Rejects when the browser offers none.
+    pub async fn create() -> Result<Engine, JsValue> {
+        let gpu = Gpu::new_async(&GpuOptions::default())
+            .await
+            .map_err(js_error)?;
+        Ok(Engine { gpu })
+    }
+
+    /// The adapter's name and backend, e.g. `SwiftShader Device (BrowserWebGpu)`.
+    pub fn adapter(&self) -> String {
+        self.gpu.describe()
+    }
+
+    /// `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=…, scale=…)` on
+    /// row-major `Float32Array`s: `q` `[B, H, Lq, D]`, `k` `[B, H_kv, Lk, D]`, `v`
+    /// `[B, H_kv, Lk, Dv]` (`H_kv` dividing `H`: grouped-query attention), shapes as arrays of
+    /// four numbers. `is_causal` is PyTorch's (top-left aligned); `scale` defaults to `1/√D`.
+    /// Resolves to the output `[B, H, Lq, Dv]`.
+    #[allow(clippy::too_many_arguments)] // torch's own argument list
+    pub fn scaled_dot_product_attention(
+        &self,
+        q: Float32Array,
+        q_shape: Vec<usize>,
+        k: Float32Array,
+        k_shape: Vec<usize>,
+        v: Float32Array,
+        v_shape: Vec<usize>,
+        is_causal: bool,
+        scale: Option<f32>,
+    ) -> Promise {
+        let gpu = self.gpu.clone();
+        let inputs = [(q, q_shape), (k, k_shape), (v, v_shape)].map(|(a, s)| (a.to_vec(), s));
+        future_to_promise(async move {
+            let output = sdpa(&gpu, inputs, is_causal, scale)
+                .await
+                .map_err(js_error)?;
+            Ok(Float32Array::from(output.data()).into())
+        })
+    }
+
+    /// Runs a case file (its bytes, e.g. from `fetch`) and resolves to
+    /// `{name, passed, max_abs_err, bound}`: the file's module on its inputs, against its f64
+    /// answer, by the rule `wgpu-mha check` applies natively.
+    pub fn check_case(&self, name: String, bytes: Vec<u8>) -> Promise {
+        let gpu = self.gpu.clone();
+        future_to_promise(async move {
+            let case = Case::from_bytes(name.clone(), bytes).map_err(js_error)?;
+            let result = case
+                .run_async(&gpu, &ForwardOptions::default())
+                .await
+                .map_err(js_error)?;
+            let report = js_sys::Object::new();
+            for (key, value) in [
+                ("name", JsValue::from(name)),
+                ("passed", result.passed().into()),
+                ("max_abs_err", result.max_abs_err.into()),
+                ("bound", result.bound.into()),
+            ] {
+                js_sys::Reflect::set(&report, &key.into(), &value)?;
+            }
+            Ok(report.into())
+        })
+    }
+}
+
+/// The engine's SDPA on host data: uploaded, run, read back without blocking.
+pub async fn sdpa(
+    gpu: &Gpu,
+    [(q, q_shape), (k, k_shape), (v, v_shape)]: [(Vec<f32>, Vec<usize>); 3],
+    is_causal: bool,
+    scale: Option<f32>,
+) -> wgpu_mha::Result<Tensor> {
+    let four = |name: &str, shape: &[usize]| -> wgpu_mha::Result<[usize; 4]> {
+        shape.try_into().map_err(|_| {
+            wgpu_mha::Error::Misuse(format!("{name}'s shape {shape:?} is not [B, H, L, D]"))
+        })
+    };
+    let (qs, ks, vs) = (
+        four("q", &q_shape)?,
+        four("k", &k_shape)?,
+        four("v", &v_shape)?,
+    );
+    let q = GpuTensor::upload(gpu, &Tensor::new(q_shape, q)?)?;
+    let k = GpuTensor::upload(gpu, &Tensor::new(k_shape, k)?)?;
+    let v = GpuTensor::upload(gpu, &Tensor::new(v_shape, v)?)?;
+    let out_shape = [qs[0], qs[1], qs[2], vs[3]];
+    let out = GpuTensor::zeros(gpu, &out_shape)?;
+    let options = SdpaOptions {
+        mask: if is_causal { Mask::Causal } else { Mask::None },
+        causal_alignment: CausalAlignment::TopLeft,
+        scale,
+        ..Default::default()
+    };
+    scaled_dot_product_attention(
+        gpu,
+        &view(&q, qs),
+        &view(&k, ks),
+        &view(&v, vs),
+        &view(&out, out_shape),
+        &options,
+    )?;
+    out.read_async(gpu).await
+}
+
+fn view(t: &GpuTensor, shape: [usize; 4]) -> DeviceTensor<'_> {
+    DeviceTensor::new(t.buffer(), shape, Layout::Bhld)
+}

@@ -1,0 +1,184 @@
+//! The engine in a browser (headless Chromium's WebGPU, SwiftShader in CI), checked against the
+//! same answers as natively: every case file `wgpu-mha check` runs (seed modules, masks, GQA,
+//! RoPE, the Hugging Face families) against its f64 answer, SDPA against an f64 reference, a
+//! decode loop against the f64 reference of the whole sequence, and the refusals.
+//! Run by `.ci/run` (`wasm-bindgen-test-runner`; see docs/browser.md).
+#![cfg(target_arch = "wasm32")]
+
+use wasm_bindgen_test::*;
+use wgpu_mha::{
+    AttentionConfig, AttentionWeights, Case, Error, ForwardOptions, Gpu, GpuOptions, GpuTensor,
+    KvCache, Mask, MultiHeadAttention, Tensor,
+};
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+include!(concat!(env!("OUT_DIR"), "/cases.rs"));
+
+async fn gpu() -> Gpu {
+    Gpu::new_async(&GpuOptions::default())
+        .await
+        .expect("the browser offers a WebGPU adapter")
+}
+
+/// Kinds of case the browser refuses by name, and why (docs/browser.md says the same).
+const REFUSED: &[(&str, &str)] = &[];
+
+#[wasm_bindgen_test]
+async fn every_case_file_matches_its_f64_answer() {
+    let gpu = gpu().await;
+    let mut failures = Vec::new();
+    let mut refused = Vec::new();
+    for (name, bytes) in CASES {
+        let case = match Case::from_bytes(*name, bytes.to_vec()) {
+            Ok(case) => case,
+            Err(e) => {
+                failures.push(format!("{name}: unreadable: {e}"));
+                continue;
+            }
+        };
+        match case.run_async(&gpu, &ForwardOptions::default()).await {
+            Ok(result) if result.passed() => {}
+            Ok(result) => failures.push(format!(
+                "{name}: max |err| {:.3e} > bound {:.3e}",
+                result.max_abs_err, result.bound
+            )),
+            Err(e @ Error::Unsupported { .. }) => refused.push(format!("{name}: {e}")),
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    let unexpected: Vec<&String> = refused
+        .iter()
+        .filter(|r| !REFUSED.iter().any(|(kind, _)| r.contains(kind)))
+        .collect();
+    assert!(
+        failures.is_empty() && unexpected.is_empty(),
+        "{} of {} case files failed in the browser:\n{}\nrefused:\n{}",
+        failures.len() + unexpected.len(),
+        CASES.len(),
+        failures.join("\n"),
+        refused.join("\n")
+    );
+    assert!(
+        CASES.len() >= 100,
+        "only {} case files embedded",
+        CASES.len()
+    );
+}
+
+/// `softmax(scale·q·kᵀ + causal)·v` in f64, `[B, H, L, D]` row-major, `H_kv` dividing `H`,
+/// PyTorch's top-left causal rule.
+fn sdpa_f64(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Vec<f64> {
+    let [b, h, lq, d] = <[usize; 4]>::try_from(q.shape()).unwrap();
+    let [_, hkv, lk, dv] = <[usize; 4]>::try_from(v.shape()).unwrap();
+    let (q, k, v) = (q.data(), k.data(), v.data());
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0.0; b * h * lq * dv];
+    for bi in 0..b {
+        for hi in 0..h {
+            let kv = bi * hkv + hi / (h / hkv);
+            for i in 0..lq {
+                let row = &q[((bi * h + hi) * lq + i) * d..][..d];
+                let seen = if causal { (i + 1).min(lk) } else { lk };
+                let scores: Vec<f64> = (0..seen)
+                    .map(|j| {
+                        let key = &k[(kv * lk + j) * d..][..d];
+                        scale
+                            * row
+                                .iter()
+                                .zip(key)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for (j, w) in weights.iter().enumerate() {
+                    for c in 0..dv {
+                        out[((bi * h + hi) * lq + i) * dv + c] +=
+                            w / total * v[(kv * lk + j) * dv + c] as f64;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn max_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs())
+        .fold(0.0, f64::max)
+}
+
+#[wasm_bindgen_test]
+async fn sdpa_with_grouped_query_heads_matches_the_f64_reference() {
+    let gpu = gpu().await;
+    for (lq, lk, causal) in [(5, 9, true), (7, 7, false), (1, 12, false)] {
+        let q = Tensor::random([2, 4, lq, 16], 1);
+        let k = Tensor::random([2, 2, lk, 16], 2);
+        let v = Tensor::random([2, 2, lk, 8], 3);
+        let want = sdpa_f64(&q, &k, &v, causal);
+        let inputs = [&q, &k, &v].map(|t| (t.data().to_vec(), t.shape().to_vec()));
+        let got = wgpu_mha_web::sdpa(&gpu, inputs, causal, None)
+            .await
+            .unwrap();
+        assert_eq!(got.shape(), &[2, 4, lq, 8]);
+        let err = max_err(got.data(), &want);
+        assert!(
+            err < 1e-5,
+            "Lq={lq} Lk={lk} causal={causal}: max |err| {err:.3e}"
+        );
+    }
+}
+
+#[wasm_bindgen_test]
+async fn a_decode_loop_matches_the_reference_of_the_whole_sequence() {
+    let gpu = gpu().await;
+    let config = AttentionConfig::classic(32, 4).unwrap();
+    let weights = AttentionWeights::random(&config, 7);
+    let mha = MultiHeadAttention::new(&gpu, config, &weights).unwrap();
+    let (b, steps) = (2, 6);
+    let x = Tensor::random([b, steps, 32], 11);
+    let want = wgpu_mha::reference::forward(&config, &weights, &x, &x, &x, &Mask::Causal).unwrap();
+    let mut cache = KvCache::new(&mha, b, steps).unwrap();
+    for t in 0..steps {
+        let token: Vec<f32> = (0..b)
+            .flat_map(|bi| x.data()[(bi * steps + t) * 32..][..32].to_vec())
+            .collect();
+        let token = GpuTensor::upload(&gpu, &Tensor::new([b, 1, 32], token).unwrap()).unwrap();
+        let out = mha.forward_step_gpu(&mut cache, &token).unwrap();
+        let out = out.read_async(&gpu).await.unwrap();
+        for bi in 0..b {
+            let got = &out.data()[bi * 32..][..32];
+            let row = &want.output[(bi * steps + t) * 32..][..32];
+            let err = max_err(got, row);
+            assert!(err < 1e-5, "step {t}, batch {bi}: max |err| {err:.3e}");
+        }
+    }
+}
+
+#[wasm_bindgen_test]
+async fn what_cannot_run_in_a_browser_is_refused_by_name() {
+    let gpu = gpu().await;
+    let t = GpuTensor::upload(&gpu, &Tensor::random([2, 3], 0)).unwrap();
+    // A blocking read would hang the page: refused, naming the async form.
+    let e = t.read(&gpu).unwrap_err();
+    assert!(e.to_string().contains("read_async"), "{e}");
+    // Bad input is an error before anything runs, as natively.
+    let bad = [
+        (vec![0.0; 6], vec![1, 2, 3]),
+        (vec![0.0; 4], vec![1, 1, 2, 2]),
+        (vec![0.0; 4], vec![1, 1, 2, 2]),
+    ];
+    let e = wgpu_mha_web::sdpa(&gpu, bad, false, None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("[B, H, L, D]"), "{e}");
+    // The device still works after both.
+    let back = t.read_async(&gpu).await.unwrap();
+    assert_eq!(back.data(), Tensor::random([2, 3], 0).data());
+}
