@@ -294,8 +294,11 @@ fn combine_lanes(w: Work) {
     // A loop with a runtime bound (uniform), not a call per row, so the row's barriers and
     // sums are compiled once: llvmpipe runs a workgroup's lanes as coroutines, each barrier in
     // the code a suspend point whose frame holds every live value (d128, 4 rows: 11.3 s of
-    // cold compile as calls, 10.0 s as a loop; `bench --only compile`).
-    for (var r = 0u; r < w.rows; r++) {
+    // cold compile as calls, 10.0 s as a loop; `bench --only compile`). The bound is read from
+    // the parameters, not `w.rows`: `w` also holds the lane, and WGSL's uniformity analysis
+    // (Tint's, a browser's) counts the whole struct as varying, so a barrier under that loop
+    // would be refused.
+    for (var r = 0u; r < p.kv_group * p.lq; r++) {
         write_row(w, r);
     }
 }

@@ -15,7 +15,8 @@
 // function linear_vec4 runs; the host prepends linear_params.wgsl and linear_vec4_block.wgsl).
 //
 // Needs the device feature SUBGROUP. No `enable subgroups;`: naga 30 rejects that directive as
-// not yet implemented (gfx-rs/wgpu#5555) and gates the subgroup builtins on the feature alone.
+// not yet implemented (gfx-rs/wgpu#5555) and gates the subgroup builtins on the feature alone;
+// a browser's compiler (Tint) requires it, and `Gpu::compile` adds it there.
 
 // Whether this lane's aligned group of 8 lanes is the 8 threads of one workgroup row, all
 // active, in tx order: then lane (lane & ~7) + c is thread (c, ty).
@@ -24,8 +25,11 @@ fn row_group_ok(lidx: u32, lane: u32, sg_size: u32) -> bool {
     let group = lane & ~7u;
     let live = subgroupBallot(true); // 128 bits: subgroups have at most 128 lanes
     let group_bits = (live[min(group / 32u, 3u)] >> (group % 32u)) & 0xffu;
+    // Called by every lane, not behind `&&`: a subgroup builtin under a condition that differs
+    // across lanes is refused by WGSL's uniformity analysis (Tint's, a browser's).
+    let first = subgroupBroadcastFirst(offset);
     return sg_size % 8u == 0u && sg_size <= 128u && offset % 8u == 0u
-        && offset == subgroupBroadcastFirst(offset) && group_bits == 0xffu;
+        && offset == first && group_bits == 0xffu;
 }
 
 // One-dimensional: naga allows subgroup_invocation_id only with a 1-D workgroup size.

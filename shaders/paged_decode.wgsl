@@ -296,15 +296,17 @@ fn write_head(it: Item, h: u32) {
 }
 
 // 3. The lanes' states combined and written, one head at a time.
-fn combine_lanes(it: Item) {
+fn combine_lanes(it: Item, n_heads: u32) {
     for (var n = 0u; n < HEAD_VECS; n++) {
         state_sh[n * THREADS + it.t] = lane_max[n];
         state_sh[(HEAD_VECS + n) * THREADS + it.t] = lane_sum[n];
     }
     workgroupBarrier();
     // A loop with a uniform bound, so the head's barriers and sums are compiled once (each
-    // barrier is a suspend point of llvmpipe's lane coroutines).
-    for (var h = 0u; h < it.n_heads; h++) {
+    // barrier is a suspend point of llvmpipe's lane coroutines). The bound comes apart from
+    // `it`, which holds the lane: WGSL's uniformity analysis (Tint's, a browser's) counts the
+    // whole struct as varying and would refuse a barrier under a loop bounded by its field.
+    for (var h = 0u; h < n_heads; h++) {
         write_head(it, h);
     }
 }
@@ -340,5 +342,5 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if (HEADS > 7u) { load_query(it, 7u); }
     score_keys(it);
     add_values(it);
-    combine_lanes(it);
+    combine_lanes(it, work.n_heads);
 }
