@@ -489,36 +489,32 @@ impl Gpu {
         Ok(value)
     }
 
-    /// The answers of `scoped`'s two scopes (popped innermost first): natively, waited for here.
-    #[cfg(not(target_arch = "wasm32"))]
+    /// The answers of `scoped`'s two scopes (popped innermost first): natively, waited for
+    /// here; in the browser, kept for the next read to await (see `deferred`).
     fn answer_scopes(
         &self,
         stage: &str,
         validation: wgpu::ErrorScopeGuard,
         oom: wgpu::ErrorScopeGuard,
     ) -> Result<()> {
-        let validation = pollster::block_on(validation.pop());
-        let oom = pollster::block_on(oom.pop());
-        match validation.or(oom) {
-            Some(e) => Err(Error::Gpu {
-                stage: stage.to_string(),
-                message: e.to_string(),
-            }),
-            None => Ok(()),
+        #[cfg(target_arch = "wasm32")]
+        {
+            let validation = Box::pin(validation.pop());
+            self.deferred.push(stage, validation, Box::pin(oom.pop()));
+            Ok(())
         }
-    }
-
-    /// In the browser, kept for the next read to await (see `deferred`).
-    #[cfg(target_arch = "wasm32")]
-    fn answer_scopes(
-        &self,
-        stage: &str,
-        validation: wgpu::ErrorScopeGuard,
-        oom: wgpu::ErrorScopeGuard,
-    ) -> Result<()> {
-        let validation = Box::pin(validation.pop());
-        self.deferred.push(stage, validation, Box::pin(oom.pop()));
-        Ok(())
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let validation = pollster::block_on(validation.pop());
+            let oom = pollster::block_on(oom.pop());
+            match validation.or(oom) {
+                Some(e) => Err(Error::Gpu {
+                    stage: stage.to_string(),
+                    message: e.to_string(),
+                }),
+                None => Ok(()),
+            }
+        }
     }
 
     /// The error scopes kept since the last read, as one future (the browser's error path).
@@ -563,11 +559,14 @@ impl Gpu {
     /// `source` with the directives this device's WGSL compiler needs. A browser's (Tint) wants
     /// `enable subgroups;` before any subgroup builtin, as the WGSL spec says; naga (every
     /// other backend, wgpu 30) does not implement that directive and refuses it, so the
-    /// sources leave it out and it is added here, for the browser only.
-    fn directives(&self, source: String) -> String {
+    /// sources leave it out and it is added here, for the browser only. With it goes
+    /// `diagnostic(off, subgroup_uniformity)`: the subgroup kernels branch on `subgroupAll(…)`,
+    /// the same on every lane of a subgroup, which the spec's analysis cannot prove.
+    #[doc(hidden)]
+    pub fn directives(&self, source: String) -> String {
         let browser = self.info.backend == wgpu::Backend::BrowserWebGpu;
         if browser && self.has_subgroups() && source.contains("subgroup") {
-            format!("enable subgroups;\n{source}")
+            format!("enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n{source}")
         } else {
             source
         }
