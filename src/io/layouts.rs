@@ -529,17 +529,7 @@ fn assembled(
     [q, k, v]: [Linear; 3],
     o: Option<Linear>,
 ) -> Result<(AttentionConfig, AttentionWeights)> {
-    let weights = AttentionWeights {
-        q,
-        k,
-        v,
-        o,
-        bias_kv: None,
-        qk_norm: None,
-        sinks: None,
-        gate: None,
-        output_norm: None,
-    };
+    let weights = AttentionWeights::projections(q, k, v, o);
     // Bias on/off as the loader found it; `check` then names any projection that differs.
     let config = AttentionConfig {
         bias,

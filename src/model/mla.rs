@@ -242,33 +242,27 @@ impl MlaWeights {
         };
         let bias = self.o.bias.is_some();
         let zeros = |n: usize| bias.then(|| vec![0.0f32; n]);
-        let weights = AttentionWeights {
-            q: Linear {
-                out_features: h * w,
-                in_features: q_in,
-                weight: wq,
-                bias: zeros(h * w),
-            },
-            k: Linear {
-                bias: zeros(w),
-                ..identity()
-            },
-            v: Linear {
-                bias: zeros(w),
-                ..identity()
-            },
-            o: Some(Linear {
-                out_features: e,
-                in_features: h * w,
-                weight: wo,
-                bias: self.o.bias.clone(),
-            }),
-            bias_kv: None,
-            qk_norm: None,
-            sinks: None,
-            gate: None,
-            output_norm: None,
+        let q = Linear {
+            out_features: h * w,
+            in_features: q_in,
+            weight: wq,
+            bias: zeros(h * w),
         };
+        let k = Linear {
+            bias: zeros(w),
+            ..identity()
+        };
+        let v = Linear {
+            bias: zeros(w),
+            ..identity()
+        };
+        let o = Linear {
+            out_features: e,
+            in_features: h * w,
+            weight: wo,
+            bias: self.o.bias.clone(),
+        };
+        let weights = AttentionWeights::projections(q, k, v, Some(o));
         let config = AttentionConfig {
             output_projection: true,
             ..AttentionConfig::per_head(e, w, w, h)?

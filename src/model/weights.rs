@@ -151,6 +151,22 @@ impl AttentionWeights {
         Ok(())
     }
 
+    /// The four projections alone (no appended keys, norms, sinks, gate or output norm): what a
+    /// checkpoint of plain attention holds.
+    pub fn projections(q: Linear, k: Linear, v: Linear, o: Option<Linear>) -> Self {
+        AttentionWeights {
+            q,
+            k,
+            v,
+            o,
+            bias_kv: None,
+            qk_norm: None,
+            sinks: None,
+            gate: None,
+            output_norm: None,
+        }
+    }
+
     /// Seeded random weights with `nn.Linear`'s default distribution.
     pub fn random(config: &AttentionConfig, seed: u64) -> Self {
         let mut rng = SplitMix64::new(seed);

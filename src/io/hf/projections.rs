@@ -448,17 +448,7 @@ fn assembled(
             ),
         ));
     }
-    let weights = AttentionWeights {
-        q,
-        k,
-        v,
-        o: Some(o),
-        bias_kv: None,
-        qk_norm: None,
-        sinks: None,
-        gate: None,
-        output_norm: None,
-    };
+    let weights = AttentionWeights::projections(q, k, v, Some(o));
     let config = weights.implied_config(heads, kv_heads)?;
     // The crate's names (W_q …) in a failed check become the checkpoint's.
     let ours = AttentionWeights::names(&config);
