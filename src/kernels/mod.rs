@@ -8,6 +8,8 @@
 //! 6 = mask words, 7 = mask params.
 
 pub mod av_combine;
+#[doc(hidden)]
+pub mod catalog;
 pub mod clamp;
 pub mod decode;
 pub mod flash_attention;
