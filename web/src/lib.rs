@@ -6,12 +6,18 @@
 //! web; its blocking forms return `Err(Unsupported)` there, by name.
 
 use js_sys::{Float32Array, Promise};
+use std::cell::RefCell;
+use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 use wgpu_mha::sdpa::{
     scaled_dot_product_attention, CausalAlignment, DeviceTensor, Layout, SdpaOptions,
 };
-use wgpu_mha::{Case, ForwardOptions, Gpu, GpuOptions, GpuTensor, Mask, Tensor};
+
+use wgpu_mha::{
+    AttentionWeights, Case, ForwardOptions, Gpu, GpuOptions, GpuTensor, KvCache, Mask,
+    MultiHeadAttention, Tensor,
+};
 
 /// A WebGPU device with the engine's compiled passes (`await Engine.create()`).
 #[wasm_bindgen]
@@ -77,17 +83,139 @@ impl Engine {
                 .await
                 .map_err(js_error)?;
             let report = js_sys::Object::new();
-            for (key, value) in [
-                ("name", JsValue::from(name)),
-                ("passed", result.passed().into()),
-                ("max_abs_err", result.max_abs_err.into()),
-                ("bound", result.bound.into()),
-            ] {
-                js_sys::Reflect::set(&report, &key.into(), &value)?;
+            set(&report, "name", name.into())?;
+            set(&report, "passed", result.passed().into())?;
+            set(&report, "max_abs_err", result.max_abs_err.into())?;
+            set(&report, "bound", result.bound.into())?;
+            Ok(report.into())
+        })
+    }
+}
+
+/// An attention module on the engine's device (`engine.load_module(bytes)`): its weights
+/// uploaded once, its passes compiled once.
+#[wasm_bindgen]
+pub struct Module {
+    gpu: Gpu,
+    mha: Rc<MultiHeadAttention>,
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// A module from a safetensors file's bytes, as the native `run --weights` reads one: the
+    /// seed's `W_q…W_o` or `nn.MultiheadAttention`'s state dict (packed or separate
+    /// projections), `prefix` before every name, the head count from the file's metadata or
+    /// `heads`. Throws naming what is missing or inconsistent.
+    pub fn load_module(
+        &self,
+        bytes: &[u8],
+        prefix: Option<String>,
+        heads: Option<usize>,
+    ) -> Result<Module, JsValue> {
+        let loaded =
+            AttentionWeights::from_safetensors_bytes(bytes, prefix.as_deref().unwrap_or(""), heads)
+                .map_err(js_error)?;
+        let mha =
+            MultiHeadAttention::new(&self.gpu, loaded.config, &loaded.weights).map_err(js_error)?;
+        Ok(Module {
+            gpu: self.gpu.clone(),
+            mha: Rc::new(mha),
+        })
+    }
+}
+
+#[wasm_bindgen]
+impl Module {
+    /// `[model_dim, heads]` of the module.
+    pub fn sizes(&self) -> Vec<usize> {
+        let c = self.mha.config();
+        vec![c.model_dim, c.heads]
+    }
+
+    /// Self-attention on `x` `[B, L, model_dim]` (row-major), `causal` or not. Resolves to
+    /// `{output: Float32Array [B, L, model_dim], probs: Float32Array [B, H, L, L] | undefined}`
+    /// (the attention weights when `with_probs`, from the multi-pass path).
+    pub fn forward(
+        &self,
+        x: Float32Array,
+        shape: Vec<usize>,
+        causal: bool,
+        with_probs: bool,
+    ) -> Promise {
+        let (gpu, mha) = (self.gpu.clone(), self.mha.clone());
+        let x = x.to_vec();
+        future_to_promise(async move {
+            let x = GpuTensor::upload(&gpu, &Tensor::new(shape, x).map_err(js_error)?)
+                .map_err(js_error)?;
+            let mask = if causal { Mask::Causal } else { Mask::None };
+            let options = ForwardOptions {
+                return_probs: with_probs,
+                ..Default::default()
+            };
+            let ran = mha
+                .forward_gpu_with(&x, &x, &x, &mask, &options)
+                .map_err(js_error)?;
+            let report = js_sys::Object::new();
+            let output = ran.output.read_async(&gpu).await.map_err(js_error)?;
+            set(&report, "output", Float32Array::from(output.data()).into())?;
+            if let Some(probs) = &ran.probs {
+                let probs = probs.read_async(&gpu).await.map_err(js_error)?;
+                set(&report, "probs", Float32Array::from(probs.data()).into())?;
             }
             Ok(report.into())
         })
     }
+
+    /// A KV cache of `capacity` tokens for `batch` sequences, for [`Cache::step`].
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<Cache, JsValue> {
+        let cache = KvCache::new(&self.mha, batch, capacity).map_err(js_error)?;
+        Ok(Cache {
+            gpu: self.gpu.clone(),
+            mha: self.mha.clone(),
+            cache: Rc::new(RefCell::new(cache)),
+        })
+    }
+}
+
+/// A module's KV cache, stepping tokens (`module.new_cache(batch, capacity)`).
+#[wasm_bindgen]
+pub struct Cache {
+    gpu: Gpu,
+    mha: Rc<MultiHeadAttention>,
+    cache: Rc<RefCell<KvCache>>,
+}
+
+#[wasm_bindgen]
+impl Cache {
+    /// Appends `x` `[B, n, model_dim]` (the next `n` tokens of every sequence) and resolves to
+    /// their outputs `[B, n, model_dim]`, each token attending to every cached token and the
+    /// new ones up to itself (a causal decoder's step).
+    pub fn step(&self, x: Float32Array, shape: Vec<usize>) -> Promise {
+        let (gpu, mha, cache) = (self.gpu.clone(), self.mha.clone(), self.cache.clone());
+        let x = x.to_vec();
+        future_to_promise(async move {
+            let x = GpuTensor::upload(&gpu, &Tensor::new(shape, x).map_err(js_error)?)
+                .map_err(js_error)?;
+            // The step is recorded and submitted before the borrow ends; only the read waits.
+            let out = {
+                let mut cache = cache
+                    .try_borrow_mut()
+                    .map_err(|_| JsError::new("the cache is already stepping"))?;
+                mha.forward_step_gpu(&mut cache, &x).map_err(js_error)?
+            };
+            let out = out.read_async(&gpu).await.map_err(js_error)?;
+            Ok(Float32Array::from(out.data()).into())
+        })
+    }
+
+    /// Tokens cached so far (`tokens`, not `len`: JS gives `length` its own meaning).
+    pub fn tokens(&self) -> usize {
+        self.cache.borrow().len()
+    }
+}
+
+fn set(object: &js_sys::Object, key: &str, value: JsValue) -> Result<(), JsValue> {
+    js_sys::Reflect::set(object, &key.into(), &value).map(|_| ())
 }
 
 /// The engine's SDPA on host data: uploaded, run, read back without blocking.
