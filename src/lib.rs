@@ -110,6 +110,8 @@ pub mod guide_doctests {
     pub struct Readme;
     #[doc = include_str!("../docs/benchmarks.md")]
     pub struct Benchmarks;
+    #[doc = include_str!("../docs/browser.md")]
+    pub struct Browser;
     #[doc = include_str!("../docs/embedding.md")]
     pub struct Embedding;
     #[doc = include_str!("../docs/errors-and-limits.md")]
