@@ -14,9 +14,11 @@ use wgpu_mha::sdpa::{
     scaled_dot_product_attention, CausalAlignment, DeviceTensor, Layout, SdpaOptions,
 };
 
+use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
+use wgpu_mha::model::mask::AttnDims;
 use wgpu_mha::{
-    AttentionWeights, Case, ForwardOptions, Gpu, GpuOptions, GpuTensor, KvCache, Mask,
-    MultiHeadAttention, Tensor,
+    AttentionWeights, Case, ForwardOptions, Gpu, GpuForwardOutput, GpuOptions, GpuTensor, KvCache,
+    Mask, MultiHeadAttention, Tensor,
 };
 
 /// A WebGPU device with the engine's compiled passes (`await Engine.create()`).
@@ -155,14 +157,7 @@ impl Module {
             let ran = mha
                 .forward_gpu_with(&x, &x, &x, &mask, &options)
                 .map_err(js_error)?;
-            let report = js_sys::Object::new();
-            let output = ran.output.read_async(&gpu).await.map_err(js_error)?;
-            set(&report, "output", Float32Array::from(output.data()).into())?;
-            if let Some(probs) = &ran.probs {
-                let probs = probs.read_async(&gpu).await.map_err(js_error)?;
-                set(&report, "probs", Float32Array::from(probs.data()).into())?;
-            }
-            Ok(report.into())
+            read_forward(&gpu, ran).await
         })
     }
 
@@ -175,6 +170,107 @@ impl Module {
             cache: Rc::new(RefCell::new(cache)),
         })
     }
+}
+
+/// A Hugging Face checkpoint's attention layer (`engine.load_hf_layer(bytes, config, layer)`):
+/// the module as transformers runs it — its mask rule (causal, windows, relative biases), RoPE,
+/// norms — on hidden states.
+#[wasm_bindgen]
+pub struct HfLayer {
+    gpu: Gpu,
+    mha: Rc<MultiHeadAttention>,
+    module: Rc<HfAttention>,
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// Layer `layer`'s self-attention from a checkpoint's `model.safetensors` bytes and its
+    /// `config.json` text (or `null`: the file's metadata `hf_config`), as `run --hf` loads it:
+    /// an unknown `model_type`, or a config key whose meaning the engine does not implement,
+    /// throws naming it.
+    pub fn load_hf_layer(
+        &self,
+        bytes: Vec<u8>,
+        config_json: Option<String>,
+        layer: usize,
+    ) -> Result<HfLayer, JsValue> {
+        let checkpoint =
+            HfCheckpoint::from_bytes("model.safetensors", bytes, config_json.as_deref())
+                .map_err(js_error)?;
+        let prefix = checkpoint.layer_prefix(layer).map_err(js_error)?;
+        let module = checkpoint.attention(&prefix, None).map_err(js_error)?;
+        if module.cross {
+            return Err(JsError::new(&format!(
+                "`{prefix}` is a cross-attention module; load_hf_layer runs self-attention"
+            ))
+            .into());
+        }
+        let mha =
+            MultiHeadAttention::new(&self.gpu, module.config, &module.weights).map_err(js_error)?;
+        Ok(HfLayer {
+            gpu: self.gpu.clone(),
+            mha: Rc::new(mha),
+            module: Rc::new(module),
+        })
+    }
+}
+
+#[wasm_bindgen]
+impl HfLayer {
+    /// `[hidden_size, heads]` of the layer.
+    pub fn sizes(&self) -> Vec<usize> {
+        let c = self.mha.config();
+        vec![c.model_dim, c.heads]
+    }
+
+    /// Whether the layer attends causally (a decoder's self-attention).
+    pub fn causal(&self) -> bool {
+        self.module.causal
+    }
+
+    /// The layer on hidden states `[B, L, hidden_size]` at positions 0 … L − 1, every token
+    /// real. Resolves to `{output, probs}` as [`Module::forward`] does.
+    pub fn forward(&self, hidden: Float32Array, shape: Vec<usize>, with_probs: bool) -> Promise {
+        let (gpu, mha, module) = (self.gpu.clone(), self.mha.clone(), self.module.clone());
+        let hidden = hidden.to_vec();
+        future_to_promise(async move {
+            let hidden = Tensor::new(shape, hidden).map_err(js_error)?;
+            // MLA's core runs on its pre-stage's query input and latent.
+            let (query, key) = module.inputs(&hidden).map_err(js_error)?;
+            let c = mha.config();
+            c.check_inputs(query.shape(), key.shape(), key.shape())
+                .map_err(js_error)?;
+            let dims = AttnDims {
+                batch: query.shape()[0],
+                heads: c.heads,
+                lq: query.shape()[1],
+                lk: key.shape()[1],
+            };
+            let mask = module.mask_for(&hidden, dims, None).map_err(js_error)?;
+            let query = GpuTensor::upload(&gpu, &query).map_err(js_error)?;
+            let key = GpuTensor::upload(&gpu, &key).map_err(js_error)?;
+            let options = ForwardOptions {
+                return_probs: with_probs,
+                ..Default::default()
+            };
+            let ran = mha
+                .forward_gpu_with(&query, &key, &key, &mask, &options)
+                .map_err(js_error)?;
+            read_forward(&gpu, ran).await
+        })
+    }
+}
+
+/// `{output, probs}` of a forward, read back.
+async fn read_forward(gpu: &Gpu, ran: GpuForwardOutput) -> Result<JsValue, JsValue> {
+    let report = js_sys::Object::new();
+    let output = ran.output.read_async(gpu).await.map_err(js_error)?;
+    set(&report, "output", Float32Array::from(output.data()).into())?;
+    if let Some(probs) = &ran.probs {
+        let probs = probs.read_async(gpu).await.map_err(js_error)?;
+        set(&report, "probs", Float32Array::from(probs.data()).into())?;
+    }
+    Ok(report.into())
 }
 
 /// A module's KV cache, stepping tokens (`module.new_cache(batch, capacity)`).

@@ -245,3 +245,36 @@ async fn what_cannot_run_in_a_browser_is_refused_by_name() {
     let back = t.read_async(&gpu).await.unwrap();
     assert_eq!(back.data(), Tensor::random([2, 3], 0).data());
 }
+
+/// The JS API's Hugging Face layer (`Engine.load_hf_layer`, `HfLayer.forward`) on case files
+/// transformers made: the checkpoint from the file's bytes and its `hf_config`, the layer by
+/// number, its own mask rule, against the file's f64 answer and bound.
+#[wasm_bindgen_test]
+async fn the_js_hugging_face_layer_matches_transformers() {
+    use wasm_bindgen::JsCast;
+    let engine = wgpu_mha_web::Engine::create().await.unwrap();
+    for file in [
+        "hf/gemma_self_layer1_causal_mqa.safetensors",
+        "hf/beit_self_layer1_relative_bias.safetensors",
+        "hf/bart_decoder_self_layer1_causal.safetensors",
+    ] {
+        let (_, bytes) = CASES.iter().find(|(name, _)| *name == file).unwrap();
+        let case = Case::from_bytes(file, bytes.to_vec()).unwrap();
+        let layer = engine.load_hf_layer(bytes.to_vec(), None, 1).unwrap();
+        let hidden = wgpu_mha::SafetensorsFile::from_bytes(file, bytes.to_vec())
+            .unwrap()
+            .tensor_f32("hidden_states")
+            .unwrap();
+        let x = js_sys::Float32Array::from(hidden.data());
+        let promise = layer.forward(x, hidden.shape().to_vec(), false);
+        let report = wasm_bindgen_futures::JsFuture::from(promise).await.unwrap();
+        let output = js_sys::Reflect::get(&report, &"output".into()).unwrap();
+        let output = output.dyn_into::<js_sys::Float32Array>().unwrap().to_vec();
+        let err = case.max_abs_err(&output);
+        assert!(
+            err <= case.bound(),
+            "{file}: max |err| {err:.3e} > {:.3e}",
+            case.bound()
+        );
+    }
+}

@@ -168,6 +168,32 @@ impl HfCheckpoint {
         })
     }
 
+    /// A checkpoint held in memory as one safetensors file (a browser's `fetch`, say): its
+    /// config from `config_json` (a `config.json`'s text) or, when `None`, from the file's
+    /// metadata `hf_config`. `name` is used in messages.
+    pub fn from_bytes(
+        name: impl Into<String>,
+        bytes: Vec<u8>,
+        config_json: Option<&str>,
+    ) -> Result<Self> {
+        let file = SafetensorsFile::from_bytes(name, bytes)?;
+        let config = match config_json {
+            Some(text) => Some(HfConfig::parse(
+                text,
+                format!("{}: config.json", file.name()),
+            )?),
+            None => file
+                .metadata("hf_config")
+                .map(|t| HfConfig::parse(t, format!("{}: metadata hf_config", file.name())))
+                .transpose()?,
+        };
+        Ok(Self::from_shards(
+            file.name().to_string(),
+            config,
+            vec![file],
+        ))
+    }
+
     /// Every file [`HfCheckpoint::open`] reads for `path`: the file itself, or a directory's
     /// `config.json`, index and shards — what an output must never be written over.
     pub fn input_files(path: &Path) -> Result<Vec<PathBuf>> {
