@@ -41,9 +41,16 @@ impl Engine {
         Ok(Engine { gpu })
     }
 
-    /// The adapter's name and backend, e.g. `SwiftShader Device (BrowserWebGpu)`.
+    /// The adapter as the browser describes it (browsers may withhold its name) and the
+    /// backend, e.g. `WebGPU adapter (BrowserWebGpu)`.
     pub fn adapter(&self) -> String {
-        self.gpu.describe()
+        let info = self.gpu.info();
+        let name = if info.name.is_empty() {
+            "WebGPU adapter"
+        } else {
+            &info.name
+        };
+        format!("{name} ({:?})", info.backend)
     }
 
     /// `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=…, scale=…)` on
