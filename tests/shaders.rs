@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use naga::valid::{Capabilities, ValidationFlags};
-use wgpu_mha::kernels::catalog::{all_sources, flash_shape, pool_head_dims};
+use wgpu_mha::kernels::catalog::{all_sources, flash_shape};
 use wgpu_mha::kernels::clamp::{self, ClampParams};
 use wgpu_mha::kernels::decode::{self, DecodeParams, DecodeShape, ReduceParams};
 use wgpu_mha::kernels::flash_attention::{self, FlashShape};
@@ -15,7 +15,6 @@ use wgpu_mha::kernels::linear::{self, LinearElems, LinearVariant};
 use wgpu_mha::kernels::mask::{MaskKind, MaskParams};
 use wgpu_mha::kernels::merge_state::MergeStateParams;
 use wgpu_mha::kernels::mla_rows::{self, RowParams};
-use wgpu_mha::kernels::output_gate;
 use wgpu_mha::kernels::paged_append::{self, PagedAppendParams};
 use wgpu_mha::kernels::paged_attention::{self, PagedParams, PagedShape};
 use wgpu_mha::kernels::paged_merge::{self, MergeParams};

@@ -57,9 +57,9 @@ async function main() {
   // A figure: SDPA on [1, 8, 512, 64] (the first call compiles; the second is timed, its readback included).
   const [h, l, d] = [8, 512, 64];
   const q = input(h * l * d);
-  await engine.scaled_dot_product_attention(q, [1, h, l, d], q, [1, h, l, d], q, [1, h, l, d], false, null);
+  await engine.scaled_dot_product_attention(q, [1, h, l, d], q, [1, h, l, d], q, [1, h, l, d], null, null, false, null);
   const began = performance.now();
-  await engine.scaled_dot_product_attention(q, [1, h, l, d], q, [1, h, l, d], q, [1, h, l, d], false, null);
+  await engine.scaled_dot_product_attention(q, [1, h, l, d], q, [1, h, l, d], q, [1, h, l, d], null, null, false, null);
   const seconds = (performance.now() - began) / 1000;
   const gflops = (4 * h * l * l * d) / seconds / 1e9;
   document.getElementById("output").textContent +=

@@ -5,7 +5,7 @@
 //! ([`Gpu::new_async`], [`GpuTensor::read_async`], [`Case::run_async`]) are what runs on the
 //! web; its blocking forms return `Err(Unsupported)` there, by name.
 
-use js_sys::{Float32Array, Promise};
+use js_sys::{Float32Array, Promise, Uint8Array};
 use std::cell::RefCell;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
@@ -18,7 +18,7 @@ use wgpu_mha::io::hf::{HfAttention, HfCheckpoint};
 use wgpu_mha::model::mask::AttnDims;
 use wgpu_mha::{
     AttentionWeights, Case, ForwardOptions, Gpu, GpuForwardOutput, GpuOptions, GpuTensor, KvCache,
-    Mask, MultiHeadAttention, Tensor,
+    Mask, MaskTensor, MultiHeadAttention, Tensor,
 };
 
 /// A WebGPU device with the engine's compiled passes (`await Engine.create()`).
@@ -53,11 +53,15 @@ impl Engine {
         format!("{name} ({:?})", info.backend)
     }
 
-    /// `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=…, scale=…)` on
-    /// row-major `Float32Array`s: `q` `[B, H, Lq, D]`, `k` `[B, H_kv, Lk, D]`, `v`
+    /// `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=…,
+    /// scale=…)` on row-major arrays: `q` `[B, H, Lq, D]`, `k` `[B, H_kv, Lk, D]`, `v`
     /// `[B, H_kv, Lk, Dv]` (`H_kv` dividing `H`: grouped-query attention), shapes as arrays of
-    /// four numbers. `is_causal` is PyTorch's (top-left aligned); `scale` defaults to `1/√D`.
-    /// Resolves to the output `[B, H, Lq, Dv]`.
+    /// four numbers. `attn_mask` (or `null`) has torch's polarities: a `Uint8Array` is a bool
+    /// mask (nonzero = the key takes part), a `Float32Array` is added to the scores; its
+    /// `mask_shape` (2 to 4 dims) broadcasts right-aligned to `[B, H, Lq, Lk]`, and a query whose
+    /// every key is masked out gets zeros, as torch gives. `is_causal` is torch's (top-left
+    /// aligned; not with a mask); `scale` defaults to `1/√D`. Resolves to the output
+    /// `[B, H, Lq, Dv]`.
     #[allow(clippy::too_many_arguments)] // torch's own argument list
     pub fn scaled_dot_product_attention(
         &self,
@@ -67,13 +71,16 @@ impl Engine {
         k_shape: Vec<usize>,
         v: Float32Array,
         v_shape: Vec<usize>,
+        attn_mask: JsValue,
+        mask_shape: Option<Vec<usize>>,
         is_causal: bool,
         scale: Option<f32>,
     ) -> Promise {
         let gpu = self.gpu.clone();
         let inputs = [(q, q_shape), (k, k_shape), (v, v_shape)].map(|(a, s)| (a.to_vec(), s));
+        let mask = js_mask(&attn_mask, mask_shape);
         future_to_promise(async move {
-            let output = sdpa(&gpu, inputs, is_causal, scale)
+            let output = sdpa(&gpu, inputs, mask.map_err(js_error)?, is_causal, scale)
                 .await
                 .map_err(js_error)?;
             Ok(Float32Array::from(output.data()).into())
@@ -321,10 +328,70 @@ fn set(object: &js_sys::Object, key: &str, value: JsValue) -> Result<(), JsValue
     js_sys::Reflect::set(object, &key.into(), &value).map(|_| ())
 }
 
+/// A JS `attn_mask` as a host mask of torch's polarities, its shape lifted to four dims.
+fn js_mask(mask: &JsValue, shape: Option<Vec<usize>>) -> wgpu_mha::Result<Option<SdpaMask>> {
+    if mask.is_null() || mask.is_undefined() {
+        return Ok(None);
+    }
+    let misuse = |what: String| wgpu_mha::Error::Misuse(what);
+    let shape = shape.ok_or_else(|| misuse("attn_mask needs its mask_shape".into()))?;
+    if !(2..=4).contains(&shape.len()) {
+        return Err(misuse(format!(
+            "attn_mask's shape {shape:?} needs 2 to 4 dims ([Lq, Lk] at least, as torch's)"
+        )));
+    }
+    let shape: Vec<usize> = std::iter::repeat_n(1, 4 - shape.len())
+        .chain(shape)
+        .collect();
+    if let Some(bools) = mask.dyn_ref::<Uint8Array>() {
+        let data = bools.to_vec();
+        let tensor = MaskTensor::new(shape, data)?;
+        Ok(Some(SdpaMask::Bool(tensor)))
+    } else if let Some(floats) = mask.dyn_ref::<Float32Array>() {
+        Ok(Some(SdpaMask::Float(Tensor::new(shape, floats.to_vec())?)))
+    } else {
+        Err(misuse(
+            "attn_mask must be a Uint8Array (bool: nonzero = attend), a Float32Array (added to \
+             the scores) or null"
+                .into(),
+        ))
+    }
+}
+
+/// An SDPA mask of torch's polarities, `[b, h, Lq, Lk]` with `b`, `h` broadcasting.
+pub enum SdpaMask {
+    /// Nonzero = the key takes part.
+    Bool(MaskTensor),
+    /// Added to the scaled scores.
+    Float(Tensor),
+}
+
+impl SdpaMask {
+    /// Whether each `[B, H, Lq]` query has no key left (torch gives such rows zeros).
+    fn dead_rows(&self, [b, h, lq]: [usize; 3]) -> Vec<bool> {
+        let (shape, dead_at): (&[usize], Box<dyn Fn(usize) -> bool + '_>) = match self {
+            SdpaMask::Bool(m) => (m.shape(), Box::new(|i| m.data()[i] == 0)),
+            SdpaMask::Float(t) => (t.shape(), Box::new(|i| t.data()[i] == f32::NEG_INFINITY)),
+        };
+        let (mb, mh, lk) = (shape[0], shape[1], shape[3]);
+        let mut dead = Vec::with_capacity(b * h * lq);
+        for bi in 0..b {
+            for hi in 0..h {
+                for i in 0..lq {
+                    let row = ((bi % mb * mh + hi % mh) * lq + i) * lk;
+                    dead.push((row..row + lk).all(&dead_at));
+                }
+            }
+        }
+        dead
+    }
+}
+
 /// The engine's SDPA on host data: uploaded, run, read back without blocking.
 pub async fn sdpa(
     gpu: &Gpu,
     [(q, q_shape), (k, k_shape), (v, v_shape)]: [(Vec<f32>, Vec<usize>); 3],
+    mask: Option<SdpaMask>,
     is_causal: bool,
     scale: Option<f32>,
 ) -> wgpu_mha::Result<Tensor> {
@@ -338,13 +405,40 @@ pub async fn sdpa(
         four("k", &k_shape)?,
         four("v", &v_shape)?,
     );
+    if is_causal && mask.is_some() {
+        return Err(wgpu_mha::Error::Misuse(
+            "attn_mask and is_causal together: torch refuses them, give one".into(),
+        ));
+    }
+    if let Some(m) = &mask {
+        let shape = match m {
+            SdpaMask::Bool(t) => t.shape(),
+            SdpaMask::Float(t) => t.shape(),
+        };
+        let fits = (shape[0] == 1 || shape[0] == qs[0])
+            && (shape[1] == 1 || shape[1] == qs[1])
+            && shape[2] == qs[2]
+            && shape[3] == ks[2];
+        if !fits {
+            return Err(wgpu_mha::Error::Misuse(format!(
+                "attn_mask of shape {shape:?} does not broadcast to [B, H, Lq, Lk] = [{}, {}, {}, {}]",
+                qs[0], qs[1], qs[2], ks[2]
+            )));
+        }
+    }
     let q = GpuTensor::upload(gpu, &Tensor::new(q_shape, q)?)?;
     let k = GpuTensor::upload(gpu, &Tensor::new(k_shape, k)?)?;
     let v = GpuTensor::upload(gpu, &Tensor::new(v_shape, v)?)?;
     let out_shape = [qs[0], qs[1], qs[2], vs[3]];
     let out = GpuTensor::zeros(gpu, &out_shape)?;
+    let dead = mask.as_ref().map(|m| m.dead_rows([qs[0], qs[1], qs[2]]));
     let options = SdpaOptions {
-        mask: if is_causal { Mask::Causal } else { Mask::None },
+        mask: match mask {
+            None if is_causal => Mask::Causal,
+            None => Mask::None,
+            Some(SdpaMask::Bool(m)) => Mask::Attend(m),
+            Some(SdpaMask::Float(t)) => Mask::Bias(t),
+        },
         causal_alignment: CausalAlignment::TopLeft,
         scale,
         ..Default::default()
@@ -357,7 +451,14 @@ pub async fn sdpa(
         &view(&out, out_shape),
         &options,
     )?;
-    out.read_async(gpu).await
+    let mut output = out.read_async(gpu).await?;
+    if let Some(dead) = dead {
+        let dv = vs[3];
+        for (row, _) in dead.iter().enumerate().filter(|(_, d)| **d) {
+            output.data_mut()[row * dv..(row + 1) * dv].fill(0.0);
+        }
+    }
+    Ok(output)
 }
 
 fn view(t: &GpuTensor, shape: [usize; 4]) -> DeviceTensor<'_> {

@@ -129,9 +129,15 @@ async fn every_built_shader_compiles_in_the_browser() {
     assert!(compiled >= 200, "only {compiled} sources compiled");
 }
 
-/// `softmax(scale·q·kᵀ + causal)·v` in f64, `[B, H, L, D]` row-major, `H_kv` dividing `H`,
-/// PyTorch's top-left causal rule.
-fn sdpa_f64(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Vec<f64> {
+/// `softmax(scale·q·kᵀ + bias)·v` in f64, `[B, H, L, D]` row-major, `H_kv` dividing `H`;
+/// `bias(b, h, i, j)` is added to the scaled score (−∞ leaves the key out), and a query with
+/// no key left is zeros, as torch gives.
+fn sdpa_f64(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: impl Fn(usize, usize, usize, usize) -> f64,
+) -> Vec<f64> {
     let [b, h, lq, d] = <[usize; 4]>::try_from(q.shape()).unwrap();
     let [_, hkv, lk, dv] = <[usize; 4]>::try_from(v.shape()).unwrap();
     let (q, k, v) = (q.data(), k.data(), v.data());
@@ -142,19 +148,21 @@ fn sdpa_f64(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Vec<f64> {
             let kv = bi * hkv + hi / (h / hkv);
             for i in 0..lq {
                 let row = &q[((bi * h + hi) * lq + i) * d..][..d];
-                let seen = if causal { (i + 1).min(lk) } else { lk };
-                let scores: Vec<f64> = (0..seen)
+                let scores: Vec<f64> = (0..lk)
                     .map(|j| {
                         let key = &k[(kv * lk + j) * d..][..d];
-                        scale
-                            * row
-                                .iter()
-                                .zip(key)
-                                .map(|(a, b)| *a as f64 * *b as f64)
-                                .sum::<f64>()
+                        let dot: f64 = row
+                            .iter()
+                            .zip(key)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum();
+                        scale * dot + bias(bi, hi, i, j)
                     })
                     .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if max == f64::NEG_INFINITY {
+                    continue;
+                }
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f64 = weights.iter().sum();
                 for (j, w) in weights.iter().enumerate() {
@@ -184,9 +192,17 @@ async fn sdpa_with_grouped_query_heads_matches_the_f64_reference() {
         let q = Tensor::random([2, 4, lq, 16], 1);
         let k = Tensor::random([2, 2, lk, 16], 2);
         let v = Tensor::random([2, 2, lk, 8], 3);
-        let want = sdpa_f64(&q, &k, &v, causal);
+        // torch's is_causal: top-left, query i sees keys j <= i.
+        let causal_bias = |_, _, i: usize, j: usize| {
+            if causal && j > i {
+                f64::NEG_INFINITY
+            } else {
+                0.0
+            }
+        };
+        let want = sdpa_f64(&q, &k, &v, causal_bias);
         let inputs = [&q, &k, &v].map(|t| (t.data().to_vec(), t.shape().to_vec()));
-        let got = wgpu_mha_web::sdpa(&gpu, inputs, causal, None)
+        let got = wgpu_mha_web::sdpa(&gpu, inputs, None, causal, None)
             .await
             .unwrap();
         assert_eq!(got.shape(), &[2, 4, lq, 8]);
@@ -196,6 +212,51 @@ async fn sdpa_with_grouped_query_heads_matches_the_f64_reference() {
             "Lq={lq} Lk={lk} causal={causal}: max |err| {err:.3e}"
         );
     }
+}
+
+/// torch's mask polarities: a bool mask `[Lq, Lk]` (nonzero = attend) broadcast over batch and
+/// heads, with one query left no key (zeros, as torch gives), and a float mask `[B, 1, Lq, Lk]`
+/// added to the scores, −∞ included.
+#[wasm_bindgen_test]
+async fn sdpa_masks_have_torchs_polarities() {
+    use wgpu_mha::MaskTensor;
+    use wgpu_mha_web::SdpaMask;
+    let gpu = gpu().await;
+    let (lq, lk) = (4, 6);
+    let q = Tensor::random([2, 2, lq, 8], 4);
+    let k = Tensor::random([2, 2, lk, 8], 5);
+    let v = Tensor::random([2, 2, lk, 8], 6);
+    let inputs = || [&q, &k, &v].map(|t| (t.data().to_vec(), t.shape().to_vec()));
+    // Query 2 sees nothing; the others every key but one or two.
+    let attend = |i: usize, j: usize| i != 2 && !(i + j).is_multiple_of(5);
+    let bools: Vec<u8> = (0..lq * lk).map(|n| attend(n / lk, n % lk) as u8).collect();
+    let mask = SdpaMask::Bool(MaskTensor::new([1, 1, lq, lk], bools).unwrap());
+    let masked = |i, j| if attend(i, j) { 0.0 } else { f64::NEG_INFINITY };
+    let want = sdpa_f64(&q, &k, &v, |_, _, i, j| masked(i, j));
+    let got = wgpu_mha_web::sdpa(&gpu, inputs(), Some(mask), false, None)
+        .await
+        .unwrap();
+    let err = max_err(got.data(), &want);
+    assert!(err < 1e-5, "bool mask: max |err| {err:.3e}");
+    assert!(
+        got.data()[2 * 8..3 * 8].iter().all(|x| *x == 0.0),
+        "a query with no key is zeros"
+    );
+
+    let bias = |b: usize, i: usize, j: usize| match (b + i + j) % 4 {
+        0 => f32::NEG_INFINITY,
+        r => r as f32 * 0.7 - 1.0,
+    };
+    let floats: Vec<f32> = (0..2 * lq * lk)
+        .map(|n| bias(n / (lq * lk), n / lk % lq, n % lk))
+        .collect();
+    let mask = SdpaMask::Float(Tensor::new([2, 1, lq, lk], floats).unwrap());
+    let want = sdpa_f64(&q, &k, &v, |b, _, i, j| bias(b, i, j) as f64);
+    let got = wgpu_mha_web::sdpa(&gpu, inputs(), Some(mask), false, None)
+        .await
+        .unwrap();
+    let err = max_err(got.data(), &want);
+    assert!(err < 1e-5, "float mask: max |err| {err:.3e}");
 }
 
 #[wasm_bindgen_test]
@@ -237,7 +298,7 @@ async fn what_cannot_run_in_a_browser_is_refused_by_name() {
         (vec![0.0; 4], vec![1, 1, 2, 2]),
         (vec![0.0; 4], vec![1, 1, 2, 2]),
     ];
-    let e = wgpu_mha_web::sdpa(&gpu, bad, false, None)
+    let e = wgpu_mha_web::sdpa(&gpu, bad, None, false, None)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("[B, H, L, D]"), "{e}");
