@@ -9,7 +9,7 @@
 //!   without an output projection ([`AttentionConfig::per_head`]), mask `true = masked`
 //!   ([`Mask::Block`]).
 //!
-//! ```no_run
+//! ```
 //! use wgpu_mha::{AttentionConfig, AttentionWeights, Gpu, Mask, MultiHeadAttention, Tensor};
 //! # fn main() -> wgpu_mha::Result<()> {
 //! let gpu = Gpu::new()?;

@@ -252,7 +252,7 @@ impl MultiHeadAttention {
     /// one submit (it does not wait); nothing is read back, so layers chain on the GPU (to
     /// record into an encoder of your own, see [`forward_gpu_into`](Self::forward_gpu_into)):
     ///
-    /// ```no_run
+    /// ```
     /// # use wgpu_mha::{AttentionConfig, AttentionWeights, Gpu, GpuTensor, Mask, MultiHeadAttention, Tensor};
     /// # fn main() -> wgpu_mha::Result<()> {
     /// # let gpu = Gpu::new()?;
@@ -308,7 +308,7 @@ impl MultiHeadAttention {
     /// nothing is submitted, and the returned tensors hold the results once the caller has
     /// submitted `encoder` and the GPU has run it.
     ///
-    /// ```no_run
+    /// ```
     /// # use wgpu_mha::{AttentionConfig, AttentionWeights, ForwardOptions, Gpu, GpuTensor, Mask, MultiHeadAttention, Tensor};
     /// # fn main() -> wgpu_mha::Result<()> {
     /// # let gpu = Gpu::new()?;
