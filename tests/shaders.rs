@@ -40,6 +40,7 @@ fn validate(name: &str, source: &str) -> Result<naga::Module, String> {
 #[test]
 fn every_built_shader_validates() {
     let failures: Vec<String> = all_sources()
+        .expect("every catalogued shape builds")
         .iter()
         .filter_map(|(name, src)| validate(name, src).err())
         .collect();
@@ -53,7 +54,7 @@ fn every_built_shader_validates() {
 /// No `.wgsl` file escapes validation: each is part of some source the crate builds.
 #[test]
 fn every_shader_file_is_part_of_a_built_source() {
-    let sources = all_sources();
+    let sources = all_sources().expect("every catalogued shape builds");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
     let mut files = Vec::new();
     let mut stack = vec![dir];
@@ -92,7 +93,7 @@ fn f16_sources_alias_their_element_types() {
         LinearElems::F16Weights { f16_out: false },
     );
     assert!(o.contains("alias WElem = f16;") && o.contains("alias YElem = f32;"));
-    let f = flash_attention::source(flash_shape(64, 64, 4, true));
+    let f = flash_attention::source(flash_shape(64, 64, 4, true).expect("fits 32 KiB"));
     assert!(f.starts_with("enable f16;") && f.contains("alias QkvElem = f16;"));
     assert!(!linear::source(LinearVariant::Scalar, LinearElems::F32).contains("enable f16"));
 }
@@ -184,7 +185,7 @@ fn uniform_structs_match_their_wgsl_layout() {
     use wgpu_mha::kernels::scores::ScoresParams;
     use wgpu_mha::kernels::softmax::SoftmaxParams;
     use wgpu_mha::kernels::RowStrides;
-    let flash = flash_attention::source(flash_shape(64, 64, 4, false));
+    let flash = flash_attention::source(flash_shape(64, 64, 4, false).expect("fits 32 KiB"));
     let lin = linear::source(LinearVariant::Scalar, LinearElems::F32);
     // The paged attention shader over an f32 pool (`kv_bits` 0) or a quantized one.
     let paged = |kv_bits| {
@@ -556,7 +557,7 @@ fn host_constants_match_the_shaders() {
     ] {
         let s = FlashShape {
             threads,
-            ..flash_shape(dk, dv, rows, false)
+            ..flash_shape(dk, dv, rows, false).expect("fits 32 KiB")
         };
         let m = validate("flash", &flash_attention::source(s)).unwrap_or_else(|e| panic!("{e}"));
         let threads = threads as f64;
@@ -641,7 +642,7 @@ fn flash_subgroup_kv_needs_the_subgroup_capability_and_only_it() {
     use naga::valid::SubgroupOperationSet as Ops;
     let shape = |subgroup_kv| FlashShape {
         subgroup_kv,
-        ..flash_shape(64, 64, 16, false)
+        ..flash_shape(64, 64, 16, false).expect("fits 32 KiB")
     };
     let source = flash_attention::source(shape(true));
     assert_needs_subgroups_with_only("flash subgroup", &source, Ops::ARITHMETIC | Ops::BALLOT);

@@ -25,25 +25,28 @@ pub fn pool_head_dims(head_dims: [usize; 4]) -> impl Iterator<Item = (usize, KvD
 }
 
 /// A flash shape of lavapipe's class (8 threads, 32 KiB of workgroup memory) for head sizes
-/// `dk`, `dv`, `rows` query rows per thread.
-pub fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> FlashShape {
-    FlashShape {
+/// `dk`, `dv`, `rows` query rows per thread; `Err` naming the head sizes if their keys do not fit.
+pub fn flash_shape(dk: usize, dv: usize, rows: u32, f16: bool) -> Result<FlashShape, String> {
+    let kv_tile = flash_attention::kv_tile(dk, dv, 32 * 1024)
+        .ok_or_else(|| format!("flash heads {dk}/{dv}: no key tile fits 32 KiB"))?;
+    Ok(FlashShape {
         qk_cap: crate::kernels::head_cap(dk),
         v_cap: crate::kernels::head_cap(dv),
-        kv_tile: flash_attention::kv_tile(dk, dv, 32 * 1024).expect("fits 32 KiB"),
+        kv_tile,
         rows,
         threads: 8,
         f16,
         subgroup_kv: false,
         kv_bits: 0,
-    }
+    })
 }
 
 /// Every source the crate can build, named: each kernel in every shape the crate can pick
 /// (both adapter classes, every head size class, f16 and quantized element types). The native
 /// tests validate each with naga (tests/shaders.rs); the browser tests compile each with the
-/// browser's own WGSL compiler (web/tests/browser.rs).
-pub fn all_sources() -> Vec<(String, String)> {
+/// browser's own WGSL compiler (web/tests/browser.rs). `Err` names a listed shape the
+/// crate could not build (a catalog out of step with the kernels).
+pub fn all_sources() -> Result<Vec<(String, String)>, String> {
     let mut all = vec![
         ("scores".to_string(), scores::source()),
         ("softmax".to_string(), softmax::source()),
@@ -120,7 +123,7 @@ pub fn all_sources() -> Vec<(String, String)> {
                     let s = FlashShape {
                         threads,
                         subgroup_kv,
-                        ..flash_shape(dk, dv, rows, f16)
+                        ..flash_shape(dk, dv, rows, f16)?
                     };
                     all.push((format!("flash {s:?}"), flash_attention::source(s)));
                     // Quantized K/V: head sizes of whole blocks.
@@ -183,7 +186,9 @@ pub fn all_sources() -> Vec<(String, String)> {
                 head_dim,
                 dtype,
             )
-            .expect("fits 32 KiB");
+            .ok_or_else(|| {
+                format!("paged_prefill rows {rows}, head {head_dim}: no tile fits 32 KiB")
+            })?;
             all.push((
                 format!("paged_prefill {s:?}"),
                 crate::kernels::paged_prefill::source(s),
@@ -209,5 +214,5 @@ pub fn all_sources() -> Vec<(String, String)> {
             }
         }
     }
-    all
+    Ok(all)
 }

@@ -103,7 +103,9 @@ async fn every_case_file_runs_or_is_refused_at_webgpus_default_limits() {
 async fn every_built_shader_compiles_in_the_browser() {
     let gpu = gpu().await;
     let (mut compiled, mut failures) = (0, Vec::new());
-    for (name, source) in wgpu_mha::kernels::catalog::all_sources() {
+    for (name, source) in
+        wgpu_mha::kernels::catalog::all_sources().expect("every catalogued shape builds")
+    {
         let needs_f16 = source.contains("enable f16;");
         if needs_f16 && !gpu.has_f16() || source.contains("subgroup") && !gpu.has_subgroups() {
             continue;
