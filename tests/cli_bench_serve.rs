@@ -72,12 +72,14 @@ fn serve_bench_writes_every_row_with_both_bounds() {
             }
         }
     }
-    assert_eq!(
-        rows.iter()
-            .filter(|r| r["variant"] == "paged_vs_contiguous")
-            .count(),
-        2
-    );
+    // Two sizes, each over an NHD and an HND pool against the same contiguous run.
+    let layouts: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["variant"] == "paged_vs_contiguous")
+        .map(|r| r["kv_layout"].as_str().unwrap_or("missing"))
+        .collect();
+    assert_eq!(layouts, ["NHD", "HND", "NHD", "HND"], "{text}");
+    assert!(rows.iter().all(|r| r["kv_layout"].is_string()), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

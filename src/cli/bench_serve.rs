@@ -8,7 +8,8 @@
 //! - `paged_vs_contiguous`: 1 × 32,768 and 16 × 2,048, the paged step against the contiguous
 //!   decode pass (`bench --only decode`'s) over the same keys and values, f32 (the contiguous
 //!   pass has no f16 cache); `paged_vs_contiguous` = contiguous ms / paged ms (> 1: paged is
-//!   faster);
+//!   faster); two rows per size, the step over an NHD pool and over an HND one holding the same
+//!   values (`kv_layout`), the three timed in turn (every other row's pool is NHD);
 //! - `mixed_step`: four causal prefill chunks of 256 rows ending at 256, 1,280, 4,352 and 8,448
 //!   tokens, and 12 decode rows over 1,024 tokens, in GFLOP/s against the fused core
 //!   (`flash_attention`) on B1 H32 Lq 256 Lk 3,584 (the chunks' mean context) d128, no mask,
@@ -32,6 +33,7 @@ use wgpu_mha::gpu::Gpu;
 use wgpu_mha::kernels::read_probe::ProbeShape;
 use wgpu_mha::kernels::standalone::{Core, CoreDims, Job};
 use wgpu_mha::model::mask::Mask;
+use wgpu_mha::serve::KvLayout;
 use wgpu_mha::KvDtype;
 
 use super::bench::Timed;
@@ -147,6 +149,9 @@ pub struct ServeResult {
     pub dtype: &'static str,
     /// The batch: `15x1024+1x32768`, `4x256@256/1280/4352/8448+12x1024`, …
     pub shape: String,
+    /// The pool's layout: `NHD` (every row) or `HND` (the second `paged_vs_contiguous` row of
+    /// each size).
+    pub kv_layout: &'static str,
     pub step_ms: f64,
     pub kv_gbps: f64,
     pub bounds: Bounds,
@@ -162,6 +167,7 @@ impl ServeResult {
             variant,
             dtype,
             shape,
+            kv_layout: "NHD",
             step_ms: 0.0,
             kv_gbps: 0.0,
             bounds: Bounds::default(),
@@ -172,10 +178,17 @@ impl ServeResult {
 
     pub fn json(&self, gpu: &Gpu) -> serde_json::Value {
         let mut row = serde_json::json!({
-            "name": format!("serve:{}:{}:{}", self.variant, self.dtype, self.shape),
+            "name": format!(
+                "serve:{}:{}:{}{}",
+                self.variant,
+                self.dtype,
+                self.shape,
+                self.layout_tag(":")
+            ),
             "variant": self.variant,
             "dtype": self.dtype,
             "shape": self.shape,
+            "kv_layout": self.kv_layout,
             "heads": HEADS,
             "kv_heads": KV_HEADS,
             "head_dim": HEAD_DIM,
@@ -196,8 +209,22 @@ impl ServeResult {
         row
     }
 
+    /// `HND` after `sep` for an HND pool's row, nothing for the default NHD.
+    fn layout_tag(&self, sep: &str) -> String {
+        match self.kv_layout {
+            "NHD" => String::new(),
+            other => format!("{sep}{other}"),
+        }
+    }
+
     pub fn format(&self) -> String {
-        let head = format!("serve {} {} [{}]", self.variant, self.dtype, self.shape);
+        let head = format!(
+            "serve {} {}{} [{}]",
+            self.variant,
+            self.dtype,
+            self.layout_tag(" "),
+            self.shape
+        );
         if let Some(why) = &self.skipped {
             return format!("{head}: skipped: {why}\n");
         }
@@ -351,8 +378,15 @@ pub fn run(
             ("uniform_decode", dtype, describe(&uniform_seqs)),
         ];
         let built = (|| -> Result<_> {
-            let mixed = PagedBatch::new(gpu, &mixed_seqs, kv_dtype(f16), false, 11)?;
-            let uniform = PagedBatch::new(gpu, &uniform_seqs, kv_dtype(f16), false, 12)?;
+            let mixed =
+                PagedBatch::new(gpu, &mixed_seqs, (kv_dtype(f16), KvLayout::Nhd), false, 11)?;
+            let uniform = PagedBatch::new(
+                gpu,
+                &uniform_seqs,
+                (kv_dtype(f16), KvLayout::Nhd),
+                false,
+                12,
+            )?;
             let probes = probe_jobs(gpu, mixed.kv_bytes())?;
             Ok((mixed, uniform, probes))
         })();
@@ -368,6 +402,7 @@ pub fn run(
                 variant: names[i].0,
                 dtype,
                 shape: names[i].2.clone(),
+                kv_layout: "NHD",
                 step_ms: ms[i],
                 kv_gbps: bytes as f64 / ms[i] / 1e6,
                 bounds: Bounds::measure(&probes, &ms[2..], bytes),
@@ -382,12 +417,18 @@ pub fn run(
         }
     }
 
-    // (c): paged against the contiguous decode pass on the same keys and values.
+    // (c): paged against the contiguous decode pass on the same keys and values, over pools
+    // of either layout (the same values in each), the three timed in turn.
     for (batch, ctx) in contiguous_shapes(&size) {
         let seqs = vec![(ctx, 1); batch];
-        let names = [("paged_vs_contiguous", "f32", describe(&seqs))];
+        let shape = describe(&seqs);
+        let names = [
+            ("paged_vs_contiguous", "f32", shape.clone()),
+            ("paged_vs_contiguous", "f32", shape.clone()),
+        ];
         let built = (|| -> Result<_> {
-            let paged = PagedBatch::new(gpu, &seqs, KvDtype::F32, false, 13)?;
+            let nhd = PagedBatch::new(gpu, &seqs, (KvDtype::F32, KvLayout::Nhd), false, 13)?;
+            let hnd = PagedBatch::new(gpu, &seqs, (KvDtype::F32, KvLayout::Hnd), false, 13)?;
             let dims = CoreDims {
                 batch,
                 heads: HEADS,
@@ -396,49 +437,53 @@ pub fn run(
                 qk_head_dim: HEAD_DIM,
                 v_head_dim: HEAD_DIM,
             };
-            let (k, v) = (paged.contiguous(0), paged.contiguous(1));
+            let (k, v) = (nhd.contiguous(0), nhd.contiguous(1));
             let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-            let contiguous = Job::decode(gpu, (&paged.q_host, &k, &v), dims, KV_HEADS, scale)?;
-            let probes = probe_jobs(gpu, paged.kv_bytes())?;
-            Ok((paged, contiguous, probes))
+            let contiguous = Job::decode(gpu, (&nhd.q_host, &k, &v), dims, KV_HEADS, scale)?;
+            let probes = probe_jobs(gpu, nhd.kv_bytes())?;
+            Ok((nhd, hnd, contiguous, probes))
         })();
-        let Some((paged, contiguous, probes)) = or_skip(built, &names, &mut rows, &mut report)?
+        let Some((nhd, hnd, contiguous, probes)) = or_skip(built, &names, &mut rows, &mut report)?
         else {
             continue;
         };
-        let got = paged.check(gpu, "paged decode")?;
         contiguous.run(None)?;
         let want = contiguous.read()?;
-        if let Some((i, (a, b))) = got
-            .iter()
-            .zip(&want)
-            .enumerate()
-            .find(|(_, (a, b))| !close(**a as f64, **b as f64, 1e-4))
-        {
-            return Err(Error::Misuse(format!(
-                "{}: the paged step gives {a} at element {i}, the contiguous decode pass {b} \
-                 (nothing was timed)",
-                names[0].2
-            )));
+        for (paged, layout) in [(&nhd, "NHD"), (&hnd, "HND")] {
+            let got = paged.check(gpu, "paged decode")?;
+            if let Some((i, (a, b))) = got
+                .iter()
+                .zip(&want)
+                .enumerate()
+                .find(|(_, (a, b))| !close(**a as f64, **b as f64, 1e-4))
+            {
+                return Err(Error::Misuse(format!(
+                    "{shape}: the paged step over an {layout} pool gives {a} at element {i}, \
+                     the contiguous decode pass {b} (nothing was timed)"
+                )));
+            }
         }
-        let ms = timed(&with_probes(vec![&paged, &contiguous], &probes))?;
-        let bytes = paged.kv_bytes();
-        let r = ServeResult {
-            variant: names[0].0,
-            dtype: "f32",
-            shape: names[0].2.clone(),
-            step_ms: ms[0],
-            kv_gbps: bytes as f64 / ms[0] / 1e6,
-            bounds: Bounds::measure(&probes, &ms[2..], bytes),
-            extra: vec![
-                ("paged_vs_contiguous", ms[1] / ms[0]),
-                ("contiguous_ms", ms[1]),
-                ("contiguous_kv_gbps", bytes as f64 / ms[1] / 1e6),
-            ],
-            skipped: None,
-        };
-        report(&r);
-        rows.push(r);
+        let ms = timed(&with_probes(vec![&nhd, &hnd, &contiguous], &probes))?;
+        let bytes = nhd.kv_bytes();
+        for (i, kv_layout) in ["NHD", "HND"].into_iter().enumerate() {
+            let r = ServeResult {
+                variant: "paged_vs_contiguous",
+                dtype: "f32",
+                shape: shape.clone(),
+                kv_layout,
+                step_ms: ms[i],
+                kv_gbps: bytes as f64 / ms[i] / 1e6,
+                bounds: Bounds::measure(&probes, &ms[3..], bytes),
+                extra: vec![
+                    ("paged_vs_contiguous", ms[2] / ms[i]),
+                    ("contiguous_ms", ms[2]),
+                    ("contiguous_kv_gbps", bytes as f64 / ms[2] / 1e6),
+                ],
+                skipped: None,
+            };
+            report(&r);
+            rows.push(r);
+        }
     }
 
     // (d): prefill chunks and decode rows in one step, against the fused core.
@@ -458,7 +503,7 @@ pub fn run(
     for (f16, dtype) in [(true, "f16"), (false, "f32")] {
         let names = [("mixed_step", dtype, describe(&step_seqs))];
         let built = (|| -> Result<_> {
-            let step = PagedBatch::new(gpu, &step_seqs, kv_dtype(f16), true, 14)?;
+            let step = PagedBatch::new(gpu, &step_seqs, (kv_dtype(f16), KvLayout::Nhd), true, 14)?;
             let mut rng = Rng(15);
             let z = HEADS * HEAD_DIM;
             // The f16 step's baseline reads f16 keys and values too (and f16 queries: the fused
@@ -508,6 +553,7 @@ pub fn run(
             variant: names[0].0,
             dtype,
             shape: names[0].2.clone(),
+            kv_layout: "NHD",
             step_ms: ms[0],
             kv_gbps: bytes as f64 / ms[0] / 1e6,
             bounds: Bounds::measure(&probes, &ms[2..], bytes),

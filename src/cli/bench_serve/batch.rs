@@ -63,12 +63,13 @@ impl Timed for PagedBatch {
 }
 
 impl PagedBatch {
-    /// `seqs` (`(kv tokens, query rows)`) over one pool of exactly their pages, random, the
-    /// pages in shuffled order.
+    /// `seqs` (`(kv tokens, query rows)`) over one pool of exactly their pages in `layout`,
+    /// random, the pages in shuffled order. The same seed gives the same keys and values in
+    /// either layout (drawn in NHD order, then placed).
     pub(super) fn new(
         gpu: &Gpu,
         seqs: &[(usize, usize)],
-        dtype: KvDtype,
+        (dtype, layout): (KvDtype, KvLayout),
         causal: bool,
         seed: u64,
     ) -> Result<Self> {
@@ -78,7 +79,7 @@ impl PagedBatch {
             page_size: PAGE,
             kv_heads: KV_HEADS,
             head_dim: HEAD_DIM,
-            layout: KvLayout::Nhd,
+            layout,
             dtype,
         };
         config.check(gpu)?;
@@ -113,12 +114,12 @@ impl PagedBatch {
                 num_kv_heads: KV_HEADS,
                 head_dim: HEAD_DIM,
                 page_size: PAGE,
-                layout: KvLayout::Nhd,
+                layout,
                 dtype,
                 options,
             },
         )?;
-        let mut host_pool = rng.floats(config.elements());
+        let mut host_pool = placed(config, rng.floats(config.elements()));
         let pool = PagedKvPool::upload(gpu, config, &host_pool)?;
         if dtype.quantized() {
             // The check reads the pool as stored: its blocks dequantized.
@@ -250,4 +251,31 @@ impl PagedBatch {
 /// `got` within `tolerance · (1 + |want|)` of `want` (false for NaN).
 pub(super) fn close(got: f64, want: f64, tolerance: f64) -> bool {
     (got - want).abs() <= tolerance * (1.0 + want.abs())
+}
+
+/// A pool's values drawn in NHD order (`drawn`), in `config`'s layout.
+fn placed(config: PoolConfig, drawn: Vec<f32>) -> Vec<f32> {
+    if config.layout == KvLayout::Nhd {
+        return drawn;
+    }
+    let nhd = PoolConfig {
+        layout: KvLayout::Nhd,
+        ..config
+    };
+    let mut out = vec![0.0; drawn.len()];
+    for page in 0..config.max_pages {
+        for which in 0..2 {
+            for offset in 0..config.page_size {
+                for kvh in 0..config.kv_heads {
+                    let (to, from) = (
+                        config.index(page, which, offset, kvh, 0),
+                        nhd.index(page, which, offset, kvh, 0),
+                    );
+                    out[to..to + config.head_dim]
+                        .copy_from_slice(&drawn[from..from + config.head_dim]);
+                }
+            }
+        }
+    }
+    out
 }

@@ -3,6 +3,7 @@
 
 use wgpu_mha::error::Result;
 use wgpu_mha::gpu::Gpu;
+use wgpu_mha::serve::KvLayout;
 use wgpu_mha::KvDtype;
 
 use super::batch::PagedBatch;
@@ -32,7 +33,7 @@ pub(super) fn kv_decode(
     let built = (|| -> Result<_> {
         let batches = dtypes
             .iter()
-            .map(|&d| PagedBatch::new(gpu, &seqs, d, false, 11))
+            .map(|&d| PagedBatch::new(gpu, &seqs, (d, KvLayout::Nhd), false, 11))
             .collect::<Result<Vec<_>>>()?;
         let probes = probe_jobs(gpu, batches[0].kv_bytes())?;
         Ok((batches, probes))
@@ -57,6 +58,7 @@ pub(super) fn kv_decode(
             variant: "kv_decode",
             dtype: d.name(),
             shape: shape.clone(),
+            kv_layout: "NHD",
             step_ms: ms[i],
             kv_gbps: bytes as f64 / ms[i] / 1e6,
             bounds: bounds.clone(),
