@@ -141,7 +141,11 @@ impl GpuTensor {
         };
         if len == 0 {
             return ReadFuture {
-                state: ReadState::Empty(shape),
+                state: ReadState::Empty(Box::new(EmptyRead {
+                    shape,
+                    #[cfg(target_arch = "wasm32")]
+                    scopes: gpu.deferred_scopes(),
+                })),
             };
         }
         let done = Arc::new(Mutex::new(MapSlot::default()));
@@ -199,11 +203,20 @@ struct Mapping {
     scopes: crate::gpu::deferred::ScopeResults,
 }
 
+/// A read of an empty tensor: nothing to map, but in the browser the kept error scopes are
+/// still this read's to await, as a non-empty read's.
+struct EmptyRead {
+    shape: Vec<usize>,
+    #[cfg(target_arch = "wasm32")]
+    scopes: crate::gpu::deferred::ScopeResults,
+}
+
 enum ReadState {
     Mapping(Box<Mapping>),
-    /// Ready at the first poll: an error, or an empty tensor.
+    /// Ready at the first poll.
     Failed(Error),
-    Empty(Vec<usize>),
+    /// Ready at the first poll natively; in the browser once the kept scopes have answered.
+    Empty(Box<EmptyRead>),
     Finished,
 }
 
@@ -226,7 +239,19 @@ impl Future for ReadFuture {
                 "the future was polled after it finished".into(),
             ))),
             ReadState::Failed(e) => Poll::Ready(Err(e)),
-            ReadState::Empty(shape) => Poll::Ready(Ok(Tensor::zeros(shape))),
+            #[allow(unused_mut)] // mutated in the browser only
+            ReadState::Empty(mut empty) => {
+                #[cfg(target_arch = "wasm32")]
+                match Pin::new(&mut empty.scopes).poll(cx) {
+                    Poll::Pending => {
+                        self.state = ReadState::Empty(empty);
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(())) => {}
+                }
+                Poll::Ready(Ok(Tensor::zeros(empty.shape)))
+            }
             #[allow(unused_mut)] // mutated in the browser only
             ReadState::Mapping(mut mapping) => {
                 #[cfg(target_arch = "wasm32")]

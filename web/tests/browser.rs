@@ -307,6 +307,9 @@ async fn what_cannot_run_in_a_browser_is_refused_by_name() {
     // The device still works after both.
     let back = t.read_async(&gpu).await.unwrap();
     assert_eq!(back.data(), Tensor::random([2, 3], 0).data());
+    // An empty tensor's read resolves too, once the kept error scopes have answered.
+    let empty = GpuTensor::upload(&gpu, &Tensor::zeros([0, 4])).unwrap();
+    assert_eq!(empty.read_async(&gpu).await.unwrap().shape(), &[0, 4]);
 }
 
 /// The JS API's Hugging Face layer (`Engine.load_hf_layer`, `HfLayer.forward`) on case files
