@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use wgpu_mha::model::rope::Rope;
-use wgpu_mha::serve::{PageAllocator, PagedKvPool, PagedStep, PoolConfig, Sequence};
+use wgpu_mha::serve::{KvLayout, PageAllocator, PagedKvPool, PagedStep, PoolConfig, Sequence};
 use wgpu_mha::{
     AttentionConfig, AttentionWeights, Gpu, GpuTensor, KvCache, MultiHeadAttention, Tensor,
 };
@@ -127,8 +127,10 @@ fn run() -> wgpu_mha::Result<bool> {
         .collect::<wgpu_mha::Result<_>>()?;
     let requests = requests();
     let longest = requests.iter().map(Request::len).max().unwrap_or(0);
+    // The pools are this server's own: their layout is whichever the adapter reads fastest.
     let pool_config = PoolConfig {
         page_size: PAGE,
+        layout: KvLayout::preferred(&gpu),
         ..PoolConfig::new(MAX_RUNNING * longest.div_ceil(PAGE), KV_HEADS, HEAD_DIM)
     };
     let pools = [
@@ -225,9 +227,10 @@ fn run() -> wgpu_mha::Result<bool> {
     }
     let contiguous = MAX_RUNNING * longest;
     println!(
-        "{REQUESTS} requests, {tokens_run} tokens in {steps_run} steps on {}: {:.0} tokens/s \
-         (both layers, host reads included)",
+        "{REQUESTS} requests, {tokens_run} tokens in {steps_run} steps on {}, {:?} pages: {:.0} \
+         tokens/s (both layers, host reads included)",
         gpu.describe(),
+        pool_config.layout,
         tokens_run as f64 / seconds
     );
     println!(
