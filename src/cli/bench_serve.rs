@@ -142,6 +142,10 @@ fn contiguous_shapes(size: &ServeSize) -> [(usize, usize); 2] {
     [(1, size.tokens(32_768)), (16, size.tokens(2_048))]
 }
 
+/// A row's `variant`, `dtype`, `shape` and `kv_layout`, known before it runs (what a skipped
+/// row reports).
+pub(super) type RowName = (&'static str, &'static str, String, &'static str);
+
 /// One row of the serve bench.
 #[derive(Debug, Clone)]
 pub struct ServeResult {
@@ -162,12 +166,13 @@ pub struct ServeResult {
 }
 
 impl ServeResult {
-    fn skipped(variant: &'static str, dtype: &'static str, shape: String, why: String) -> Self {
+    fn skipped(name: &RowName, why: String) -> Self {
+        let (variant, dtype, shape, kv_layout) = name.clone();
         ServeResult {
             variant,
             dtype,
             shape,
-            kv_layout: "NHD",
+            kv_layout,
             step_ms: 0.0,
             kv_gbps: 0.0,
             bounds: Bounds::default(),
@@ -256,15 +261,15 @@ fn cannot_run_here(e: &Error) -> bool {
 /// rows with the reason; any other error as it is.
 pub(super) fn or_skip<T>(
     r: Result<T>,
-    rows: &[(&'static str, &'static str, String)],
+    rows: &[RowName],
     out: &mut Vec<ServeResult>,
     report: &mut impl FnMut(&ServeResult),
 ) -> Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
         Err(e) if cannot_run_here(&e) => {
-            for (variant, dtype, shape) in rows {
-                let r = ServeResult::skipped(variant, dtype, shape.clone(), e.to_string());
+            for name in rows {
+                let r = ServeResult::skipped(name, e.to_string());
                 report(&r);
                 out.push(r);
             }
@@ -374,8 +379,8 @@ pub fn run(
     for (f16, dtype) in [(true, "f16"), (false, "f32")] {
         let (mixed_seqs, uniform_seqs) = (size.mixed_decode(), size.uniform_decode());
         let names = [
-            ("mixed_decode", dtype, describe(&mixed_seqs)),
-            ("uniform_decode", dtype, describe(&uniform_seqs)),
+            ("mixed_decode", dtype, describe(&mixed_seqs), "NHD"),
+            ("uniform_decode", dtype, describe(&uniform_seqs), "NHD"),
         ];
         let built = (|| -> Result<_> {
             let mixed =
@@ -423,8 +428,8 @@ pub fn run(
         let seqs = vec![(ctx, 1); batch];
         let shape = describe(&seqs);
         let names = [
-            ("paged_vs_contiguous", "f32", shape.clone()),
-            ("paged_vs_contiguous", "f32", shape.clone()),
+            ("paged_vs_contiguous", "f32", shape.clone(), "NHD"),
+            ("paged_vs_contiguous", "f32", shape.clone(), "HND"),
         ];
         let built = (|| -> Result<_> {
             let nhd = PagedBatch::new(gpu, &seqs, (KvDtype::F32, KvLayout::Nhd), false, 13)?;
@@ -449,7 +454,8 @@ pub fn run(
         };
         contiguous.run(None)?;
         let want = contiguous.read()?;
-        for (paged, layout) in [(&nhd, "NHD"), (&hnd, "HND")] {
+        for (paged, name) in [&nhd, &hnd].into_iter().zip(&names) {
+            let layout = name.3;
             let got = paged.check(gpu, "paged decode")?;
             if let Some((i, (a, b))) = got
                 .iter()
@@ -465,11 +471,11 @@ pub fn run(
         }
         let ms = timed(&with_probes(vec![&nhd, &hnd, &contiguous], &probes))?;
         let bytes = nhd.kv_bytes();
-        for (i, kv_layout) in ["NHD", "HND"].into_iter().enumerate() {
+        for (i, (variant, dtype, shape, kv_layout)) in names.iter().cloned().enumerate() {
             let r = ServeResult {
-                variant: "paged_vs_contiguous",
-                dtype: "f32",
-                shape: shape.clone(),
+                variant,
+                dtype,
+                shape,
                 kv_layout,
                 step_ms: ms[i],
                 kv_gbps: bytes as f64 / ms[i] / 1e6,
@@ -501,7 +507,7 @@ pub fn run(
     };
     let flash_gflop = 4.0 * (HEADS * rows_per_chunk * mean_ctx * HEAD_DIM) as f64 / 1e9;
     for (f16, dtype) in [(true, "f16"), (false, "f32")] {
-        let names = [("mixed_step", dtype, describe(&step_seqs))];
+        let names = [("mixed_step", dtype, describe(&step_seqs), "NHD")];
         let built = (|| -> Result<_> {
             let step = PagedBatch::new(gpu, &step_seqs, (kv_dtype(f16), KvLayout::Nhd), true, 14)?;
             let mut rng = Rng(15);

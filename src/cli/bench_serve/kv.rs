@@ -28,7 +28,7 @@ pub(super) fn kv_decode(
     dtypes.extend(size.kv.iter().copied().filter(|&d| d != base));
     let names: Vec<_> = dtypes
         .iter()
-        .map(|d| ("kv_decode", d.name(), shape.clone()))
+        .map(|d| ("kv_decode", d.name(), shape.clone(), "NHD"))
         .collect();
     let built = (|| -> Result<_> {
         let batches = dtypes
