@@ -368,3 +368,96 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
         );
     }
 }
+
+/// After `warm_up_paged`, serving compiles nothing: on a device of its own (so no other test's
+/// passes count), every pass a step runs — at any mix of prefill chunks, decode rows and keys
+/// split across work items — is already compiled, over f32 and f16 pools. The warm-up itself
+/// compiles (the count would not move if it did nothing), and refuses what a step refuses.
+#[test]
+fn after_a_warm_up_no_step_compiles_a_pass() {
+    let config = AttentionConfig::classic(32, 4)
+        .expect("config")
+        .with_kv_heads(2)
+        .expect("gqa")
+        .with_rope(Rope::new(10_000.0, 8))
+        .expect("rope");
+    let mut dtypes = vec![wgpu_mha::KvDtype::F32];
+    if gpu().has_f16() {
+        dtypes.push(wgpu_mha::KvDtype::F16);
+    }
+    for dtype in dtypes {
+        let device = wgpu_mha::Gpu::new().expect("a device of this test's own");
+        let weights = wgpu_mha::AttentionWeights::random(&config, 5);
+        let layer = MultiHeadAttention::new(&device, config, &weights).expect("layer");
+        let pool_config = PoolConfig {
+            dtype,
+            ..PoolConfig::new(200, 2, 8)
+        };
+        let made = device.cached_passes();
+        let warm = layer.warm_up_paged(&pool_config).expect("warm up");
+        let compiled = device.cached_passes();
+        assert!(
+            compiled > made && !warm.is_empty(),
+            "{dtype:?}: the warm-up compiled"
+        );
+
+        let pool = PagedKvPool::new(&device, pool_config).expect("pool");
+        let mut alloc = PageAllocator::new(pool_config.max_pages, pool_config.page_size);
+        let mut seqs: Vec<Sequence> = (0..4).map(|_| alloc.sequence()).collect();
+        // New tokens per sequence and step: prefill chunks of many widths (every power of two
+        // of query rows a tile shape takes), then decode rows over up to 1,700 keys (split),
+        // some steps mixing both.
+        let steps: [[usize; 4]; 8] = [
+            [1, 0, 0, 0],
+            [2, 3, 0, 0],
+            [5, 9, 17, 0],
+            [256, 1, 33, 64],
+            [512, 1, 1, 1],
+            [900, 1, 0, 1],
+            [1, 1, 1, 1],
+            [1, 0, 100, 1],
+        ];
+        for (n, counts) in steps.iter().enumerate() {
+            let mut qo = vec![0u32];
+            let mut running = Vec::new();
+            for (seq, &count) in seqs.iter_mut().zip(counts) {
+                if count > 0 {
+                    alloc.grow(seq, count).expect("pages");
+                    qo.push(qo.last().expect("indptr") + count as u32);
+                    running.push(&*seq);
+                }
+            }
+            let table = alloc.table(&running);
+            let tokens = *qo.last().expect("indptr") as usize;
+            let step =
+                PagedStep::new(&device, &config, &pool_config, &qo, &table, None).expect("step");
+            let x = GpuTensor::upload(&device, &Tensor::random([tokens, 32], n as u64)).expect("x");
+            let out = layer
+                .forward_paged_step(&step, &pool, &x)
+                .expect("step")
+                .read(&device)
+                .expect("read");
+            assert!(out.data().iter().all(|v| v.is_finite()), "step {n}: finite");
+            assert_eq!(
+                device.cached_passes(),
+                compiled,
+                "{dtype:?}, step {n} ({counts:?} new tokens) compiled a pass the warm-up did not"
+            );
+        }
+        drop(warm);
+    }
+
+    let wrong_pool = PoolConfig::new(4, 1, 8);
+    let (_, layer) = common::module(config, 3);
+    let err = layer
+        .warm_up_paged(&wrong_pool)
+        .expect_err("a pool of 1 KV head for a layer of 2")
+        .to_string();
+    assert!(err.contains("kv_heads"), "{err}");
+    let (_, sinks) = common::module(config.with_sinks().expect("sinks"), 3);
+    let err = sinks
+        .warm_up_paged(&PoolConfig::new(4, 2, 8))
+        .expect_err("sinks")
+        .to_string();
+    assert!(err.contains("attention sinks"), "{err}");
+}

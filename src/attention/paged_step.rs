@@ -10,7 +10,9 @@ use super::{MultiHeadAttention, Precision};
 use crate::error::{Error, Result};
 use crate::kernels::mask::MaskBuffers;
 use crate::kernels::{QkvBuffers, QkvLayout};
-use crate::serve::{NewKv, PagedKvPool, PagedStep};
+use crate::serve::{
+    BatchAttention, NewKv, PageTable, PagedKvPool, PagedStep, PoolConfig, WarmPasses,
+};
 
 impl MultiHeadAttention {
     /// Records this layer's part of `step` into `encoder`: `x [tokens, model_dim]` (the step's
@@ -140,7 +142,70 @@ impl MultiHeadAttention {
         Ok(out)
     }
 
+    /// Compiles every pass this layer's paged steps over pools of `pool`'s shape can run —
+    /// projections, RoPE, the append, each attention body at every width of query rows and
+    /// the merge — so that no step compiles anything, and returns them held: keep the result
+    /// for as long as you serve. The projections and the append are compiled by running one
+    /// token of zeros through a one-page pool of `pool`'s shape (made and dropped here); the
+    /// caller's pools are not touched. Refused as [`record_paged_step`](Self::record_paged_step)
+    /// refuses a module or pool.
+    pub fn warm_up_paged(&self, pool: &PoolConfig) -> Result<WarmPasses> {
+        self.check_paged_config(pool)?;
+        let c = &self.config;
+        let gpu = &self.gpu;
+        let attention =
+            BatchAttention::warm_up(gpu, c.heads, c.kv_heads, c.qk_head_dim, pool.dtype)?;
+        let scratch_config = PoolConfig {
+            max_pages: 1,
+            ..*pool
+        };
+        let scratch = PagedKvPool::new(gpu, scratch_config)?;
+        let table = PageTable {
+            kv_indptr: vec![0, 1],
+            kv_indices: vec![0],
+            kv_last_page_len: vec![1],
+        };
+        let step = PagedStep::new(gpu, c, &scratch_config, &[0, 1], &table, None)?;
+        let x = GpuTensor::zeros(gpu, &[1, c.model_dim])?;
+        // Read back so that the step has run (and any error of it is this call's).
+        self.forward_paged_step(&step, &scratch, &x)?.read(gpu)?;
+        // Every pass the device has compiled, the attention's (still held here) among them.
+        let passes = WarmPasses::new(gpu.cached_pass_handles());
+        drop(attention);
+        Ok(passes)
+    }
+
     fn check_paged(&self, step: &PagedStep, pool: &PagedKvPool, x: &GpuTensor) -> Result<()> {
+        self.check_paged_config(pool.config())?;
+        let c = &self.config;
+        if *pool.config() != step.pool {
+            return Err(Error::Misuse(format!(
+                "the pool {:?} is not of the step's shape {:?}",
+                pool.config(),
+                step.pool
+            )));
+        }
+        let planned = (step.heads, step.scale, step.softcap, step.alibi);
+        let ours = (c.heads, c.scale(), c.softcap, c.alibi);
+        if planned != ours {
+            return Err(Error::Misuse(format!(
+                "this layer's attention (heads, scale, softcap, ALiBi) = {ours:?} is not the \
+                 step's {planned:?}"
+            )));
+        }
+        let want = [step.tokens(), c.model_dim];
+        if x.shape() != want {
+            return Err(Error::Shape {
+                what: "paged step input".into(),
+                expected: format!("[tokens {}, model_dim {}]", want[0], want[1]),
+                got: x.shape().to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `Err` unless this module can run on a pool of `pool`'s shape.
+    fn check_paged_config(&self, pool: &PoolConfig) -> Result<()> {
         let c = &self.config;
         let refuse = |what: &str| {
             Err(Error::Unsupported {
@@ -177,32 +242,11 @@ impl MultiHeadAttention {
         if c.qk_head_dim != c.v_head_dim {
             return refuse("value heads of another size than query heads");
         }
-        if *pool.config() != step.pool {
+        if c.kv_heads != pool.kv_heads || c.qk_head_dim != pool.head_dim {
             return Err(Error::Misuse(format!(
-                "the pool {:?} is not of the step's shape {:?}",
-                pool.config(),
-                step.pool
+                "this layer's kv_heads {} / head size {} are not the pool's ({} / {})",
+                c.kv_heads, c.qk_head_dim, pool.kv_heads, pool.head_dim
             )));
-        }
-        let planned = (step.heads, step.scale, step.softcap, step.alibi);
-        let ours = (c.heads, c.scale(), c.softcap, c.alibi);
-        if planned != ours
-            || c.kv_heads != pool.config().kv_heads
-            || c.qk_head_dim != pool.config().head_dim
-        {
-            return Err(Error::Misuse(format!(
-                "this layer's attention (heads, scale, softcap, ALiBi) = {ours:?} is not the \
-                 step's {planned:?}, or its kv_heads {} / head size {} not the pool's",
-                c.kv_heads, c.qk_head_dim
-            )));
-        }
-        let want = [step.tokens(), c.model_dim];
-        if x.shape() != want {
-            return Err(Error::Shape {
-                what: "paged step input".into(),
-                expected: format!("[tokens {}, model_dim {}]", want[0], want[1]),
-                got: x.shape().to_vec(),
-            });
         }
         Ok(())
     }

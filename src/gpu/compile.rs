@@ -113,6 +113,15 @@ impl Gpu {
         self.disk_cache.as_deref().map(DiskCache::path)
     }
 
+    /// Every pass cached on this device, held: while the caller keeps them, the cache does not
+    /// drop them as idle (see [`crate::serve::WarmPasses`]).
+    pub(crate) fn cached_pass_handles(&self) -> Vec<Arc<Pass>> {
+        self.passes
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Compiled passes cached on this device (in use or idle).
     pub fn cached_passes(&self) -> usize {
         self.passes.lock().map(|m| m.len()).unwrap_or(0)

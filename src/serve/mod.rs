@@ -17,6 +17,7 @@ mod plan;
 mod pool;
 mod step;
 mod table;
+mod warm;
 mod work_list;
 
 pub use allocator::{Growth, PageAllocator, Sequence};
@@ -28,3 +29,4 @@ pub(crate) use pool::NewKv;
 pub use pool::{KvLayout, PagedKvPool, PoolConfig, PoolFormat};
 pub use step::PagedStep;
 pub use table::{check_qo_indptr, PageTable};
+pub use warm::WarmPasses;

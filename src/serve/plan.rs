@@ -80,6 +80,31 @@ impl std::fmt::Debug for BatchAttention {
     }
 }
 
+/// `Err` unless `h` query heads of `d` elements over `h_kv` KV heads in `dtype` pages can be
+/// planned on `gpu`.
+pub(super) fn check_heads(
+    gpu: &Gpu,
+    h: usize,
+    h_kv: usize,
+    d: usize,
+    dtype: KvDtype,
+) -> Result<()> {
+    if h == 0 || h_kv == 0 || d == 0 || !h.is_multiple_of(h_kv) {
+        return Err(Error::Config(format!(
+            "num_qo_heads {h} must be a positive multiple of num_kv_heads {h_kv}, head_dim {d} \
+             positive"
+        )));
+    }
+    dtype.check_head_dim("head_dim", d)?;
+    if dtype == KvDtype::F16 && !gpu.has_f16() {
+        return Err(Error::Unsupported {
+            adapter: gpu.describe(),
+            what: "an f16 page pool needs SHADER_F16; use f32 pages".into(),
+        });
+    }
+    Ok(())
+}
+
 impl BatchAttention {
     /// Checks the table and shapes, splits the keys and uploads the work list. Every bad input
     /// is an `Err` naming it, before anything is made on the device.
@@ -90,12 +115,7 @@ impl BatchAttention {
             inputs.head_dim,
             inputs.page_size,
         );
-        if h == 0 || h_kv == 0 || d == 0 || !h.is_multiple_of(h_kv) {
-            return Err(Error::Config(format!(
-                "num_qo_heads {h} must be a positive multiple of num_kv_heads {h_kv}, head_dim \
-                 {d} positive"
-            )));
-        }
+        check_heads(gpu, h, h_kv, d, inputs.dtype)?;
         if !ps.is_power_of_two() || ps > 256 {
             return Err(Error::Config(format!(
                 "page_size {ps} must be a power of two from 1 to 256"
@@ -119,13 +139,6 @@ impl BatchAttention {
         }
         if o.alibi_max_bias.is_some_and(|m| !m.is_finite()) {
             return Err(Error::Config("alibi_max_bias must be finite".into()));
-        }
-        inputs.dtype.check_head_dim("head_dim", d)?;
-        if inputs.dtype == KvDtype::F16 && !gpu.has_f16() {
-            return Err(Error::Unsupported {
-                adapter: gpu.describe(),
-                what: "an f16 page pool needs SHADER_F16; use f32 pages".into(),
-            });
         }
         // The table's own indices are checked against the pool at run time (its size); here
         // everything but the page ids' bound.
