@@ -50,6 +50,27 @@ impl Device {
         self.gpu.has_f16()
     }
 
+    /// The page layout this adapter's paged attention reads fastest, for caches whose layout
+    /// is the caller's choice: "HND" on a CPU adapter (lavapipe), "NHD" (FlashInfer's
+    /// default) on a GPU — the Rust `KvLayout::preferred`.
+    #[getter]
+    fn preferred_kv_layout(&self) -> &'static str {
+        match wgpu_mha::serve::KvLayout::preferred(&self.gpu) {
+            wgpu_mha::serve::KvLayout::Nhd => "NHD",
+            wgpu_mha::serve::KvLayout::Hnd => "HND",
+        }
+    }
+
+    /// "cpu" when the engine runs its CPU-adapter kernel shapes here (a software adapter such as
+    /// lavapipe, or `WGPU_MHA_KERNELS=cpu`), else "gpu".
+    #[getter]
+    fn kernel_class(&self) -> &'static str {
+        match self.gpu.kernel_class() {
+            wgpu_mha::KernelClass::Cpu => "cpu",
+            wgpu_mha::KernelClass::Gpu => "gpu",
+        }
+    }
+
     fn __repr__(&self) -> String {
         format!("Device({})", self.gpu.describe())
     }

@@ -348,3 +348,24 @@ def test_bad_inputs_are_named():
     with pytest.raises(TypeError, match="a float numpy array or torch tensor"):
         wgpu_mha.append_paged_kv_cache(kv, kv, np.array([0, 0]), np.array([0, 1]), np.zeros((4, 2, ps, hkv, d), np.int32), *table)
     assert not cache.to_numpy().any()  # nothing was written by a refused append
+
+
+def test_the_preferred_layout_follows_the_adapter_kind():
+    """A software adapter (lavapipe's device_type Cpu) runs the CPU kernel shapes, whose paged
+    decode reads HND pages fastest; a GPU keeps FlashInfer's NHD. WGPU_MHA_KERNELS forces the
+    kernel class, and the layout follows it."""
+    import os
+
+    dev = wgpu_mha.Device()
+    listed = [a for a in wgpu_mha.adapters(dev.backend) if a["name"] == dev.name]
+    assert listed, f"{dev.name} among the adapters"
+    forced = os.environ.get("WGPU_MHA_KERNELS")
+    want_class = forced or ("cpu" if listed[0]["device_type"] == "Cpu" else "gpu")
+    assert dev.kernel_class == want_class
+    assert dev.preferred_kv_layout == {"cpu": "HND", "gpu": "NHD"}[want_class]
+    # A cache in that layout serves a plan in it.
+    w = wgpu_mha.BatchAttention(kv_layout=dev.preferred_kv_layout, device=dev)
+    cache = wgpu_mha.PagedKVCache(2, 4, 1, 8, kv_layout=dev.preferred_kv_layout, device=dev)
+    w.plan([0, 1], [0, 1], [1], [3], 2, 1, 8, 4)
+    out = w.run(np.zeros((1, 2, 8), np.float32), cache)
+    assert np.array_equal(out, np.zeros((1, 2, 8), np.float32))

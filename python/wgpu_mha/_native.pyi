@@ -12,6 +12,8 @@ class Device:
     name: str
     backend: str
     shader_f16: bool
+    kernel_class: str  # "cpu" or "gpu"
+    preferred_kv_layout: str  # "HND" on a CPU adapter, "NHD" on a GPU
 
 def adapters(backend: Optional[str] = None) -> List[Dict[str, Any]]: ...
 def sdpa(
