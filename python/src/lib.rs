@@ -22,6 +22,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hf::HfKvCache>()?;
     m.add_class::<serve::PagedPool>()?;
     m.add_class::<serve::BatchPlan>()?;
+    m.add_class::<serve::PyWarmPasses>()?;
     m.add_function(wrap_pyfunction!(device::adapters, m)?)?;
     m.add_function(wrap_pyfunction!(hf::kv_dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa, m)?)?;

@@ -8,6 +8,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use wgpu_mha::serve::{
     BatchAttention, BatchOptions, KvLayout, PageTable, PagedKvPool, PlanInputs, PoolConfig,
+    WarmPasses,
 };
 use wgpu_mha::{Error, Gpu, GpuTensor, KvDtype};
 
@@ -134,6 +135,37 @@ impl PagedPool {
     #[getter]
     fn bytes_per_token(&self) -> u64 {
         self.pool.config().bytes_per_token()
+    }
+}
+
+/// Every paged attention pass a plan of these heads can pick, compiled and held (the Rust
+/// `BatchAttention::warm_up`): no plan of them compiles while this lives.
+#[pyclass(module = "wgpu_mha._native", name = "WarmPasses", frozen)]
+pub struct PyWarmPasses {
+    passes: WarmPasses,
+}
+
+#[pymethods]
+impl PyWarmPasses {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        device: &Device,
+        num_qo_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        kv_dtype: &str,
+    ) -> PyResult<Self> {
+        let dtype = KvDtype::parse(kv_dtype).map_err(to_py)?;
+        let gpu = device.gpu.clone();
+        let passes = guard(py, || {
+            BatchAttention::warm_up(&gpu, num_qo_heads, num_kv_heads, head_dim, dtype)
+        })?;
+        Ok(PyWarmPasses { passes })
+    }
+
+    fn __len__(&self) -> usize {
+        self.passes.len()
     }
 }
 

@@ -369,3 +369,34 @@ def test_the_preferred_layout_follows_the_adapter_kind():
     w.plan([0, 1], [0, 1], [1], [3], 2, 1, 8, 4)
     out = w.run(np.zeros((1, 2, 8), np.float32), cache)
     assert np.array_equal(out, np.zeros((1, 2, 8), np.float32))
+
+
+def test_after_warm_up_no_plan_compiles(tmp_path, monkeypatch):
+    """BatchAttention.warm_up compiles every pass a plan of its heads can pick: on a device of
+    this test's own, plans of 1, 3, 17 and 300 query rows per sequence, decode rows and keys
+    split across work items then compile nothing (the engine logs each pass it compiles to
+    WGPU_MHA_PIPELINE_LOG)."""
+    log = tmp_path / "compiled.log"
+    monkeypatch.setenv("WGPU_MHA_PIPELINE_LOG", str(log))
+    dev = wgpu_mha.Device()
+    h, hkv, d, ps = 4, 2, 16, 16
+    w = wgpu_mha.BatchAttention(kv_layout="HND", device=dev)
+    assert w.warm_up(h, hkv, d) > 0
+    warmed = log.read_text().count("\n")
+    assert warmed > 0, "the warm-up compiled"
+    cache = wgpu_mha.PagedKVCache(300, ps, hkv, d, kv_layout="HND", device=dev)
+    rng = np.random.default_rng(3)
+    for rows in ([1], [3, 1], [17, 1, 1], [300], [1] * 5):
+        # The first sequence long enough to be split, the others up to 400 tokens.
+        tokens = [r + (1900 if i == 0 else int(rng.integers(0, 400))) for i, r in enumerate(rows)]
+        pages = [-(-t // ps) for t in tokens]
+        kv_indptr = np.concatenate([[0], np.cumsum(pages)])
+        kv_indices = rng.permutation(300)[: kv_indptr[-1]]
+        last = [t - (p - 1) * ps for t, p in zip(tokens, pages)]
+        qo_indptr = np.concatenate([[0], np.cumsum(rows)])
+        w.plan(qo_indptr, kv_indptr, kv_indices, last, h, hkv, d, ps)
+        out = w.run(np.ones((qo_indptr[-1], h, d), np.float32), cache)
+        assert np.all(np.isfinite(out))
+        assert log.read_text().count("\n") == warmed, f"rows {rows} compiled a pass the warm-up did not"
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.warm_up(3, 2, 16)

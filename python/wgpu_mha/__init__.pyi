@@ -31,6 +31,12 @@ class Device:
     @property
     def shader_f16(self) -> bool:
         """float16 inputs are computed in float16 (else widened to float32 first)."""
+    @property
+    def kernel_class(self) -> str:
+        """"cpu" (a software adapter's kernel shapes, or WGPU_MHA_KERNELS=cpu) or "gpu"."""
+    @property
+    def preferred_kv_layout(self) -> str:
+        """The page layout this adapter reads fastest: "HND" on a CPU adapter, "NHD" on a GPU."""
     def __repr__(self) -> str: ...
 
 def adapters(backend: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -249,6 +255,7 @@ class BatchAttention:
     def __init__(self, kv_layout: str = "NHD", *, device: Optional[Device] = None) -> None: ...
     @property
     def kv_layout(self) -> str: ...
+    def warm_up(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, *, kv_data_type: Any = None) -> int: ...
     def plan(
         self,
         qo_indptr: Array,

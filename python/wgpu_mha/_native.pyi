@@ -108,6 +108,12 @@ class PagedPool:
         """keys, values float32 [n, kv_heads, head_dim]; slots int64 [n] (page·page_size +
         offset; negative skips)."""
 
+class WarmPasses:
+    """Every paged attention pass a plan of these heads can pick, compiled and held."""
+
+    def __init__(self, device: Device, num_qo_heads: int, num_kv_heads: int, head_dim: int, kv_dtype: str) -> None: ...
+    def __len__(self) -> int: ...
+
 class BatchPlan:
     """Tables uint32; always plans the lse."""
 

@@ -284,10 +284,30 @@ class BatchAttention:
         self._device = resolve(device)
         self._plan = None
         self._kv = "f32"
+        self._warm = []
 
     @property
     def kv_layout(self) -> str:
         return self._layout
+
+    def warm_up(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, *, kv_data_type: Any = None) -> int:
+        """Compiles every attention pass a :meth:`plan` of these heads can pick on this device
+        (each at every width of query rows, and the merge of split keys), so that no step pays
+        for compiling — on a software adapter that is most of a second at the first plan. The
+        passes stay compiled while this object lives. Not in FlashInfer, whose plan compiles
+        ahead of time. Returns how many passes are held."""
+        dims = [
+            size(x, name)
+            for x, name in (
+                (num_qo_heads, "num_qo_heads"),
+                (num_kv_heads, "num_kv_heads"),
+                (head_dim, "head_dim"),
+            )
+        ]
+        kv = _kv_dtype(kv_data_type, "kv_data_type")
+        warm = _native.WarmPasses(self._device, *dims, kv)
+        self._warm.append(warm)
+        return len(warm)
 
     def plan(
         self,
