@@ -73,6 +73,11 @@ def _indices(x: Any, name: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
+def _sizes(**named: Any) -> list:
+    """Each argument as a size (`size`'s checks, naming it), in order."""
+    return [size(x, name) for name, x in named.items()]
+
+
 def _u32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.uint32)
 
@@ -296,14 +301,7 @@ class BatchAttention:
         for compiling — on a software adapter that is most of a second at the first plan. The
         passes stay compiled while this object lives. Not in FlashInfer, whose plan compiles
         ahead of time. Returns how many passes are held."""
-        dims = [
-            size(x, name)
-            for x, name in (
-                (num_qo_heads, "num_qo_heads"),
-                (num_kv_heads, "num_kv_heads"),
-                (head_dim, "head_dim"),
-            )
-        ]
+        dims = _sizes(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
         kv = _kv_dtype(kv_data_type, "kv_data_type")
         warm = _native.WarmPasses(self._device, *dims, kv)
         self._warm.append(warm)
@@ -352,15 +350,7 @@ class BatchAttention:
                 (kv_last_page_len, "kv_last_page_len"),
             )
         ]
-        dims = [
-            size(x, name)
-            for x, name in (
-                (num_qo_heads, "num_qo_heads"),
-                (num_kv_heads, "num_kv_heads"),
-                (head_dim, "head_dim"),
-                (page_size, "page_size"),
-            )
-        ]
+        dims = _sizes(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
         kv = _kv_dtype(kv_data_type, "kv_data_type")
         self._plan = _native.BatchPlan(
             self._device, *tables, *dims, self._layout, kv, bool(causal), None if window < 0 else window, cap, scale
