@@ -12,6 +12,8 @@
 // KvElem; paged_common.wgsl is prepended, then the pool's binding and its reads (pool_vec4:
 // paged_rows_scalar.wgsl, or paged_rows_quant.wgsl for a quantized pool).
 
+@group(0) @binding(1) var<storage, read> q: array<f32>;   // see PagedParams::q_offset
+
 var<workgroup> q_tile: array<vec4<f32>, SLOTS * DK4>;
 var<workgroup> k_tile: array<vec4<f32>, KEY_TILE * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, KEY_TILE * DV4>;

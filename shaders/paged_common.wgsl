@@ -30,9 +30,8 @@ struct PagedParams {
 }
 
 @group(0) @binding(0) var<uniform> p: PagedParams;
-@group(0) @binding(1) var<storage, read> q: array<f32>;            // see q_offset
-// Binding 2, the pool [pages, 2, ...], is declared by each pass: element by element
-// (paged_attention) or as whole vec4s (paged_decode).
+// Binding 1, q (see q_offset), and binding 2, the pool [pages, 2, ...], are declared by each
+// pass: element by element (paged_attention) or as whole vec4s (paged_decode).
 @group(0) @binding(3) var<storage, read> plan: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;    // [total_q, H, D]
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;    // [total_q, H]

@@ -26,6 +26,12 @@
 // for a quantized pool) come before this body.
 
 const CHUNK: u32 = 4u;
+
+// q as whole vec4s (the head size is a multiple of 4, and so is every head's first element,
+// q_offset being 0): on llvmpipe each is one load, a loop over the lanes, where four f32s were
+// four — an item's fixed cost, paid again for each chunk of a split sequence (`bench --only
+// serve --config serve:div=64`, items of ~47 keys, Intel lavapipe: step medians 10 % lower).
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 const HEAD_VECS: u32 = (HEADS + 3u) / 4u;   // four heads' scalars to a vec4
 
 var<private> qv: array<vec4<f32>, HEADS * DK4>;
@@ -60,8 +66,7 @@ struct Item {
 // called, as below).
 fn query_chunk(at: u32, h: u32, c0: u32) {
     for (var c = c0; c < min(c0 + CHUNK, DK4); c++) {
-        let i = at + 4u * c;
-        qv[h * DK4 + c] = vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
+        qv[h * DK4 + c] = q[at / 4u + c];
     }
 }
 

@@ -22,6 +22,8 @@
 
 const DV4: u32 = DK4;
 
+@group(0) @binding(1) var<storage, read> q: array<f32>;   // see PagedParams::q_offset
+
 var<workgroup> k_tile: array<vec4<f32>, KV_TILE * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, KV_TILE * DV4>;
 var<workgroup> key_row: array<u32, KV_TILE>;   // each staged key's K row in the pool
