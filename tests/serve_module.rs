@@ -372,7 +372,8 @@ fn every_decoder_family_on_a_pool_answers_as_transformers() {
 /// After `warm_up_paged`, serving compiles nothing: on a device of its own (so no other test's
 /// passes count), every pass a step runs — at any mix of prefill chunks, decode rows and keys
 /// split across work items — is already compiled, over f32 and f16 pools. The warm-up itself
-/// compiles (the count would not move if it did nothing), and refuses what a step refuses.
+/// compiles (the count would not move if it did nothing), holds only the passes it used (not a
+/// contiguous forward's), and refuses what a step refuses.
 #[test]
 fn after_a_warm_up_no_step_compiles_a_pass() {
     let config = AttentionConfig::classic(32, 4)
@@ -393,12 +394,23 @@ fn after_a_warm_up_no_step_compiles_a_pass() {
             dtype,
             ..PoolConfig::new(200, 2, 8)
         };
+        // A forward over a contiguous batch first: its attention pass is no paged step's, so
+        // the warm-up must not hold it.
+        let x = Tensor::random([1, 3, 32], 1);
+        layer
+            .forward(&x, &x, &x, &wgpu_mha::Mask::None)
+            .expect("a contiguous forward");
         let made = device.cached_passes();
         let warm = layer.warm_up_paged(&pool_config).expect("warm up");
         let compiled = device.cached_passes();
         assert!(
             compiled > made && !warm.is_empty(),
             "{dtype:?}: the warm-up compiled"
+        );
+        assert!(
+            warm.len() < compiled,
+            "{dtype:?}: the warm-up holds {} passes, every one of the device's {compiled}",
+            warm.len()
         );
 
         let pool = PagedKvPool::new(&device, pool_config).expect("pool");

@@ -153,26 +153,28 @@ impl MultiHeadAttention {
         self.check_paged_config(pool)?;
         let c = &self.config;
         let gpu = &self.gpu;
-        let attention =
-            BatchAttention::warm_up(gpu, c.heads, c.kv_heads, c.qk_head_dim, pool.dtype)?;
-        let scratch_config = PoolConfig {
-            max_pages: 1,
-            ..*pool
-        };
-        let scratch = PagedKvPool::new(gpu, scratch_config)?;
-        let table = PageTable {
-            kv_indptr: vec![0, 1],
-            kv_indices: vec![0],
-            kv_last_page_len: vec![1],
-        };
-        let step = PagedStep::new(gpu, c, &scratch_config, &[0, 1], &table, None)?;
-        let x = GpuTensor::zeros(gpu, &[1, c.model_dim])?;
-        // Read back so that the step has run (and any error of it is this call's).
-        self.forward_paged_step(&step, &scratch, &x)?.read(gpu)?;
-        // Every pass the device has compiled, the attention's (still held here) among them.
-        let passes = WarmPasses::new(gpu.cached_pass_handles());
-        drop(attention);
-        Ok(passes)
+        let (warmed, passes) = gpu.passes_used_by(|| -> Result<()> {
+            // Its passes are in the list `passes_used_by` returns.
+            let _attention =
+                BatchAttention::warm_up(gpu, c.heads, c.kv_heads, c.qk_head_dim, pool.dtype)?;
+            let scratch_config = PoolConfig {
+                max_pages: 1,
+                ..*pool
+            };
+            let scratch = PagedKvPool::new(gpu, scratch_config)?;
+            let table = PageTable {
+                kv_indptr: vec![0, 1],
+                kv_indices: vec![0],
+                kv_last_page_len: vec![1],
+            };
+            let step = PagedStep::new(gpu, c, &scratch_config, &[0, 1], &table, None)?;
+            let x = GpuTensor::zeros(gpu, &[1, c.model_dim])?;
+            // Read back so that the step has run (and any error of it is this call's).
+            self.forward_paged_step(&step, &scratch, &x)?.read(gpu)?;
+            Ok(())
+        });
+        warmed?;
+        Ok(WarmPasses::new(passes))
     }
 
     fn check_paged(&self, step: &PagedStep, pool: &PagedKvPool, x: &GpuTensor) -> Result<()> {

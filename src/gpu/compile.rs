@@ -40,6 +40,7 @@ impl Gpu {
         source: impl FnOnce() -> String,
     ) -> Arc<Pass> {
         if let Some(pass) = self.passes.lock().ok().and_then(|m| m.get(key).cloned()) {
+            self.note_used(&pass);
             return pass;
         }
         // No clock in a browser's wasm (`Instant::now` panics there); the log is native only.
@@ -61,7 +62,41 @@ impl Gpu {
             m.entry(key.to_string()).or_insert_with(|| pass.clone());
             evict_unused(&mut m, MAX_IDLE_PASSES);
         }
+        self.note_used(&pass);
         pass
+    }
+
+    /// Runs `f` and returns, with its value, every pass compiled or taken from the cache while
+    /// it ran (on any thread of this `Gpu`), each once: what a warm-up must hold so that the
+    /// cache keeps exactly those (see [`crate::serve::WarmPasses`]). Calls nest: an outer
+    /// call's list gets an inner one's passes too.
+    pub(crate) fn passes_used_by<T>(&self, f: impl FnOnce() -> T) -> (T, Vec<Arc<Pass>>) {
+        let outer = self
+            .used
+            .lock()
+            .ok()
+            .and_then(|mut u| u.replace(Vec::new()));
+        let value = f();
+        let ours = self
+            .used
+            .lock()
+            .ok()
+            .and_then(|mut u| std::mem::replace(&mut *u, outer))
+            .unwrap_or_default();
+        for pass in &ours {
+            self.note_used(pass);
+        }
+        (value, ours)
+    }
+
+    fn note_used(&self, pass: &Arc<Pass>) {
+        if let Ok(mut used) = self.used.lock() {
+            if let Some(list) = used.as_mut() {
+                if !list.iter().any(|p| Arc::ptr_eq(p, pass)) {
+                    list.push(pass.clone());
+                }
+            }
+        }
     }
 
     /// `source` with the directives this device's WGSL compiler needs. A browser's (Tint) wants
@@ -111,15 +146,6 @@ impl Gpu {
     /// [`pipeline_cache`](super::pipeline_cache)).
     pub fn pipeline_cache_file(&self) -> Option<&std::path::Path> {
         self.disk_cache.as_deref().map(DiskCache::path)
-    }
-
-    /// Every pass cached on this device, held: while the caller keeps them, the cache does not
-    /// drop them as idle (see [`crate::serve::WarmPasses`]).
-    pub(crate) fn cached_pass_handles(&self) -> Vec<Arc<Pass>> {
-        self.passes
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
     }
 
     /// Compiled passes cached on this device (in use or idle).

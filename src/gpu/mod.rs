@@ -130,6 +130,8 @@ pub struct Gpu {
     /// same device keeps its own): a pass depends only on its source (and the flash pass on
     /// its head sizes), so a second module compiles nothing.
     passes: Arc<Mutex<HashMap<String, Arc<Pass>>>>,
+    /// While [`Gpu::passes_used_by`] runs: every pass `compile` hands out (see `compile`).
+    used: Arc<Mutex<Option<Vec<Arc<Pass>>>>>,
     /// Pipelines kept on disk between processes, where the adapter can.
     disk_cache: Option<Arc<DiskCache>>,
     /// In the browser, the error scopes the next read awaits (see `deferred`).
@@ -323,6 +325,7 @@ impl Gpu {
             uncaptured: Arc::new(Mutex::new(Vec::new())),
             serial,
             passes: Arc::new(Mutex::new(HashMap::new())),
+            used: Arc::new(Mutex::new(None)),
             disk_cache: None,
             #[cfg(target_arch = "wasm32")]
             deferred: Default::default(),
