@@ -412,6 +412,16 @@ fn after_a_warm_up_no_step_compiles_a_pass() {
             "{dtype:?}: the warm-up holds {} passes, every one of the device's {compiled}",
             warm.len()
         );
+        // The attention's own warm-up holds its bodies and merge, all among the layer's.
+        let attention = wgpu_mha::serve::BatchAttention::warm_up(&device, 4, 2, 8, dtype)
+            .expect("the attention's warm-up");
+        assert!(
+            !attention.is_empty() && attention.len() < warm.len(),
+            "{dtype:?}: the attention's warm-up holds {} passes, the layer's {}",
+            attention.len(),
+            warm.len()
+        );
+        assert_eq!(device.cached_passes(), compiled, "{dtype:?}: nothing new");
 
         let pool = PagedKvPool::new(&device, pool_config).expect("pool");
         let mut alloc = PageAllocator::new(pool_config.max_pages, pool_config.page_size);

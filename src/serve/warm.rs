@@ -69,22 +69,18 @@ impl BatchAttention {
                 shapes.push(shape);
             }
         }
-        let passes = gpu.scoped("compiling the paged passes", || {
-            let mut passes: Vec<Arc<Pass>> = Vec::new();
-            for &shape in &shapes {
-                let bodies = Bodies::for_device(gpu, shape, head_dim, dtype, group);
-                let body_passes = [Some(bodies.rows), bodies.decode]
-                    .into_iter()
-                    .flatten()
-                    .map(|body| body.pass(gpu));
-                for pass in body_passes.chain([paged_merge::pass(gpu, shape.d4)]) {
-                    if !passes.iter().any(|p| Arc::ptr_eq(p, &pass)) {
-                        passes.push(pass);
+        let (compiled, passes) = gpu.passes_used_by(|| {
+            gpu.scoped("compiling the paged passes", || {
+                for &shape in &shapes {
+                    let bodies = Bodies::for_device(gpu, shape, head_dim, dtype, group);
+                    for body in [Some(bodies.rows), bodies.decode].into_iter().flatten() {
+                        body.pass(gpu);
                     }
+                    paged_merge::pass(gpu, shape.d4);
                 }
-            }
-            passes
-        })?;
+            })
+        });
+        compiled?;
         Ok(WarmPasses::new(passes))
     }
 }
